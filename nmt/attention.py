@@ -1,0 +1,345 @@
+"""Attention plug-ins: one interface, one shared masked-softmax path, one class per scoring rule.
+
+Every attention type computes ``score(query, key)`` for each source position, turns the scores into
+weights with a masked softmax, and returns the weighted sum of the values (the context vector):
+
+    a = masked_softmax(score(q, K), mask)        c = sum_i a_i v_i
+
+Types (registered by name, selected with ``attention=NAME`` on the command line):
+    additive    Bahdanau et al. (2015)   v^T tanh(W_q q + W_k k)
+    dot         Luong et al. (2015)      q . k            (keys projected to the query size if they differ)
+    scaled_dot  Vaswani et al. (2017)    q . k / sqrt(d)  (same projection rule as dot)
+    general     Luong et al. (2015)      q^T W k
+    multihead   Vaswani et al. (2017)    scaled-dot over h heads of learned q/k/v projections
+    none        no attention: zero-width context (the RNNencdec baseline of Cho et al., 2014)
+
+Shapes: B batch, S source length, T query steps, Dq query size, Dk key size, Dv value size.
+A query is ``[B, Dq]`` (one decoder step) or ``[B, T, Dq]`` (many steps at once).
+
+Adding a type is one subclass with ``@register_attention("name")`` that writes ``score`` (and, if it
+projects the keys, ``prepare``) plus one ``configs/attention/<name>.yaml``. Nothing else changes.
+
+Deliberately not here: the decoder recurrence (``nmt.model``) and any per-batch state. Key
+projections are computed by ``prepare`` once per source batch and passed back in by the caller, so
+beam search can reorder them like any other tensor.
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+PreparedKeys = Tensor
+"""What ``Attention.prepare`` returns: keys in the form ``score`` wants, batch dimension first."""
+
+_REGISTRY: dict[str, type[Attention]] = {}
+
+
+def register_attention(name: str) -> Callable[[type[Attention]], type[Attention]]:
+    """Class decorator that makes an attention type selectable by ``name``."""
+
+    def add(cls: type[Attention]) -> type[Attention]:
+        if name in _REGISTRY:
+            raise ValueError(f"attention type {name!r} is registered twice")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return add
+
+
+def attention_names() -> list[str]:
+    """The names ``build_attention`` accepts, sorted."""
+    return sorted(_REGISTRY)
+
+
+def attention_class(name: str) -> type[Attention]:
+    """The class registered as ``name``; an unknown name lists the valid ones."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown attention type {name!r}; valid types: {', '.join(attention_names())}"
+        ) from None
+
+
+def attention_options(name: str) -> list[str]:
+    """Keyword options (beyond the sizes) that attention type ``name`` takes, e.g. ``['dropout', 'heads']``."""
+    sizes = {"self", "query_size", "key_size", "hidden_size"}
+    params = inspect.signature(attention_class(name).__init__).parameters
+    return [p for p in params if p not in sizes]
+
+
+def build_attention(
+    name: str, query_size: int, key_size: int, hidden_size: int, **options: Any
+) -> Attention:
+    """Build the attention type registered as ``name``.
+
+    Args:
+        name: a registered type (see ``attention_names()``).
+        query_size: Dq, size of the decoder state that asks.
+        key_size: Dk, size of the encoder states that answer (keys and values).
+        hidden_size: size of the learned projections (additive's tanh layer, multihead's model size).
+        **options: type-specific options such as ``dropout`` or ``heads``; unknown ones raise an error
+            that lists the valid ones.
+    """
+    cls = attention_class(name)
+    valid = attention_options(name)
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"attention type {name!r} got unknown option(s) {unknown}; valid options: {valid}"
+        )
+    return cls(query_size=query_size, key_size=key_size, hidden_size=hidden_size, **options)
+
+
+def masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
+    """Softmax over the last dimension that gives masked positions weight exactly 0.
+
+    A row with no valid position gives all zeros (never NaN): the usual ``-inf`` fill would make
+    ``exp(-inf - (-inf))`` undefined there.
+
+    Args:
+        scores: ``[..., S]`` unnormalised scores.
+        mask: bool, broadcastable to ``scores``; True = keep.
+
+    Returns:
+        ``[..., S]`` weights, summing to 1 over kept positions (0 for rows with none).
+    """
+    mask = mask.expand_as(scores)
+    # The most negative finite value keeps max-subtraction finite; the final multiply makes masked
+    # weights exactly 0 and zeroes rows that had no valid position.
+    filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    return torch.softmax(filled, dim=-1) * mask
+
+
+class Attention(nn.Module, metaclass=abc.ABCMeta):
+    """Base class: score -> masked softmax -> weighted sum of values. Subclasses write ``score``.
+
+    Args:
+        query_size: Dq.
+        key_size: Dk (values have the same size as keys in this project's encoder, but ``forward``
+            takes any Dv).
+        hidden_size: size of learned projections, where the type has any.
+        dropout: dropout on the attention weights (training only).
+    """
+
+    name: str = ""
+
+    def __init__(self, query_size: int, key_size: int, hidden_size: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.query_size = query_size
+        self.key_size = key_size
+        self.hidden_size = hidden_size
+        self.weight_dropout = nn.Dropout(dropout)
+
+    def context_size(self, value_size: int) -> int:
+        """Size of the context vector returned for values of size ``value_size``."""
+        return value_size
+
+    def prepare(self, keys: Tensor) -> PreparedKeys:
+        """Work on the keys that does not depend on the query: once per source batch.
+
+        Args:
+            keys: ``[B, S, Dk]``.
+        """
+        return keys
+
+    @abc.abstractmethod
+    def score(self, query: Tensor, prepared_keys: PreparedKeys) -> Tensor:
+        """Unnormalised scores. query ``[B, T, Dq]``, prepared keys -> ``[B, T, S]``."""
+
+    def attend(self, weights: Tensor, values: Tensor) -> Tensor:
+        """Weighted sum. weights ``[B, T, S]``, values ``[B, S, Dv]`` -> context ``[B, T, Dv]``."""
+        return torch.bmm(weights, values)  # [B, T, Dv]
+
+    def forward(
+        self,
+        query: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        mask: Tensor,
+        prepared_keys: PreparedKeys | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Attend from ``query`` over the source.
+
+        Args:
+            query: ``[B, Dq]`` or ``[B, T, Dq]``.
+            keys: ``[B, S, Dk]``; ignored when ``prepared_keys`` is given.
+            values: ``[B, S, Dv]``.
+            mask: ``[B, S]`` bool, True = real token.
+            prepared_keys: ``self.prepare(keys)``, computed once per source batch by the caller.
+
+        Returns:
+            context ``[B, Dv]`` or ``[B, T, Dv]``, and weights ``[B, S]`` or ``[B, T, S]``.
+        """
+        single_step = query.dim() == 2
+        if single_step:
+            query = query.unsqueeze(1)  # [B, 1, Dq]
+        if prepared_keys is None:
+            prepared_keys = self.prepare(keys)
+        scores = self.score(query, prepared_keys)  # [B, T, S]
+        weights = masked_softmax(scores, mask.unsqueeze(1))  # [B, T, S]
+        context = self.attend(self.weight_dropout(weights), values)  # [B, T, Dv]
+        if single_step:
+            return context.squeeze(1), weights.squeeze(1)  # [B, Dv], [B, S]
+        return context, weights
+
+
+@register_attention("additive")
+class AdditiveAttention(Attention):
+    """Bahdanau et al. (2015): ``score(q, k) = v^T tanh(W_q q + W_k k)``; ``W_k k`` is prepared once."""
+
+    def __init__(self, query_size: int, key_size: int, hidden_size: int, dropout: float = 0.0) -> None:
+        super().__init__(query_size, key_size, hidden_size, dropout)
+        self.query_proj = nn.Linear(query_size, hidden_size, bias=False)
+        self.key_proj = nn.Linear(key_size, hidden_size, bias=False)
+        self.energy = nn.Linear(hidden_size, 1, bias=False)
+
+    def prepare(self, keys: Tensor) -> PreparedKeys:
+        return self.key_proj(keys)  # [B, S, H]
+
+    def score(self, query: Tensor, prepared_keys: PreparedKeys) -> Tensor:
+        q = self.query_proj(query).unsqueeze(2)  # [B, T, 1, H]
+        k = prepared_keys.unsqueeze(1)  # [B, 1, S, H]
+        return self.energy(torch.tanh(q + k)).squeeze(-1)  # [B, T, S]
+
+
+@register_attention("dot")
+class DotAttention(Attention):
+    """Luong et al. (2015): ``score(q, k) = q . k``.
+
+    When the key size differs from the query size, the keys are first mapped to the query size by a
+    learned linear projection (prepared once per batch); with equal sizes there are no parameters.
+    """
+
+    def __init__(self, query_size: int, key_size: int, hidden_size: int, dropout: float = 0.0) -> None:
+        super().__init__(query_size, key_size, hidden_size, dropout)
+        self.key_proj = nn.Linear(key_size, query_size, bias=False) if key_size != query_size else None
+
+    def prepare(self, keys: Tensor) -> PreparedKeys:
+        return keys if self.key_proj is None else self.key_proj(keys)  # [B, S, Dq]
+
+    def score(self, query: Tensor, prepared_keys: PreparedKeys) -> Tensor:
+        return torch.bmm(query, prepared_keys.transpose(1, 2))  # [B, T, S]
+
+
+@register_attention("scaled_dot")
+class ScaledDotAttention(DotAttention):
+    """Vaswani et al. (2017): ``score(q, k) = q . k / sqrt(d)`` with d the query size (keys projected
+    to it when sizes differ, as in ``dot``). The scaling keeps softmax out of saturation for large d."""
+
+    def score(self, query: Tensor, prepared_keys: PreparedKeys) -> Tensor:
+        return super().score(query, prepared_keys) / math.sqrt(self.query_size)  # [B, T, S]
+
+
+@register_attention("general")
+class GeneralAttention(Attention):
+    """Luong et al. (2015): ``score(q, k) = q^T W k``; ``W k`` is prepared once per batch."""
+
+    def __init__(self, query_size: int, key_size: int, hidden_size: int, dropout: float = 0.0) -> None:
+        super().__init__(query_size, key_size, hidden_size, dropout)
+        self.bilinear = nn.Linear(key_size, query_size, bias=False)  # W: [Dq, Dk]
+
+    def prepare(self, keys: Tensor) -> PreparedKeys:
+        return self.bilinear(keys)  # [B, S, Dq]
+
+    def score(self, query: Tensor, prepared_keys: PreparedKeys) -> Tensor:
+        return torch.bmm(query, prepared_keys.transpose(1, 2))  # [B, T, S]
+
+
+@register_attention("multihead")
+class MultiHeadAttention(Attention):
+    """Vaswani et al. (2017): scaled-dot attention in ``heads`` subspaces of size ``hidden_size / heads``.
+
+    Query, keys and values get learned projections to ``hidden_size``; each head attends on its own
+    slice; the heads' contexts are concatenated and projected back to the value size. The returned
+    weights are the mean over heads (for plots and alignments). Key and value projections are
+    prepared once per batch, stacked as ``[B, 2, S, hidden]``.
+    """
+
+    def __init__(
+        self, query_size: int, key_size: int, hidden_size: int, dropout: float = 0.0, heads: int = 4
+    ) -> None:
+        super().__init__(query_size, key_size, hidden_size, dropout)
+        if heads < 1 or hidden_size % heads:
+            raise ValueError(f"multihead attention: hidden_size {hidden_size} is not divisible by heads {heads}")
+        self.heads = heads
+        self.head_size = hidden_size // heads
+        self.query_proj = nn.Linear(query_size, hidden_size, bias=False)
+        self.key_proj = nn.Linear(key_size, hidden_size, bias=False)
+        self.value_proj = nn.Linear(key_size, hidden_size, bias=False)
+        self.out_proj = nn.Linear(hidden_size, key_size, bias=False)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.heads, self.head_size).transpose(1, 2)  # [B, h, L, hs]
+
+    def prepare(self, keys: Tensor) -> PreparedKeys:
+        # Values equal keys in this encoder-decoder, so both projections are prepared here.
+        return torch.stack([self.key_proj(keys), self.value_proj(keys)], dim=1)  # [B, 2, S, hidden]
+
+    def score(self, query: Tensor, prepared_keys: PreparedKeys) -> Tensor:
+        q = self._split_heads(self.query_proj(query))  # [B, h, T, hs]
+        k = self._split_heads(prepared_keys[:, 0])  # [B, h, S, hs]
+        return q @ k.transpose(-1, -2) / math.sqrt(self.head_size)  # [B, h, T, S]
+
+    def forward(
+        self,
+        query: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        mask: Tensor,
+        prepared_keys: PreparedKeys | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """As ``Attention.forward``; the values are taken from the prepared projections of ``keys``."""
+        single_step = query.dim() == 2
+        if single_step:
+            query = query.unsqueeze(1)  # [B, 1, Dq]
+        if prepared_keys is None:
+            prepared_keys = self.prepare(keys)
+        scores = self.score(query, prepared_keys)  # [B, h, T, S]
+        weights = masked_softmax(scores, mask[:, None, None, :])  # [B, h, T, S]
+        v = self._split_heads(prepared_keys[:, 1])  # [B, h, S, hs]
+        heads_context = self.weight_dropout(weights) @ v  # [B, h, T, hs]
+        batch, _, steps, _ = heads_context.shape
+        merged = heads_context.transpose(1, 2).reshape(batch, steps, self.hidden_size)  # [B, T, hidden]
+        context = self.out_proj(merged)  # [B, T, Dk]
+        mean_weights = weights.mean(dim=1)  # [B, T, S]
+        if single_step:
+            return context.squeeze(1), mean_weights.squeeze(1)
+        return context, mean_weights
+
+
+@register_attention("none")
+class NoAttention(Attention):
+    """No attention: the context is zero-width (``[B, 0]``), so the decoder sees only its own state,
+    which starts from the encoder's final states (the RNNencdec baseline, Cho et al., 2014). The
+    returned weights are all zero: there is no alignment to show."""
+
+    def context_size(self, value_size: int) -> int:
+        return 0
+
+    def score(self, query: Tensor, prepared_keys: PreparedKeys) -> Tensor:
+        """Constant scores ``[B, T, S]``; unused by ``forward``, defined for a uniform interface."""
+        return query.new_zeros(query.shape[0], query.shape[1], prepared_keys.shape[1])
+
+    def forward(
+        self,
+        query: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        mask: Tensor,
+        prepared_keys: PreparedKeys | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Returns context ``[B, 0]`` / ``[B, T, 0]`` and zero weights ``[B, S]`` / ``[B, T, S]``."""
+        lead = query.shape[:-1]  # (B,) or (B, T)
+        context = values.new_zeros(*lead, 0)
+        weights = values.new_zeros(*lead, mask.shape[-1])
+        return context, weights

@@ -1,0 +1,337 @@
+"""The GRU encoder-decoder: a bidirectional encoder and an attentional decoder (Bahdanau et al., 2015).
+
+    h_i = [GRU_fwd(x)_i ; GRU_bwd(x)_i]                      encoder states, [B, S, 2He]
+    s_0 = tanh(W_b [h_fwd_last ; h_bwd_last])                the bridge, one per decoder layer
+    a_j = masked_softmax_i score(s_{j-1}, h_i)               the attention plug-in (nmt.attention)
+    c_j = sum_i a_ji h_i
+    s_j = GRU([emb(y_{j-1}) ; c_j], s_{j-1})
+    logits_j = E_out tanh(W_o [s_j ; c_j ; emb(y_{j-1})])   a deep output layer (Pascanu et al., 2014):
+                                                             W_o factored through the embedding size so
+                                                             the output matrix E_out can be tied to the
+                                                             target embeddings (Press & Wolf, 2017)
+
+Shapes: B batch, S source length, T target length, E embedding size, He encoder size per direction,
+Hd decoder size, L decoder layers, C context size (2He, or 0 with attention=none), V vocabulary.
+
+The loop over target steps in ``Decoder.forward`` is the only Python loop in the model. Work that does
+not depend on the recurrence runs once outside it: the attention's key projection (``prepare``), the
+embedding part of the first GRU layer's input gates for all T steps, and the output projection of all
+steps at once on ``[B*T, ...]``.
+
+Deliberately not here: the loss, search (``nmt.search``), tokenisation (``nmt.data``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from nmt.attention import Attention, build_attention
+
+
+@dataclass
+class EncoderMemory:
+    """What the decoder attends to, for one source batch. Every field has the batch on dim 0."""
+
+    enc_out: Tensor  # [B, S, 2He], keys and values of the attention
+    prepared_keys: Tensor  # attention.prepare(enc_out), e.g. [B, S, H]
+    src_mask: Tensor  # [B, S] bool, True = real token
+
+    def index_select(self, index: Tensor) -> EncoderMemory:
+        """Rows ``index`` of every field (beam search repeats and reorders rows). index ``[B']``."""
+        return EncoderMemory(*(getattr(self, f.name).index_select(0, index) for f in fields(self)))
+
+
+def gru_cell(input_gates: Tensor, state: Tensor, weight_hh: Tensor, bias_hh: Tensor) -> Tensor:
+    """One GRU step from precomputed input gates (same equations and gate order as ``nn.GRUCell``).
+
+    Args:
+        input_gates: ``W_ih x + b_ih``, ``[B, 3Hd]`` in gate order (reset, update, new).
+        state: ``[B, Hd]``.
+        weight_hh: ``[3Hd, Hd]``.
+        bias_hh: ``[3Hd]``.
+
+    Returns:
+        The next state ``[B, Hd]``.
+    """
+    hidden_gates = F.linear(state, weight_hh, bias_hh)  # [B, 3Hd]
+    i_r, i_z, i_n = input_gates.chunk(3, dim=1)
+    h_r, h_z, h_n = hidden_gates.chunk(3, dim=1)
+    reset = torch.sigmoid(i_r + h_r)
+    update = torch.sigmoid(i_z + h_z)
+    new = torch.tanh(i_n + reset * h_n)
+    return new + update * (state - new)  # = (1 - z) * n + z * h
+
+
+class Encoder(nn.Module):
+    """Embeddings -> dropout -> bidirectional GRU over packed sequences.
+
+    Args:
+        vocab_size: source vocabulary size.
+        emb_size: E.
+        hidden_size: He, per direction.
+        num_layers: stacked bidirectional layers.
+        dropout: on embeddings and between layers.
+        pad_id: padding id (its embedding stays zero).
+    """
+
+    def __init__(
+        self, vocab_size: int, emb_size: int, hidden_size: int, num_layers: int, dropout: float, pad_id: int
+    ) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, emb_size, padding_idx=pad_id)
+        self.dropout = nn.Dropout(dropout)
+        self.rnn = nn.GRU(
+            emb_size,
+            hidden_size,
+            num_layers=num_layers,
+            batch_first=True,
+            bidirectional=True,
+            dropout=dropout if num_layers > 1 else 0.0,
+        )
+        self.output_size = 2 * hidden_size
+
+    def forward(self, src: Tensor, src_lengths: Tensor) -> tuple[Tensor, Tensor]:
+        """Encode a padded batch.
+
+        Args:
+            src: ``[B, S]`` token ids, right-padded.
+            src_lengths: ``[B]`` real lengths (any order: packing sorts and unsorts).
+
+        Returns:
+            enc_out ``[B, S, 2He]`` (zeros at padding) and the top layer's last states
+            ``[B, 2He]`` = [forward after the last real token ; backward after the first].
+        """
+        embedded = self.dropout(self.embedding(src))  # [B, S, E]
+        packed = pack_padded_sequence(embedded, src_lengths.cpu(), batch_first=True, enforce_sorted=False)
+        packed_out, final = self.rnn(packed)  # final: [layers * 2, B, He]
+        enc_out, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=src.shape[1])
+        last = torch.cat([final[-2], final[-1]], dim=-1)  # [B, 2He]
+        return enc_out, last
+
+
+class Decoder(nn.Module):
+    """Attentional GRU decoder (Bahdanau-style step), teacher-forced ``forward`` and single ``step``.
+
+    Args:
+        vocab_size: V.
+        emb_size: E (also the size the output layer projects through, so it can be tied).
+        hidden_size: Hd.
+        enc_size: size of the encoder states, 2He.
+        num_layers: L stacked GRU layers; the top layer's state is the attention query.
+        dropout: on embeddings, between layers and before the output matrix.
+        attention: the plug-in; its ``context_size`` may be 0 (no attention).
+        tie_embeddings: share the output matrix with the target embeddings.
+        pad_id: padding id.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        emb_size: int,
+        hidden_size: int,
+        enc_size: int,
+        num_layers: int,
+        dropout: float,
+        attention: Attention,
+        tie_embeddings: bool,
+        pad_id: int,
+    ) -> None:
+        super().__init__()
+        self.num_layers = num_layers
+        self.hidden_size = hidden_size
+        self.attention = attention
+        self.context_size = attention.context_size(enc_size)
+        self.embedding = nn.Embedding(vocab_size, emb_size, padding_idx=pad_id)
+        self.dropout = nn.Dropout(dropout)
+        self.bridge = nn.Linear(enc_size, num_layers * hidden_size)
+
+        # First layer's input weights, split so the embedding part runs once for all steps.
+        self.emb_gates = nn.Linear(emb_size, 3 * hidden_size)  # holds b_ih
+        self.ctx_gates = nn.Linear(self.context_size, 3 * hidden_size, bias=False) if self.context_size else None
+        self.weight_hh = nn.Parameter(torch.empty(3 * hidden_size, hidden_size))
+        self.bias_hh = nn.Parameter(torch.zeros(3 * hidden_size))
+        self.upper_layers = nn.ModuleList(nn.GRUCell(hidden_size, hidden_size) for _ in range(num_layers - 1))
+
+        self.pre_output = nn.Linear(hidden_size + self.context_size + emb_size, emb_size)
+        self.output = nn.Linear(emb_size, vocab_size, bias=False)
+        if tie_embeddings:
+            self.output.weight = self.embedding.weight
+        nn.init.orthogonal_(self.weight_hh.view(3, hidden_size, hidden_size)[0])
+        nn.init.orthogonal_(self.weight_hh.view(3, hidden_size, hidden_size)[1])
+        nn.init.orthogonal_(self.weight_hh.view(3, hidden_size, hidden_size)[2])
+
+    def init_state(self, enc_last: Tensor) -> Tensor:
+        """The bridge: ``[B, 2He]`` -> initial states ``[L, B, Hd]``."""
+        batch = enc_last.shape[0]
+        state = torch.tanh(self.bridge(enc_last))  # [B, L*Hd]
+        return state.view(batch, self.num_layers, self.hidden_size).transpose(0, 1).contiguous()  # [L, B, Hd]
+
+    def _recur(self, emb_gates: Tensor, context: Tensor, state: Tensor) -> Tensor:
+        """One step of the stacked GRU. emb_gates ``[B, 3Hd]``, context ``[B, C]``, state ``[L, B, Hd]``."""
+        input_gates = emb_gates if self.ctx_gates is None else emb_gates + self.ctx_gates(context)
+        layer_out = gru_cell(input_gates, state[0], self.weight_hh, self.bias_hh)  # [B, Hd]
+        new_states = [layer_out]
+        for layer, cell in enumerate(self.upper_layers, start=1):
+            layer_out = cell(self.dropout(layer_out), state[layer])  # [B, Hd]
+            new_states.append(layer_out)
+        return torch.stack(new_states)  # [L, B, Hd]
+
+    def _logits(self, top_state: Tensor, context: Tensor, embedded: Tensor) -> Tensor:
+        """Deep output: ``[..., Hd]``, ``[..., C]``, ``[..., E]`` -> logits ``[..., V]``."""
+        hidden = torch.tanh(self.pre_output(torch.cat([top_state, context, embedded], dim=-1)))  # [..., E]
+        return self.output(self.dropout(hidden))  # [..., V]
+
+    def _attend(self, query: Tensor, memory: EncoderMemory) -> tuple[Tensor, Tensor]:
+        return self.attention(query, memory.enc_out, memory.enc_out, memory.src_mask, memory.prepared_keys)
+
+    def forward(self, tgt_in: Tensor, state: Tensor, memory: EncoderMemory) -> tuple[Tensor, Tensor]:
+        """Teacher-forced decoding of a whole target batch.
+
+        Args:
+            tgt_in: ``[B, T]`` previous tokens (BOS + target).
+            state: ``[L, B, Hd]`` initial state (from ``init_state``).
+            memory: the encoded source.
+
+        Returns:
+            logits ``[B, T, V]`` and attention weights ``[B, T, S]``.
+        """
+        embedded = self.dropout(self.embedding(tgt_in))  # [B, T, E]
+        emb_gates = self.emb_gates(embedded)  # [B, T, 3Hd], once for all steps
+        top_states, contexts, weights = [], [], []
+        for step in range(tgt_in.shape[1]):
+            context, step_weights = self._attend(state[-1], memory)  # [B, C], [B, S]
+            state = self._recur(emb_gates[:, step], context, state)  # [L, B, Hd]
+            top_states.append(state[-1])
+            contexts.append(context)
+            weights.append(step_weights)
+        logits = self._logits(torch.stack(top_states, 1), torch.stack(contexts, 1), embedded)  # [B, T, V]
+        return logits, torch.stack(weights, 1)  # [B, T, V], [B, T, S]
+
+    def step(self, prev_tokens: Tensor, state: Tensor, memory: EncoderMemory) -> tuple[Tensor, Tensor, Tensor]:
+        """One decoding step for search.
+
+        Args:
+            prev_tokens: ``[B]`` the previous output tokens (BOS at the start).
+            state: ``[L, B, Hd]``.
+            memory: the encoded source, rows aligned with ``prev_tokens``.
+
+        Returns:
+            logits ``[B, V]``, the new state ``[L, B, Hd]`` and attention weights ``[B, S]``.
+        """
+        embedded = self.dropout(self.embedding(prev_tokens))  # [B, E]
+        context, weights = self._attend(state[-1], memory)  # [B, C], [B, S]
+        state = self._recur(self.emb_gates(embedded), context, state)  # [L, B, Hd]
+        return self._logits(state[-1], context, embedded), state, weights
+
+
+class Seq2Seq(nn.Module):
+    """Encoder + attentional decoder. ``forward`` is teacher-forced; search uses ``encode`` + ``decode_step``.
+
+    Args:
+        src_vocab_size: source vocabulary size.
+        tgt_vocab_size: V.
+        attention: the attention plug-in, built for query size Hd and key size 2He.
+        emb_size: E, for both sides.
+        enc_hidden_size: He, per direction.
+        dec_hidden_size: Hd.
+        enc_layers: bidirectional encoder layers.
+        dec_layers: L.
+        dropout: dropout probability throughout.
+        tie_embeddings: tie the decoder's output matrix to its embeddings.
+        pad_id: padding id of both vocabularies.
+    """
+
+    def __init__(
+        self,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        attention: Attention,
+        emb_size: int = 256,
+        enc_hidden_size: int = 256,
+        dec_hidden_size: int = 512,
+        enc_layers: int = 1,
+        dec_layers: int = 1,
+        dropout: float = 0.3,
+        tie_embeddings: bool = True,
+        pad_id: int = 0,
+    ) -> None:
+        super().__init__()
+        self.encoder = Encoder(src_vocab_size, emb_size, enc_hidden_size, enc_layers, dropout, pad_id)
+        self.decoder = Decoder(
+            tgt_vocab_size,
+            emb_size,
+            dec_hidden_size,
+            self.encoder.output_size,
+            dec_layers,
+            dropout,
+            attention,
+            tie_embeddings,
+            pad_id,
+        )
+        self.has_attention = attention.context_size(self.encoder.output_size) > 0
+        self._init_embeddings(emb_size, pad_id)
+
+    def _init_embeddings(self, emb_size: int, pad_id: int) -> None:
+        # N(0, 1/E) keeps tied output logits O(1) at the start (N(0, 1) would make them O(sqrt(E))).
+        for embedding in (self.encoder.embedding, self.decoder.embedding):
+            nn.init.normal_(embedding.weight, std=emb_size**-0.5)
+            with torch.no_grad():
+                embedding.weight[pad_id].zero_()
+
+    @classmethod
+    def from_config(
+        cls, model_cfg: Any, attention_cfg: Any, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = 0
+    ) -> Seq2Seq:
+        """Build from the ``model`` and ``attention`` config groups (DictConfig or plain dicts).
+
+        ``attention_cfg`` holds ``name``, an optional ``hidden_size`` (default: the decoder size) and
+        the type's own options (``dropout``, ``heads``, ...).
+        """
+        options = dict(attention_cfg)
+        name = options.pop("name")
+        attention_hidden = options.pop("hidden_size", None) or model_cfg["dec_hidden_size"]
+        attention = build_attention(
+            name,
+            query_size=model_cfg["dec_hidden_size"],
+            key_size=2 * model_cfg["enc_hidden_size"],
+            hidden_size=attention_hidden,
+            **options,
+        )
+        return cls(src_vocab_size, tgt_vocab_size, attention, pad_id=pad_id, **dict(model_cfg))
+
+    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[EncoderMemory, Tensor]:
+        """Encode a source batch.
+
+        Args:
+            src: ``[B, S]`` ids (+EOS, right-padded); src_lengths ``[B]``.
+
+        Returns:
+            The memory the decoder attends to and the decoder's initial state ``[L, B, Hd]``.
+        """
+        enc_out, enc_last = self.encoder(src, src_lengths)  # [B, S, 2He], [B, 2He]
+        src_mask = torch.arange(src.shape[1], device=src.device)[None, :] < src_lengths.to(src.device)[:, None]
+        memory = EncoderMemory(enc_out, self.decoder.attention.prepare(enc_out), src_mask)
+        return memory, self.decoder.init_state(enc_last)
+
+    def decode_step(
+        self, prev_tokens: Tensor, state: Tensor, memory: EncoderMemory
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """prev_tokens ``[B]``, state ``[L, B, Hd]`` -> logits ``[B, V]``, state ``[L, B, Hd]``, weights ``[B, S]``."""
+        return self.decoder.step(prev_tokens, state, memory)
+
+    def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:
+        """Teacher-forced pass: src ``[B, S]``, src_lengths ``[B]``, tgt_in ``[B, T]`` ->
+        logits ``[B, T, V]`` and attention weights ``[B, T, S]``."""
+        memory, state = self.encode(src, src_lengths)
+        return self.decoder(tgt_in, state, memory)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Trainable parameters, counting tied matrices once."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

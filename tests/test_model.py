@@ -1,0 +1,125 @@
+"""Encoder-decoder: masking, teacher forcing vs stepping, packing, the GRU cell, tying, parameter counts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nmt.attention import build_attention
+from nmt.model import Encoder, Seq2Seq, count_parameters, gru_cell
+
+TYPES = ["additive", "dot", "scaled_dot", "general", "multihead", "none"]
+SRC_V, TGT_V = 17, 19
+
+
+def tiny_model(name: str, dec_layers: int = 2, enc_layers: int = 2) -> Seq2Seq:
+    torch.manual_seed(0)
+    options = {"heads": 3} if name == "multihead" else {}
+    attention = build_attention(name, query_size=9, key_size=10, hidden_size=9, **options)
+    model = Seq2Seq(SRC_V, TGT_V, attention, emb_size=7, enc_hidden_size=5, dec_hidden_size=9,
+                    enc_layers=enc_layers, dec_layers=dec_layers, dropout=0.1, tie_embeddings=True)
+    return model.double().eval()
+
+
+def padded_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int], list[int]]:
+    """Three sentences of different lengths, right-padded with 0."""
+    gen = torch.Generator().manual_seed(1)
+    src_lens, tgt_lens = [6, 3, 1], [4, 5, 2]
+    src = torch.zeros(3, max(src_lens), dtype=torch.long)
+    tgt = torch.zeros(3, max(tgt_lens), dtype=torch.long)
+    for i, (s, t) in enumerate(zip(src_lens, tgt_lens)):
+        src[i, :s] = torch.randint(4, SRC_V, (s,), generator=gen)
+        tgt[i, :t] = torch.randint(4, TGT_V, (t,), generator=gen)
+    return src, torch.tensor(src_lens), tgt, src_lens, tgt_lens
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_padded_batch_equals_each_sentence_alone(name: str) -> None:
+    model = tiny_model(name)
+    src, src_lengths, tgt, src_lens, tgt_lens = padded_batch()
+    logits, attn = model(src, src_lengths, tgt)
+    for i, (s, t) in enumerate(zip(src_lens, tgt_lens)):
+        alone_logits, alone_attn = model(src[i : i + 1, :s], src_lengths[i : i + 1], tgt[i : i + 1, :t])
+        torch.testing.assert_close(logits[i, :t], alone_logits[0], rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(attn[i, :t, :s], alone_attn[0], rtol=1e-9, atol=1e-10)
+        assert torch.all(attn[i, :, s:] == 0.0)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_teacher_forced_logits_equal_step_by_step(name: str) -> None:
+    model = tiny_model(name)
+    src, src_lengths, tgt, _, _ = padded_batch()
+    logits, attn = model(src, src_lengths, tgt)
+    memory, state = model.encode(src, src_lengths)
+    for step in range(tgt.shape[1]):
+        step_logits, state, step_attn = model.decode_step(tgt[:, step], state, memory)
+        torch.testing.assert_close(step_logits, logits[:, step], rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(step_attn, attn[:, step], rtol=1e-9, atol=1e-10)
+
+
+def test_encoder_packing_equals_unpacked_gru_on_unpadded_rows() -> None:
+    torch.manual_seed(0)
+    encoder = Encoder(SRC_V, 7, 5, num_layers=2, dropout=0.0, pad_id=0).double().eval()
+    src, src_lengths, _, src_lens, _ = padded_batch()
+    enc_out, last = encoder(src, src_lengths)
+    assert enc_out.shape == (3, 6, 10) and last.shape == (3, 10)
+    for i, s in enumerate(src_lens):
+        alone, _ = encoder.rnn(encoder.embedding(src[i : i + 1, :s]))  # no padding: no packing needed
+        torch.testing.assert_close(enc_out[i, :s], alone[0])
+        torch.testing.assert_close(last[i], torch.cat([alone[0, -1, :5], alone[0, 0, 5:]]))
+        assert torch.all(enc_out[i, s:] == 0)
+
+
+def test_gru_cell_equals_torch_grucell() -> None:
+    torch.manual_seed(0)
+    cell = torch.nn.GRUCell(6, 8).double()
+    x, h = torch.randn(4, 6, dtype=torch.float64), torch.randn(4, 8, dtype=torch.float64)
+    gates = torch.nn.functional.linear(x, cell.weight_ih, cell.bias_ih)
+    torch.testing.assert_close(gru_cell(gates, h, cell.weight_hh, cell.bias_hh), cell(x, h))
+
+
+def test_tied_embeddings_share_one_matrix_and_untied_do_not() -> None:
+    tied = tiny_model("additive")
+    assert tied.decoder.output.weight is tied.decoder.embedding.weight
+    attention = build_attention("additive", query_size=9, key_size=10, hidden_size=9)
+    untied = Seq2Seq(SRC_V, TGT_V, attention, emb_size=7, enc_hidden_size=5, dec_hidden_size=9,
+                     tie_embeddings=False)
+    assert untied.decoder.output.weight is not untied.decoder.embedding.weight
+    assert count_parameters(untied) == count_parameters(tied.float()) + TGT_V * 7 - _layer_diff()
+
+
+def _layer_diff() -> int:
+    """Parameters of the extra encoder and decoder layers in tiny_model (2 layers) vs the 1-layer default."""
+    enc_layer2 = 2 * (3 * 5 * 10 + 3 * 5 * 5 + 2 * 3 * 5)  # both directions, input 2He=10
+    dec_layer2 = 3 * 9 * 9 * 2 + 2 * 3 * 9  # GRUCell(9, 9)
+    bridge_extra = 10 * 9 + 9
+    return enc_layer2 + dec_layer2 + bridge_extra
+
+
+def test_none_model_has_no_attention_and_learns_from_final_state() -> None:
+    model = tiny_model("none")
+    assert not model.has_attention and tiny_model("dot").has_attention
+    src, src_lengths, tgt, _, _ = padded_batch()
+    logits, attn = model(src, src_lengths, tgt)
+    assert torch.all(attn == 0)
+    logits.sum().backward()
+    assert model.encoder.embedding.weight.grad.abs().sum() > 0  # gradient reaches the encoder via the bridge
+
+
+def test_default_model_parameter_count() -> None:
+    from hydra import compose, initialize_config_dir
+
+    from tests.conftest import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="train")
+    model = Seq2Seq.from_config(cfg.model, cfg.attention, 8000, 8000)
+    embeddings = 2 * 8000 * 256  # source + target; the output matrix is tied to the target side
+    encoder = 2 * (3 * 256 * 256 + 3 * 256 * 256 + 2 * 3 * 256)  # two directions
+    bridge = 512 * 512 + 512
+    decoder_gru = (3 * 512 * 256 + 3 * 512) + 3 * 512 * 512 + (3 * 512 * 512 + 3 * 512)  # emb, ctx, hidden
+    additive = 512 * 512 + 512 * 512 + 512
+    deep_output = (512 + 512 + 256) * 256 + 256
+    expected = embeddings + encoder + bridge + decoder_gru + additive + deep_output
+    assert expected == 7_970_048
+    assert count_parameters(model) == expected
