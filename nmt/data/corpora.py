@@ -1,0 +1,493 @@
+"""Corpora: where parallel text comes from, and how it is fetched, verified, read and cleaned.
+
+The one concept: a *corpus* maps a split name (``train``, ``val``, ``test_2016_flickr``) and a
+language direction to two local files, one sentence per line, aligned by line number. Two kinds are
+registered in ``CORPORA``:
+
+- ``multi30k``: Multi30k task 1 (Elliott et al., 2016), fetched into a cache folder from a mirror
+  folder or the official URL, each file sha256-verified against the hashes embedded below.
+- ``files``: the user's own parallel text (WMT, IWSLT, OPUS, ...), a path per split and side.
+
+Reading turns the two files into two lists of stripped lines (``ParallelText``); cleaning drops
+training pairs that would only hurt (empty side, too long, wild length ratio).
+
+Shapes: none; this module deals in files and lines. Sentences are counted in whitespace words.
+
+What it does not do: subwords (``nmt.data.tokenizer``), caching of anything derived from the text
+(``nmt.data.prepare``), or batching (``nmt.data.batching``). It never filters validation or test
+data: scores must be comparable with published ones on the full sets.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import http.client
+import logging
+import os
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, ClassVar
+
+log = logging.getLogger(__name__)
+
+MIRROR_ENV = "NMT_DATA_MIRROR"
+DOWNLOAD_TIMEOUT_S = 60.0
+_CHUNK = 1 << 20
+
+
+class DataError(ValueError):
+    """A problem with the data that the user can fix; the message names the file and the fix."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Fetching and verifying
+# --------------------------------------------------------------------------------------------------
+
+
+def sha256_of(path: Path) -> str:
+    """The hex sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def download_url(url: str, dest: Path, timeout: float = DOWNLOAD_TIMEOUT_S) -> None:
+    """Stream ``url`` into ``dest``. Tests monkeypatch this function so they never touch the network.
+
+    Raises:
+        urllib.error.URLError, OSError: the download failed (no network, 404, timeout, ...).
+    """
+    with urllib.request.urlopen(url, timeout=timeout) as response, open(dest, "wb") as out:
+        shutil.copyfileobj(response, out, _CHUNK)
+
+
+def _mirror_candidates(mirror: Path, corpus: str, name: str) -> list[Path]:
+    # Accept both layouts: <mirror>/multi30k/<file> (the shared corpora folder) and <mirror>/<file>.
+    return [mirror / corpus / name, mirror / name]
+
+
+def fetch_file(
+    name: str,
+    url: str,
+    dest_dir: Path,
+    *,
+    sha256: str | None,
+    corpus: str,
+    mirror: Path | None = None,
+    timeout: float = DOWNLOAD_TIMEOUT_S,
+) -> Path:
+    """Return ``dest_dir/name``, verified, fetching it from the mirror or ``url`` when needed.
+
+    A file already in ``dest_dir`` whose hash matches is used as is (no fetch). A fetched file is
+    written to a temporary file next to its destination and renamed only after its hash checks out,
+    so an interrupted or corrupt download never poses as a good one.
+
+    Args:
+        name: file name, the same in the cache, the mirror and the URL (``train.de.gz``).
+        url: where to download it from when the mirror does not have it.
+        dest_dir: the cache folder for this corpus (created if missing).
+        sha256: the known hex sha256, or None when unknown (then the file is not verified).
+        corpus: the corpus name, used for the ``<mirror>/<corpus>/<name>`` layout and messages.
+        mirror: a folder tried before the network.
+        timeout: network timeout in seconds.
+
+    Raises:
+        DataError: the hash does not match (the bad copy is removed), or the file could not be had
+            from the mirror or the network.
+    """
+    dest = dest_dir / name
+    if dest.is_file():
+        if sha256 is None:
+            return dest
+        actual = sha256_of(dest)
+        if actual == sha256:
+            return dest
+        # A cached copy that went bad (disk, manual edit): fetch it again rather than fail.
+        log.warning("cached %s has sha256 %s, expected %s; fetching it again", dest, actual, sha256)
+        dest.unlink()
+
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=dest_dir)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        source = _fill_from_mirror_or_url(tmp, name, url, corpus=corpus, mirror=mirror, timeout=timeout)
+        if sha256 is not None:
+            actual = sha256_of(tmp)
+            if actual != sha256:
+                raise DataError(
+                    f"sha256 mismatch for {name} (from {source}): expected {sha256}, got {actual}. "
+                    f"The bad copy was removed. If it came from the mirror, replace the mirror's file "
+                    f"with a fresh download of {url}; otherwise retry (the download may have been cut)."
+                )
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    log.info("fetched %s from %s%s", dest, source, " (sha256 ok)" if sha256 else "")
+    return dest
+
+
+def _fill_from_mirror_or_url(
+    tmp: Path, name: str, url: str, *, corpus: str, mirror: Path | None, timeout: float
+) -> str:
+    """Copy the file into ``tmp`` from the mirror or the network; return where it came from."""
+    if mirror is not None:
+        for candidate in _mirror_candidates(mirror, corpus, name):
+            if candidate.is_file():
+                shutil.copyfile(candidate, tmp)
+                return str(candidate)
+    try:
+        download_url(url, tmp, timeout)
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        looked = (
+            f"the mirror {mirror} (looked for {' and '.join(map(str, _mirror_candidates(mirror, corpus, name)))})"
+            if mirror is not None
+            else "no mirror (none set)"
+        )
+        raise DataError(
+            f"could not get {name}: tried {looked}, then {url} ({exc}). Without network, put the "
+            f"file in a mirror folder as <mirror>/{corpus}/{name} or <mirror>/{name} and set "
+            f"data.mirror=<mirror> or the environment variable {MIRROR_ENV}=<mirror>; or copy it "
+            f"into {tmp.parent}/ yourself."
+        ) from exc
+    return url
+
+
+# --------------------------------------------------------------------------------------------------
+# The corpus registry
+# --------------------------------------------------------------------------------------------------
+
+
+class Corpus:
+    """A source of parallel splits. Subclasses register under ``name`` and say which files a split is.
+
+    Construct with ``build_corpus``; ``split_files`` is the only thing the pipeline asks of one.
+    """
+
+    name: ClassVar[str]
+
+    def split_files(self, split: str, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
+        """Local (fetched, verified) source and target files of ``split``.
+
+        Raises:
+            DataError: unknown split or language, or the files cannot be had.
+        """
+        raise NotImplementedError
+
+
+CORPORA: dict[str, type[Corpus]] = {}
+
+
+def register_corpus(cls: type[Corpus]) -> type[Corpus]:
+    """Class decorator: make a corpus selectable as ``data.corpus=<cls.name>``."""
+    CORPORA[cls.name] = cls
+    return cls
+
+
+MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{name}"
+
+# Languages of each Multi30k task 1 split (the 2017 test sets have no Czech).
+MULTI30K_SPLITS: dict[str, tuple[str, ...]] = {
+    "train": ("en", "de", "fr", "cs"),
+    "val": ("en", "de", "fr", "cs"),
+    "test_2016_flickr": ("en", "de", "fr", "cs"),
+    "test_2017_flickr": ("en", "de", "fr"),
+    "test_2017_mscoco": ("en", "de", "fr"),
+    "test_2018_flickr": ("en", "de", "fr", "cs"),
+}
+
+# sha256 of the official files (from ../shared/corpora/multi30k/SHA256SUMS). Files not listed here
+# (the 2017/2018 test sets) are fetched unverified, with a warning.
+MULTI30K_SHA256: dict[str, str] = {
+    "test_2016_flickr.cs.gz": "200a4a74cc9560f051924abb9803be008d1908d77f747e9141aeb86dfd2797f1",
+    "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
+    "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
+    "test_2016_flickr.fr.gz": "6d326e188d259fb1d04ac19eae3af956559b3a0b93d7635e56c90987c40c8b90",
+    "train.cs.gz": "a65adb8b32e3bc664f21ecba7a6e7f6950fd1f405e135f7c312faabdb6255077",
+    "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
+    "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
+    "train.fr.gz": "622e75069e9f4c577425c4f277116ce66e63a2401c0a2312d90073cb12379a3c",
+    "val.cs.gz": "b63226e05c4bd5dd6a42897d74b86a1b9d2c31498252c572b1ea7f7996927fcc",
+    "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
+    "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
+    "val.fr.gz": "ca3106f1a72390591d25f6c45cb4cd39dec4cd3f123e099748a3ce5256c160e9",
+}
+
+
+@register_corpus
+class Multi30k(Corpus):
+    """Multi30k task 1: ~29k English image captions with German, French and Czech translations.
+
+    Args:
+        cache_dir: the data cache; files go to ``cache_dir/multi30k/``.
+        mirror: a folder holding ``multi30k/<file>`` or ``<file>``, tried before the network.
+        url_template: the download URL with a ``{name}`` field (tests point it elsewhere).
+        sha256: known hashes by file name.
+        timeout: network timeout in seconds.
+    """
+
+    name = "multi30k"
+
+    def __init__(
+        self,
+        cache_dir: Path,
+        mirror: Path | None = None,
+        *,
+        url_template: str = MULTI30K_URL,
+        sha256: Mapping[str, str] = MULTI30K_SHA256,
+        timeout: float = DOWNLOAD_TIMEOUT_S,
+    ) -> None:
+        self.dir = Path(cache_dir) / self.name
+        self.mirror = mirror
+        self.url_template = url_template
+        self.sha256 = dict(sha256)
+        self.timeout = timeout
+
+    def split_files(self, split: str, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
+        if split not in MULTI30K_SPLITS:
+            raise DataError(f"multi30k has no split {split!r}; valid splits: {', '.join(MULTI30K_SPLITS)}.")
+        langs = MULTI30K_SPLITS[split]
+        for lang in (src_lang, tgt_lang):
+            if lang not in langs:
+                raise DataError(
+                    f"multi30k split {split!r} has no language {lang!r}; it has {', '.join(langs)}. "
+                    f"Set data.src_lang / data.tgt_lang to two of them, or drop {split!r} from the splits."
+                )
+        return self.fetch(f"{split}.{src_lang}.gz"), self.fetch(f"{split}.{tgt_lang}.gz")
+
+    def fetch(self, name: str) -> Path:
+        """Fetch (or find in the cache) one file by name, verifying its hash when known."""
+        sha = self.sha256.get(name)
+        if sha is None and not (self.dir / name).is_file():
+            log.warning("no known sha256 for multi30k %s; it will not be verified", name)
+        return fetch_file(
+            name,
+            self.url_template.format(name=name),
+            self.dir,
+            sha256=sha,
+            corpus=self.name,
+            mirror=self.mirror,
+            timeout=self.timeout,
+        )
+
+
+@register_corpus
+class ParallelFiles(Corpus):
+    """The user's own parallel text: ``{split: {"src": path, "tgt": path}}``, plain or ``.gz``.
+
+    Relative paths resolve against the current working directory. Languages are labels only.
+    """
+
+    name = "files"
+
+    def __init__(self, files: Mapping[str, Mapping[str, Any]] | None) -> None:
+        if not files:
+            raise DataError(
+                "data.corpus=files needs data.files: a mapping {split: {src: path, tgt: path}} "
+                "for the train, validation and test splits (see configs/data/files.yaml)."
+            )
+        self.files = {str(k): dict(v) if isinstance(v, Mapping) else v for k, v in files.items()}
+
+    def split_files(self, split: str, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
+        entry = self.files.get(split)
+        if not isinstance(entry, dict):
+            raise DataError(
+                f"data.files has no entry for split {split!r} (it has: {', '.join(self.files) or 'none'}). "
+                f"Add data.files.{split}.src=<path> and data.files.{split}.tgt=<path>."
+            )
+        paths = []
+        for side in ("src", "tgt"):
+            value = entry.get(side)
+            if not value:
+                raise DataError(f"data.files.{split} has no {side!r} path; set data.files.{split}.{side}=<path>.")
+            path = Path(str(value)).expanduser()
+            if not path.is_file():
+                raise DataError(
+                    f"data.files.{split}.{side} = {path} does not exist (resolved to {path.absolute()}). "
+                    f"Relative paths resolve against the working directory; give an absolute path."
+                )
+            paths.append(path)
+        return paths[0], paths[1]
+
+
+def build_corpus(
+    name: str,
+    *,
+    cache_dir: Path,
+    mirror: str | Path | None = None,
+    files: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Corpus:
+    """The registered corpus ``name``, constructed from the data settings.
+
+    Raises:
+        DataError: unknown corpus (the message lists the valid ones), or a bad ``files`` mapping.
+    """
+    if name not in CORPORA:
+        raise DataError(f"unknown corpus {name!r}; valid corpora: {', '.join(sorted(CORPORA))}.")
+    if name == ParallelFiles.name:
+        return ParallelFiles(files)
+    mirror_path = Path(str(mirror)).expanduser() if mirror else None
+    if mirror_path is not None and not mirror_path.is_dir():
+        log.warning("data mirror %s is not a folder; ignoring it", mirror_path)
+        mirror_path = None
+    return CORPORA[name](cache_dir, mirror_path)  # type: ignore[call-arg]
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading and cleaning
+# --------------------------------------------------------------------------------------------------
+
+INVALID_UTF8_MODES = ("error", "replace")
+
+
+def read_lines(path: Path, invalid_utf8: str = "error") -> list[str]:
+    """The stripped lines of a plain or gzip text file (``.gz`` by name or by magic bytes).
+
+    Only ``\\n`` ends a line (not the Unicode separators ``str.splitlines`` knows), so the line
+    numbers of the two sides of a corpus stay aligned.
+
+    Args:
+        path: the file.
+        invalid_utf8: ``error`` raises on the first bad line; ``replace`` substitutes U+FFFD and
+            logs one warning with the count and the first bad line.
+
+    Raises:
+        DataError: invalid UTF-8 (``error`` mode), or a corrupt gzip file.
+    """
+    if invalid_utf8 not in INVALID_UTF8_MODES:
+        raise DataError(f"data.invalid_utf8={invalid_utf8!r} is not valid; use one of {', '.join(INVALID_UTF8_MODES)}.")
+    lines: list[str] = []
+    bad_lines: list[int] = []
+    try:
+        with _open_binary(path) as f:
+            for lineno, raw in enumerate(f, start=1):
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    if invalid_utf8 == "error":
+                        raise DataError(
+                            f"{path}, line {lineno}: invalid UTF-8 (byte {raw[exc.start]:#04x} at "
+                            f"column {exc.start + 1}). Convert the file to UTF-8 (e.g. iconv -f "
+                            f"latin1 -t utf-8), or set data.invalid_utf8=replace to substitute U+FFFD."
+                        ) from None
+                    text = raw.decode("utf-8", errors="replace")
+                    bad_lines.append(lineno)
+                if lineno == 1:
+                    text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark is not part of the sentence
+                lines.append(text.strip())
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DataError(f"cannot read {path}: {exc}. Is the file truncated or not really gzip?") from exc
+    if bad_lines:
+        log.warning(
+            "%s: %d line(s) with invalid UTF-8 (first: line %d); bad bytes replaced by U+FFFD",
+            path,
+            len(bad_lines),
+            bad_lines[0],
+        )
+    return lines
+
+
+def _open_binary(path: Path) -> IO[bytes]:
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    if path.suffix == ".gz" or magic == b"\x1f\x8b":
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+@dataclass
+class ParallelText:
+    """One split as two aligned lists of stripped lines."""
+
+    name: str
+    src: list[str]
+    tgt: list[str]
+    src_path: Path | None = None
+    tgt_path: Path | None = None
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+def read_parallel(name: str, src_path: Path, tgt_path: Path, invalid_utf8: str = "error") -> ParallelText:
+    """Read a split's two files and check they align.
+
+    Raises:
+        DataError: different line counts (naming both files and counts), an empty split, or any
+            error of ``read_lines``.
+    """
+    src = read_lines(src_path, invalid_utf8)
+    tgt = read_lines(tgt_path, invalid_utf8)
+    if len(src) != len(tgt):
+        raise DataError(
+            f"split {name!r}: source and target have different line counts: {src_path} has "
+            f"{len(src)} lines, {tgt_path} has {len(tgt)}. Parallel files must align line by line; "
+            f"check for a missing or extra line (or a stray newline inside a sentence)."
+        )
+    if not src:
+        raise DataError(
+            f"split {name!r} is empty: {src_path} and {tgt_path} have no lines. Point the split at non-empty files."
+        )
+    return ParallelText(name, src, tgt, src_path, tgt_path)
+
+
+@dataclass
+class CleanStats:
+    """How many training pairs cleaning kept, and how many it dropped for each reason."""
+
+    total: int
+    kept: int
+    dropped: dict[str, int] = field(default_factory=dict)
+
+
+def clean_pairs(
+    text: ParallelText, max_len: int | None = None, max_ratio: float | None = None
+) -> tuple[ParallelText, CleanStats]:
+    """Drop pairs with an empty side, a side over ``max_len`` words, or a word ratio over ``max_ratio``.
+
+    For the training split only. Each dropped pair counts under the first reason it fails, in the
+    order above. ``None`` turns a limit off.
+
+    Returns:
+        The kept pairs (in their original order) and the counts.
+    """
+    checks: list[tuple[str, Callable[[int, int], bool]]] = [("empty side", lambda s, t: s == 0 or t == 0)]
+    if max_len is not None:
+        checks.append((f"longer than {max_len} words", lambda s, t: max(s, t) > max_len))
+    if max_ratio is not None:
+        checks.append((f"length ratio over {max_ratio}", lambda s, t: max(s, t) > max_ratio * min(s, t)))
+    dropped = {reason: 0 for reason, _ in checks}
+    src: list[str] = []
+    tgt: list[str] = []
+    for s, t in zip(text.src, text.tgt):
+        ns, nt = len(s.split()), len(t.split())
+        for reason, fails in checks:
+            if fails(ns, nt):
+                dropped[reason] += 1
+                break
+        else:
+            src.append(s)
+            tgt.append(t)
+    stats = CleanStats(total=len(text), kept=len(src), dropped=dropped)
+    log.info(
+        "cleaned %s: kept %d of %d pairs; dropped %s",
+        text.name,
+        stats.kept,
+        stats.total,
+        ", ".join(f"{n} ({reason})" for reason, n in dropped.items()) or "none",
+    )
+    if not src:
+        raise DataError(
+            f"cleaning dropped every pair of split {text.name!r} ({dropped}). Check that the files "
+            f"are the right ones, or loosen data.clean.max_len / data.clean.max_ratio (null = off)."
+        )
+    return ParallelText(text.name, src, tgt, text.src_path, text.tgt_path), stats

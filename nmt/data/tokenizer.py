@@ -1,0 +1,349 @@
+"""Subwords: SentencePiece models (Kudo & Richardson, 2018) with fixed special ids, trained and cached.
+
+The one concept: a ``Tokenizer`` turns a sentence into subword ids and back, for the source and the
+target side (one joint model shared by both sides, or one model per side). Every model has the same
+special ids, ``PAD_ID=0, UNK_ID=1, BOS_ID=2, EOS_ID=3``, so the model and the batching code can rely
+on them. A Tokenizer is nothing but its model protos, so it serialises to plain bytes
+(``to_state`` / ``from_state``) and travels inside checkpoints: translation needs no other file.
+
+``train_tokenizer`` trains on the training split only (unigram LM, Kudo 2018, or BPE, Sennrich et
+al., 2016) and caches the model by a hash of the training text and the settings, so a second run
+reuses it.
+
+Shapes: none; ids are plain ``list[int]`` without BOS/EOS (batching adds them).
+
+What it does not do: add BOS/EOS, pad, truncate, or lower-case. It does apply SentencePiece's
+default ``nmt_nfkc`` normalisation, so text with unusual Unicode (NBSP, full-width forms, repeated
+spaces) may not round-trip byte for byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import sentencepiece as spm
+
+from nmt.data.corpora import DataError
+
+log = logging.getLogger(__name__)
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID))  # dropped by decode; UNK decodes to " ⁇ "
+MODEL_TYPES = ("unigram", "bpe")
+# Bumped when the training recipe changes, so stale cached models are not reused.
+_RECIPE_VERSION = 1
+_STATE_FORMAT = 1
+# SentencePiece holds its training sentences in memory: sample at most this many (shuffled) from
+# a big corpus. 2M sentences give a good vocabulary in a few GB of RAM; Multi30k is far below it.
+INPUT_SENTENCE_SIZE = 2_000_000
+
+
+@dataclass(frozen=True)
+class TokenizerSettings:
+    """How to train the subword model(s); the ``data.tokenizer`` config group.
+
+    Attributes:
+        model_type: ``unigram`` or ``bpe``.
+        vocab_size: pieces per model, the 4 special ids included. A soft limit: a corpus too small
+            to fill it gets a smaller vocabulary (logged) instead of an error.
+        joint: one model shared by source and target (trained on both sides) or one per side.
+        character_coverage: fraction of characters covered by the vocabulary (1.0 for Latin
+            scripts; ~0.9995 for CJK).
+    """
+
+    model_type: str = "unigram"
+    vocab_size: int = 8000
+    joint: bool = True
+    character_coverage: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.model_type not in MODEL_TYPES:
+            raise DataError(
+                f"data.tokenizer.model_type={self.model_type!r} is not valid; use one of {', '.join(MODEL_TYPES)}."
+            )
+        if int(self.vocab_size) <= 4:
+            raise DataError(f"data.tokenizer.vocab_size={self.vocab_size} must be > 4 (4 ids are special).")
+        if not 0.0 < float(self.character_coverage) <= 1.0:
+            raise DataError(f"data.tokenizer.character_coverage={self.character_coverage} must be in (0, 1].")
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping[str, Any] | None) -> TokenizerSettings:
+        """Build from the ``data.tokenizer`` mapping; unknown keys raise with the valid ones."""
+        cfg = dict(cfg or {})
+        valid = set(cls.__dataclass_fields__)
+        unknown = sorted(set(cfg) - valid)
+        if unknown:
+            raise DataError(f"unknown data.tokenizer key(s) {unknown}; valid keys: {', '.join(sorted(valid))}.")
+        return cls(**cfg)
+
+
+class Tokenizer:
+    """Source and target SentencePiece models behind one interface.
+
+    Args:
+        src_model: the serialised source (or joint) model proto.
+        tgt_model: the serialised target model proto; None for a joint model.
+    """
+
+    def __init__(self, src_model: bytes, tgt_model: bytes | None = None) -> None:
+        self._src_model = bytes(src_model)
+        self._tgt_model = None if tgt_model is None else bytes(tgt_model)
+        self._src = _load_processor(self._src_model)
+        self._tgt = self._src if self._tgt_model is None else _load_processor(self._tgt_model)
+
+    # -- encoding ------------------------------------------------------------------------------------
+
+    def encode_src(self, text: str) -> list[int]:
+        """Subword ids of a source sentence, without BOS/EOS."""
+        return self._src.encode(text, out_type=int)
+
+    def encode_tgt(self, text: str) -> list[int]:
+        """Subword ids of a target sentence, without BOS/EOS."""
+        return self._tgt.encode(text, out_type=int)
+
+    def encode_src_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """``encode_src`` over many sentences, on all CPU cores."""
+        return self._src.encode(list(texts), out_type=int, num_threads=os.cpu_count() or 1)
+
+    def encode_tgt_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """``encode_tgt`` over many sentences, on all CPU cores."""
+        return self._tgt.encode(list(texts), out_type=int, num_threads=os.cpu_count() or 1)
+
+    # -- decoding ------------------------------------------------------------------------------------
+
+    def decode_src(self, ids: Iterable[int]) -> str:
+        """Detokenized source text; PAD, BOS and EOS ids are ignored."""
+        return self._src.decode([int(i) for i in ids if int(i) not in SPECIAL_IDS])
+
+    def decode_tgt(self, ids: Iterable[int]) -> str:
+        """Detokenized target text; PAD, BOS and EOS ids are ignored."""
+        return self._tgt.decode([int(i) for i in ids if int(i) not in SPECIAL_IDS])
+
+    def src_pieces(self, ids: Iterable[int]) -> list[str]:
+        """The subword string of each source id (``<pad>``, ``<s>``, ``</s>`` for specials)."""
+        return [self._src.id_to_piece(int(i)) for i in ids]
+
+    def tgt_pieces(self, ids: Iterable[int]) -> list[str]:
+        """The subword string of each target id (``<pad>``, ``<s>``, ``</s>`` for specials)."""
+        return [self._tgt.id_to_piece(int(i)) for i in ids]
+
+    # -- properties ----------------------------------------------------------------------------------
+
+    @property
+    def joint(self) -> bool:
+        """True when source and target share one model (and so one vocabulary)."""
+        return self._tgt_model is None
+
+    @property
+    def src_vocab_size(self) -> int:
+        return self._src.get_piece_size()
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self._tgt.get_piece_size()
+
+    @property
+    def fingerprint(self) -> str:
+        """A sha256 of the model bytes: equal fingerprints encode identically (a cache key)."""
+        digest = hashlib.sha256(self._src_model)
+        digest.update(b"\0" + (self._tgt_model or b""))
+        return digest.hexdigest()
+
+    # -- serialisation -------------------------------------------------------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        """Plain values only (str/int/bool/bytes), so it survives ``torch.load(weights_only=True)``."""
+        state: dict[str, Any] = {
+            "format": _STATE_FORMAT,
+            "kind": "sentencepiece",
+            "joint": self.joint,
+            "src_model": self._src_model,
+        }
+        # A joint model has no "tgt_model": the one proto is not stored twice. (Never b"" either:
+        # pickle protocol 2 writes empty bytes as a call to `bytes`, which weights_only refuses.)
+        if self._tgt_model is not None:
+            state["tgt_model"] = self._tgt_model
+        return state
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> Tokenizer:
+        """Rebuild the tokenizer that ``to_state`` described."""
+        if state.get("kind", "sentencepiece") != "sentencepiece" or "src_model" not in state:
+            raise DataError(
+                f"not a tokenizer state (keys: {sorted(state)}); expected the dict of Tokenizer.to_state()."
+            )
+        if state.get("joint", False) or "tgt_model" not in state:
+            return cls(state["src_model"])
+        return cls(state["src_model"], state["tgt_model"])
+
+    def save(self, directory: str | Path) -> list[Path]:
+        """Write the model file(s) (``joint.model`` or ``src.model`` + ``tgt.model``) into a folder.
+
+        The files are standard SentencePiece models, usable by ``spm_encode`` and other toolkits.
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if self.joint:
+            named = {"joint.model": self._src_model}
+        else:
+            named = {"src.model": self._src_model, "tgt.model": self._tgt_model or b""}
+        paths = []
+        for name, blob in named.items():
+            _atomic_write(directory / name, blob)
+            paths.append(directory / name)
+        return paths
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Tokenizer:
+        """Read what ``save`` wrote."""
+        directory = Path(directory)
+        if (directory / "joint.model").is_file():
+            return cls((directory / "joint.model").read_bytes())
+        src, tgt = directory / "src.model", directory / "tgt.model"
+        if src.is_file() and tgt.is_file():
+            return cls(src.read_bytes(), tgt.read_bytes())
+        raise DataError(f"no joint.model or src.model + tgt.model in {directory}.")
+
+    def __repr__(self) -> str:
+        sizes = (
+            f"vocab={self.src_vocab_size}"
+            if self.joint
+            else f"src_vocab={self.src_vocab_size}, tgt_vocab={self.tgt_vocab_size}"
+        )
+        return f"Tokenizer(joint={self.joint}, {sizes})"
+
+
+def _load_processor(model: bytes) -> spm.SentencePieceProcessor:
+    sp = spm.SentencePieceProcessor(model_proto=model)
+    ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
+    if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+        raise DataError(
+            f"SentencePiece model has special ids pad/unk/bos/eos = {ids}, expected "
+            f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; retrain it with train_tokenizer."
+        )
+    return sp
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    # Write-then-rename: a crash (or a concurrent DDP rank) never leaves a half-written file.
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def text_hash(*sides: Sequence[str]) -> str:
+    """A sha256 of one or more lists of lines (order and boundaries included)."""
+    digest = hashlib.sha256()
+    for lines in sides:
+        digest.update(len(lines).to_bytes(8, "little"))
+        for line in lines:
+            digest.update(line.encode("utf-8", errors="surrogatepass"))
+            digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def _train_model(sentences: Sequence[str], settings: TokenizerSettings) -> bytes:
+    """Train one SentencePiece model in memory and return its proto bytes."""
+    writer = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=writer,
+            model_type=settings.model_type,
+            vocab_size=int(settings.vocab_size),
+            character_coverage=float(settings.character_coverage),
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            # A soft limit, so tiny corpora (tests, a quick look) get a smaller vocabulary, not an error.
+            hard_vocab_limit=False,
+            input_sentence_size=INPUT_SENTENCE_SIZE,
+            shuffle_input_sentence=True,
+            num_threads=os.cpu_count() or 1,
+            minloglevel=2,  # errors only (its warnings are noise here); we log one summary line ourselves
+        )
+    except RuntimeError as exc:
+        raise DataError(
+            f"SentencePiece training failed: {exc}. With a small corpus, lower "
+            f"data.tokenizer.vocab_size or use data.tokenizer.model_type=unigram."
+        ) from exc
+    return writer.getvalue()
+
+
+def train_tokenizer(
+    src_texts: Sequence[str],
+    tgt_texts: Sequence[str],
+    settings: TokenizerSettings,
+    cache_dir: str | Path | None = None,
+) -> Tokenizer:
+    """Train (or reuse from ``cache_dir``) the subword model(s) on the training split.
+
+    The cache key is a hash of the training text and the settings, so changing either trains a new
+    model and an unchanged run reuses the old one.
+
+    Args:
+        src_texts: training source sentences (the cleaned training split, never validation/test).
+        tgt_texts: training target sentences, aligned with ``src_texts``.
+        settings: model type, vocabulary size, joint or separate, character coverage.
+        cache_dir: where models are kept (``<cache_dir>/<key>.{joint,src,tgt}.model``); None
+            trains without caching.
+    """
+    key_source = json.dumps({"recipe": _RECIPE_VERSION, **asdict(settings)}, sort_keys=True)
+    key = hashlib.sha256((key_source + text_hash(src_texts, tgt_texts)).encode()).hexdigest()[:24]
+    names = ("joint",) if settings.joint else ("src", "tgt")
+    paths = [Path(cache_dir) / f"{key}.{name}.model" for name in names] if cache_dir else []
+    if paths and all(p.is_file() for p in paths):
+        tokenizer = Tokenizer(*(p.read_bytes() for p in paths))
+        log.info("reusing cached SentencePiece model(s) %s: %s", ", ".join(map(str, paths)), tokenizer)
+        return tokenizer
+
+    start = time.perf_counter()
+    if settings.joint:
+        models = [_train_model([*src_texts, *tgt_texts], settings)]
+    else:
+        models = [_train_model(src_texts, settings), _train_model(tgt_texts, settings)]
+    tokenizer = Tokenizer(*models)
+    for path, blob in zip(paths, models):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, blob)
+    log.info(
+        "trained SentencePiece %s %s on %d pairs in %.1f s: %s%s",
+        settings.model_type,
+        "joint" if settings.joint else "src+tgt",
+        len(src_texts),
+        time.perf_counter() - start,
+        tokenizer,
+        f" -> {', '.join(map(str, paths))}" if paths else "",
+    )
+    sizes = (
+        [("joint", tokenizer.src_vocab_size)]
+        if tokenizer.joint
+        else [
+            ("src", tokenizer.src_vocab_size),
+            ("tgt", tokenizer.tgt_vocab_size),
+        ]
+    )
+    for side, size in sizes:
+        if size < settings.vocab_size:
+            log.warning(
+                "%s vocabulary has %d pieces, fewer than vocab_size=%d: the corpus is too small to fill it",
+                side,
+                size,
+                settings.vocab_size,
+            )
+    return tokenizer

@@ -1,0 +1,190 @@
+"""nmt.data.batching: token budget, exactly-once epochs, seeded and resumable order, DDP shares, padding."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from nmt.data import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    Batch,
+    DataError,
+    EncodedSplit,
+    PreparedData,
+    TokenBucketSampler,
+    build_loader,
+    collate_batch,
+)
+from nmt.data.batching import split_until_divisible
+
+
+def _split(n: int = 503, seed: int = 0, max_len: int = 37) -> EncodedSplit:
+    """``n`` pairs of random ids with lengths 0..max_len (odd sizes on purpose)."""
+    rng = random.Random(seed)
+    src = [[rng.randrange(4, 50) for _ in range(rng.randint(0, max_len))] for _ in range(n)]
+    tgt = [[rng.randrange(4, 50) for _ in range(max(0, len(s) + rng.randint(-5, 5)))] for s in src]
+    return EncodedSplit("toy", src, tgt, [f"s{i}" for i in range(n)], [f"t{i}" for i in range(n)])
+
+
+def _epoch(sampler: TokenBucketSampler, epoch: int) -> list[list[int]]:
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def test_every_pair_exactly_once_per_epoch_within_the_budget() -> None:
+    split = _split()
+    sampler = TokenBucketSampler.from_split(split, 211, shuffle=True, seed=3)
+    assert len({len(_epoch(sampler, epoch)) for epoch in range(4)}) == 1  # a fixed count per epoch
+    for epoch in range(3):
+        batches = _epoch(sampler, epoch)
+        assert sorted(i for b in batches for i in b) == list(range(len(split)))
+        assert len(batches) == len(sampler)
+        for b in batches:
+            width = max(max(len(split.src_ids[i]), len(split.tgt_ids[i])) + 1 for i in b)
+            assert len(b) * width <= 211
+
+
+def test_a_pair_longer_than_the_budget_gets_its_own_batch() -> None:
+    sampler = TokenBucketSampler([3, 50, 4], [3, 60, 2], 20, shuffle=False)
+    assert sorted(map(sorted, _epoch(sampler, 0))) == [[0, 2], [1]]
+
+
+def test_same_seed_same_order_and_new_epochs_reshuffle() -> None:
+    split = _split()
+    a = TokenBucketSampler.from_split(split, 300, shuffle=True, seed=7)
+    b = TokenBucketSampler.from_split(split, 300, shuffle=True, seed=7)
+    c = TokenBucketSampler.from_split(split, 300, shuffle=True, seed=8)
+    assert _epoch(a, 2) == _epoch(b, 2)
+    assert _epoch(a, 2) != _epoch(c, 2)
+    assert _epoch(a, 2) != _epoch(a, 3)
+
+
+def test_iterating_on_moves_to_the_next_epoch() -> None:
+    sampler = TokenBucketSampler.from_split(_split(), 300, shuffle=True, seed=1)
+    first = list(sampler)
+    assert sampler.state_dict() == {"epoch": 1, "position": 0}
+    assert list(sampler) == _epoch(TokenBucketSampler.from_split(_split(), 300, shuffle=True, seed=1), 1)
+    assert first != list(sampler)
+
+
+def test_resume_mid_epoch_continues_the_same_order() -> None:
+    split = _split()
+    full = _epoch(TokenBucketSampler.from_split(split, 250, shuffle=True, seed=5), 4)
+    sampler = TokenBucketSampler.from_split(split, 250, shuffle=True, seed=5)
+    sampler.set_epoch(4)
+    consumed = []
+    for batch in sampler:
+        consumed.append(batch)
+        if len(consumed) == 6:
+            break
+    state = sampler.state_dict()
+    assert state == {"epoch": 4, "position": 6}
+
+    resumed = TokenBucketSampler.from_split(split, 250, shuffle=True, seed=5)
+    resumed.load_state_dict(state)
+    assert consumed + list(resumed) == full
+
+    loader = build_loader(split, 250, shuffle=True, seed=5)
+    loader.batch_sampler.set_epoch(4, start=6)
+    assert [b.indices.tolist() for b in loader] == full[6:]
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 7])
+def test_ddp_shares_are_disjoint_cover_the_epoch_and_have_equal_counts(world_size: int) -> None:
+    split = _split(n=401)
+    for shuffle in (True, False):
+        shares = []
+        for rank in range(world_size):
+            sampler = TokenBucketSampler.from_split(
+                split, 400, shuffle=shuffle, seed=11, rank=rank, world_size=world_size
+            )
+            shares.append(_epoch(sampler, 1))
+            assert len(shares[-1]) == len(sampler)
+        assert len({len(share) for share in shares}) == 1, [len(s) for s in shares]
+        counts = Counter(i for share in shares for b in share for i in b)
+        assert sorted(counts) == list(range(len(split))) and set(counts.values()) == {1}
+
+
+def test_split_until_divisible_splits_the_largest_batches() -> None:
+    batches = [[0], [1, 2, 3, 4], [5, 6], [7]]
+    out = split_until_divisible(batches, 3)
+    assert out == [[0], [1], [2], [3, 4], [5, 6], [7]]  # no pair lost, order kept
+    with pytest.raises(DataError, match="equal number of batches"):
+        split_until_divisible([[0], [1], [2]], 2)
+
+
+def test_unshuffled_batches_are_length_sorted_and_fixed() -> None:
+    split = _split()
+    sampler = TokenBucketSampler.from_split(split, 300, shuffle=False, seed=1)
+    first, second = _epoch(sampler, 0), _epoch(sampler, 5)
+    assert first == second
+    flat = [i for b in first for i in b]
+    widths = [max(len(split.src_ids[i]), len(split.tgt_ids[i])) for i in flat]  # what the budget charges
+    assert widths == sorted(widths, reverse=True)
+
+
+def test_collate_pads_and_places_bos_eos() -> None:
+    items = [(4, [10, 11, 12], [20]), (9, [13], [21, 22, 23, 24])]
+    batch = collate_batch(items)
+    assert batch.src.tolist() == [[10, 11, 12, EOS_ID], [13, EOS_ID, PAD_ID, PAD_ID]]
+    assert batch.src_lengths.tolist() == [4, 2]
+    assert batch.src_mask.tolist() == [[True] * 4, [True, True, False, False]]
+    assert batch.tgt_in.tolist() == [[BOS_ID, 20, PAD_ID, PAD_ID, PAD_ID], [BOS_ID, 21, 22, 23, 24]]
+    assert batch.tgt_out.tolist() == [[20, EOS_ID, PAD_ID, PAD_ID, PAD_ID], [21, 22, 23, 24, EOS_ID]]
+    assert batch.tgt_mask.tolist() == [[True, True, False, False, False], [True] * 5]
+    assert batch.indices.tolist() == [4, 9] and batch.size == 2 and batch.num_tgt_tokens == 7
+    assert batch.src.dtype == batch.tgt_in.dtype == batch.indices.dtype == torch.long
+    assert batch.src_mask.dtype == torch.bool
+
+
+def test_empty_sentences_still_get_eos() -> None:
+    batch = collate_batch([(0, [], [])])
+    assert batch.src.tolist() == [[EOS_ID]] and batch.tgt_in.tolist() == [[BOS_ID]]
+    assert batch.tgt_out.tolist() == [[EOS_ID]]
+
+
+def test_loader_yields_batches_that_map_back_to_the_split() -> None:
+    split = _split(n=97)
+    loader = build_loader(split, 160, shuffle=False)
+    assert isinstance(loader.batch_sampler, TokenBucketSampler) and len(loader) == len(loader.batch_sampler)
+    seen = []
+    for batch in loader:
+        assert isinstance(batch, Batch)
+        assert batch.size * max(batch.src.size(1), batch.tgt_in.size(1)) <= 160 or batch.size == 1
+        for row, i in enumerate(batch.indices.tolist()):
+            n = batch.src_lengths[row].item() - 1
+            assert batch.src[row, :n].tolist() == split.src_ids[i]
+            seen.append(i)
+        moved = batch.to("cpu", non_blocking=True)
+        assert torch.equal(moved.tgt_out, batch.tgt_out) and moved.num_tgt_tokens == batch.num_tgt_tokens
+    assert sorted(seen) == list(range(len(split)))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")
+def test_pinned_loader_batches() -> None:
+    batch = next(iter(build_loader(_split(n=20), 400, shuffle=False, pin_memory=True)))
+    assert batch.src.is_pinned() and batch.tgt_mask.is_pinned()
+
+
+def test_bad_arguments_are_clear() -> None:
+    with pytest.raises(DataError, match="max_tokens"):
+        TokenBucketSampler([1], [1], 0, shuffle=True)
+    with pytest.raises(DataError, match="rank=2"):
+        TokenBucketSampler([1], [1], 10, shuffle=True, rank=2, world_size=2)
+
+
+@pytest.mark.slow
+def test_multi30k_batches_pad_little(multi30k_data: PreparedData) -> None:
+    train = multi30k_data.train
+    sampler = TokenBucketSampler.from_split(train, 4096, shuffle=True, seed=0, world_size=2)
+    real = padded = 0
+    for indices in sampler:
+        batch = collate_batch([train[i] for i in indices])
+        real += int(batch.src_mask.sum() + batch.tgt_mask.sum())
+        padded += batch.src.numel() + batch.tgt_out.numel()
+    assert 1 - real / padded <= 0.10

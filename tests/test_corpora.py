@@ -1,0 +1,346 @@
+"""nmt.data.corpora and prepare_data: fetching, verification, reading, cleaning, bad input.
+
+Never touches the network: an autouse fixture replaces ``download_url`` with one that fails.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import logging
+import urllib.error
+from pathlib import Path
+
+import pytest
+
+from nmt.data import DataError, corpora, prepare_data
+from nmt.data.corpora import (
+    MULTI30K_SHA256,
+    MULTI30K_SPLITS,
+    Multi30k,
+    ParallelText,
+    build_corpus,
+    clean_pairs,
+    fetch_file,
+    read_lines,
+    read_parallel,
+)
+
+_real_download_url = corpora.download_url
+
+
+@pytest.fixture(autouse=True)
+def _no_network(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every download attempt fails (and is recorded), as on a machine without network."""
+    attempts: list[str] = []
+
+    def offline(url: str, dest: Path, timeout: float = 0) -> None:
+        attempts.append(url)
+        raise urllib.error.URLError("network disabled in tests")
+
+    monkeypatch.setattr(corpora, "download_url", offline)
+    return attempts
+
+
+def _gz(path: Path, text: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wb") as f:
+        f.write(text.encode() if isinstance(text, str) else text)
+    return path
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _write(path: Path, lines: list[str]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+# -- fetching and verifying ---------------------------------------------------------------------------
+
+
+def test_fetch_verifies_and_then_reuses_the_cache(tmp_path: Path, _no_network: list[str]) -> None:
+    mirror_file = _gz(tmp_path / "mirror" / "toy" / "train.de.gz", "Hallo Welt\n")
+    cache = tmp_path / "cache"
+    got = fetch_file(
+        "train.de.gz",
+        "https://example.invalid/train.de.gz",
+        cache,
+        sha256=_sha(mirror_file),
+        corpus="toy",
+        mirror=tmp_path / "mirror",
+    )
+    assert got == cache / "train.de.gz" and got.read_bytes() == mirror_file.read_bytes()
+    assert [p.name for p in cache.iterdir()] == ["train.de.gz"]  # no temporary files left over
+
+    mirror_file.unlink()  # present and verified: not fetched again
+    again = fetch_file(
+        "train.de.gz",
+        "https://example.invalid/train.de.gz",
+        cache,
+        sha256=_sha(got),
+        corpus="toy",
+        mirror=tmp_path / "mirror",
+    )
+    assert again == got and _no_network == []
+
+
+def test_fetch_accepts_the_flat_mirror_layout(tmp_path: Path) -> None:
+    mirror_file = _gz(tmp_path / "mirror" / "val.en.gz", "hello\n")
+    got = fetch_file(
+        "val.en.gz",
+        "https://example.invalid/val.en.gz",
+        tmp_path / "cache",
+        sha256=_sha(mirror_file),
+        corpus="toy",
+        mirror=tmp_path / "mirror",
+    )
+    assert got.read_bytes() == mirror_file.read_bytes()
+
+
+def test_hash_mismatch_names_both_hashes_and_removes_the_copy(tmp_path: Path) -> None:
+    mirror_file = _gz(tmp_path / "mirror" / "toy" / "train.en.gz", "tampered\n")
+    expected = "0" * 64
+    with pytest.raises(DataError) as err:
+        fetch_file(
+            "train.en.gz",
+            "https://example.invalid/train.en.gz",
+            tmp_path / "cache",
+            sha256=expected,
+            corpus="toy",
+            mirror=tmp_path / "mirror",
+        )
+    message = str(err.value)
+    assert expected in message and _sha(mirror_file) in message and "train.en.gz" in message
+    assert list((tmp_path / "cache").iterdir()) == []  # neither the file nor a .part remains
+    assert mirror_file.exists()  # the mirror is read-only to us
+
+
+def test_a_corrupt_cached_file_is_fetched_again(tmp_path: Path) -> None:
+    mirror_file = _gz(tmp_path / "mirror" / "train.fr.gz", "bonjour\n")
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "train.fr.gz").write_bytes(b"garbage")
+    got = fetch_file(
+        "train.fr.gz",
+        "https://example.invalid/x",
+        tmp_path / "cache",
+        sha256=_sha(mirror_file),
+        corpus="toy",
+        mirror=tmp_path / "mirror",
+    )
+    assert got.read_bytes() == mirror_file.read_bytes()
+
+
+def test_no_network_and_no_mirror_says_which_file_url_and_how_to_set_the_mirror(
+    tmp_path: Path, _no_network: list[str]
+) -> None:
+    corpus = Multi30k(tmp_path / "cache", mirror=None)
+    with pytest.raises(DataError) as err:
+        corpus.split_files("train", "de", "en")
+    message = str(err.value)
+    url = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/train.de.gz"
+    assert "train.de.gz" in message and url in message
+    assert "NMT_DATA_MIRROR" in message and "data.mirror" in message
+    assert _no_network == [url]
+    assert not (tmp_path / "cache" / "multi30k" / "train.de.gz").exists()
+
+
+def test_an_invalid_url_is_a_data_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(corpora, "download_url", _real_download_url)  # the real one; no network used
+    corpus = Multi30k(tmp_path / "cache", url_template="file:///nonexistent-nmt-dir/{name}", timeout=1)
+    with pytest.raises(DataError, match=r"val\.en\.gz.*file:///nonexistent-nmt-dir/val\.en\.gz"):
+        corpus.fetch("val.en.gz")
+
+
+def test_multi30k_rejects_unknown_splits_and_languages(tmp_path: Path) -> None:
+    corpus = Multi30k(tmp_path)
+    with pytest.raises(DataError, match="test_2016_flickr"):  # lists the valid splits
+        corpus.split_files("test2016", "de", "en")
+    with pytest.raises(DataError, match="has no language 'cs'.*en, de, fr"):
+        corpus.split_files("test_2017_mscoco", "cs", "en")
+
+
+def test_registry_hashes_cover_the_known_splits() -> None:
+    for split in ("train", "val", "test_2016_flickr"):
+        for lang in MULTI30K_SPLITS[split]:
+            assert len(MULTI30K_SHA256[f"{split}.{lang}.gz"]) == 64
+
+
+def test_unknown_corpus_lists_the_valid_ones(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="files, multi30k"):
+        build_corpus("wmt14", cache_dir=tmp_path)
+
+
+# -- reading ------------------------------------------------------------------------------------------
+
+
+def test_read_lines_plain_and_gz_strip_and_split_only_on_newline(tmp_path: Path) -> None:
+    text = "  eins \r\nzwei\u2028drei\n\nvier"
+    plain = tmp_path / "a.txt"
+    plain.write_text(text, encoding="utf-8")
+    expected = ["eins", "zwei\u2028drei", "", "vier"]  # U+2028 is not a line break in a corpus
+    assert read_lines(plain) == expected
+    assert read_lines(_gz(tmp_path / "a.txt.gz", text)) == expected
+
+
+def test_line_count_mismatch_names_both_files_and_counts(tmp_path: Path) -> None:
+    src = _write(tmp_path / "train.de", ["a", "b", "c"])
+    tgt = _write(tmp_path / "train.en", ["a", "b"])
+    with pytest.raises(DataError) as err:
+        read_parallel("train", src, tgt)
+    message = str(err.value)
+    assert str(src) in message and str(tgt) in message and "3 lines" in message and "has 2" in message
+
+
+def test_invalid_utf8_error_names_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.de"
+    bad.write_bytes(b"gut\nnoch gut\n" + b"M\xfcnchen\n")
+    with pytest.raises(DataError) as err:
+        read_lines(bad)
+    assert str(bad) in str(err.value) and "line 3" in str(err.value)
+    assert "invalid_utf8=replace" in str(err.value)  # the fix is in the message
+
+
+def test_invalid_utf8_replace_warns_and_substitutes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    bad = _gz(tmp_path / "bad.de.gz", b"ok\nM\xfcnchen\n")
+    with caplog.at_level(logging.WARNING, logger="nmt.data.corpora"):
+        lines = read_lines(bad, invalid_utf8="replace")
+    assert lines == ["ok", "M\ufffdnchen"]
+    assert "line 2" in caplog.text and "1 line(s)" in caplog.text
+
+
+def test_empty_split_is_a_clear_error(tmp_path: Path) -> None:
+    src, tgt = tmp_path / "e.de", tmp_path / "e.en"
+    src.write_text("")
+    tgt.write_text("")
+    with pytest.raises(DataError, match=r"split 'valid' is empty"):
+        read_parallel("valid", src, tgt)
+
+
+def test_a_truncated_gzip_is_a_data_error(tmp_path: Path) -> None:
+    path = _gz(tmp_path / "t.en.gz", "hello world\n" * 100)
+    path.write_bytes(path.read_bytes()[:20])
+    with pytest.raises(DataError, match="t.en.gz"):
+        read_lines(path)
+
+
+# -- cleaning -----------------------------------------------------------------------------------------
+
+
+def test_cleaning_counts_each_reason(caplog: pytest.LogCaptureFixture) -> None:
+    src = ["ein kurzer satz", "", "a b c d e f", "eins", "x " * 6, "gut so"]
+    tgt = ["a short sentence", "empty source", "a", "one two three four", "y " * 6, ""]
+    with caplog.at_level(logging.INFO, logger="nmt.data.corpora"):
+        kept, stats = clean_pairs(ParallelText("train", src, tgt), max_len=5, max_ratio=3.0)
+    assert kept.src == ["ein kurzer satz"] and kept.tgt == ["a short sentence"]
+    assert stats.total == 6 and stats.kept == 1
+    assert stats.dropped == {"empty side": 2, "longer than 5 words": 2, "length ratio over 3.0": 1}
+    assert "kept 1 of 6" in caplog.text
+
+
+def test_cleaning_everything_away_is_an_error() -> None:
+    with pytest.raises(DataError, match="max_len"):
+        clean_pairs(ParallelText("train", ["a b c"], ["x y z"]), max_len=1)
+
+
+# -- prepare_data with corpus=files -------------------------------------------------------------------
+
+
+def _files_cfg(tmp_path: Path, train_src: list[str], train_tgt: list[str], **overrides: object) -> dict:
+    root = tmp_path / "corpus"
+    val = (["kurz .", "", "x " * 200], ["short .", "nothing on the left", "y"])  # would all be cleaned
+    cfg = {
+        "corpus": "files",
+        "train_split": "train",
+        "valid_split": "dev",
+        "test_splits": ["tst"],
+        "files": {
+            "train": {
+                "src": str(_write(root / "train.de", train_src)),
+                "tgt": str(_write(root / "train.en", train_tgt)),
+            },
+            "dev": {"src": str(_write(root / "dev.de", val[0])), "tgt": str(_write(root / "dev.en", val[1]))},
+            "tst": {
+                "src": str(_gz(root / "tst.de.gz", "eins\nzwei\n")),
+                "tgt": str(_gz(root / "tst.en.gz", "one\ntwo\n")),
+            },
+        },
+        "clean": {"max_len": 20, "max_ratio": 3.0},
+        "tokenizer": {"vocab_size": 300},
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+def test_prepare_files_cleans_train_only(tmp_path: Path, tiny_parallel: tuple[list[str], list[str]]) -> None:
+    src, tgt = list(tiny_parallel[0][:300]), list(tiny_parallel[1][:300])
+    src[0], tgt[1] = "", ""  # two empty sides to drop
+    data = prepare_data(_files_cfg(tmp_path, src, tgt), cache_dir=tmp_path / "cache")
+    assert len(data.train) == 298 and data.stats["clean"]["dropped"]["empty side"] == 2
+    assert len(data.valid) == 3 and data.valid.src_text[1] == ""  # validation is never filtered
+    assert data.valid.src_ids[1] == []
+    assert list(data.tests) == ["tst"] and data.tests["tst"].tgt_text == ["one", "two"]
+
+
+def test_prepare_twice_reuses_tokenizer_and_encodings(
+    tmp_path: Path, tiny_parallel: tuple[list[str], list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _files_cfg(tmp_path, tiny_parallel[0][:300], tiny_parallel[1][:300])
+    first = prepare_data(cfg, cache_dir=tmp_path / "cache")
+    from nmt.data import tokenizer as tokenizer_module
+
+    def no_training(*args: object, **kwargs: object) -> bytes:
+        raise AssertionError("the cached model should have been reused")
+
+    monkeypatch.setattr(tokenizer_module, "_train_model", no_training)
+    second = prepare_data(cfg, cache_dir=tmp_path / "cache")
+    assert second.stats["encoded_cache_hits"] == 3
+    assert second.train.src_ids == first.train.src_ids and second.valid.tgt_ids == first.valid.tgt_ids
+    assert second.tokenizer.to_state() == first.tokenizer.to_state()
+
+
+def test_files_corpus_names_a_missing_split_or_path(tmp_path: Path) -> None:
+    cfg = _files_cfg(tmp_path, ["a"], ["b"])
+    del cfg["files"]["dev"]
+    with pytest.raises(DataError, match=r"no entry for split 'dev'.*data\.files\.dev\.src"):
+        prepare_data(cfg, cache_dir=tmp_path / "cache")
+    cfg = _files_cfg(tmp_path, ["a"], ["b"])
+    cfg["files"]["tst"]["tgt"] = str(tmp_path / "missing.en")
+    with pytest.raises(DataError, match=r"data\.files\.tst\.tgt = .*missing\.en does not exist"):
+        prepare_data(cfg, cache_dir=tmp_path / "cache")
+    with pytest.raises(DataError, match="needs data.files"):
+        prepare_data({**cfg, "files": None}, cache_dir=tmp_path / "cache")
+
+
+def test_unknown_config_key_names_the_nearest(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="did you mean 'max_tokens'"):
+        prepare_data({"max_tokns": 10}, cache_dir=tmp_path)
+    with pytest.raises(DataError, match="error, replace"):
+        prepare_data({"invalid_utf8": "ignore"}, cache_dir=tmp_path)
+
+
+# -- the real corpus ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_multi30k_from_the_mirror_matches_the_published_hashes(mirror_dir: Path, tmp_path: Path) -> None:
+    sums = dict(
+        reversed(line.split()) for line in (mirror_dir / "multi30k" / "SHA256SUMS").read_text().splitlines() if line
+    )
+    for name, digest in sums.items():
+        assert MULTI30K_SHA256[name] == digest
+    corpus = Multi30k(tmp_path, mirror=mirror_dir)
+    src, tgt = corpus.split_files("train", "de", "en")
+    assert _sha(src) == MULTI30K_SHA256["train.de.gz"]
+    text = read_parallel("train", src, tgt)
+    assert len(text) == 29000
+    assert len(read_parallel("val", *corpus.split_files("val", "en", "cs"))) == 1014
+
+
+def test_a_utf8_byte_order_mark_is_dropped(tmp_path: Path) -> None:
+    path = tmp_path / "bom.en"
+    path.write_bytes(b"\xef\xbb\xbfHello\nWorld\n")
+    assert read_lines(path) == ["Hello", "World"]

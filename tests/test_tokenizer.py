@@ -1,0 +1,137 @@
+"""nmt.data.tokenizer: special ids, round trips, serialisation, caching (tiny vocabularies)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_tiny_parallel
+
+from nmt.data import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    DataError,
+    PreparedData,
+    Tokenizer,
+    TokenizerSettings,
+    prepare_data,
+)
+from nmt.data import tokenizer as tokenizer_module
+from nmt.data.tokenizer import train_tokenizer
+
+TEST_SRC, TEST_TGT = make_tiny_parallel(40, seed=1)  # unseen sentences from the same "languages"
+
+
+def test_special_ids_are_fixed(tiny_tokenizer: Tokenizer) -> None:
+    assert (PAD_ID, UNK_ID, BOS_ID, EOS_ID) == (0, 1, 2, 3)
+    assert tiny_tokenizer.src_pieces([0, 1, 2, 3]) == ["<pad>", "<unk>", "<s>", "</s>"]
+    ids = [i for line in TEST_SRC for i in tiny_tokenizer.encode_src(line)]
+    assert not {PAD_ID, BOS_ID, EOS_ID} & set(ids)  # encode adds no specials
+
+
+def test_round_trip_on_unseen_sentences(tiny_tokenizer: Tokenizer) -> None:
+    for src, tgt in zip(TEST_SRC, TEST_TGT):
+        assert tiny_tokenizer.decode_src(tiny_tokenizer.encode_src(src)) == src
+        assert tiny_tokenizer.decode_tgt(tiny_tokenizer.encode_tgt(tgt)) == tgt
+
+
+def test_decode_ignores_pad_bos_eos(tiny_tokenizer: Tokenizer) -> None:
+    ids = tiny_tokenizer.encode_tgt(TEST_TGT[0])
+    assert tiny_tokenizer.decode_tgt([BOS_ID, *ids, EOS_ID, PAD_ID, PAD_ID]) == TEST_TGT[0]
+    assert tiny_tokenizer.decode_tgt(torch.tensor([BOS_ID, *ids, EOS_ID]).tolist()) == TEST_TGT[0]
+
+
+def test_pieces_match_ids(tiny_tokenizer: Tokenizer) -> None:
+    ids = tiny_tokenizer.encode_src(TEST_SRC[0])
+    pieces = tiny_tokenizer.src_pieces(ids)
+    assert len(pieces) == len(ids) and "".join(pieces).replace("\u2581", " ").strip() == TEST_SRC[0]
+
+
+def test_state_survives_torch_save_and_weights_only_load(tiny_tokenizer: Tokenizer) -> None:
+    state = tiny_tokenizer.to_state()
+    assert all(isinstance(v, (str, int, bool, bytes)) for v in state.values())
+    buffer = io.BytesIO()
+    torch.save({"tokenizer": state}, buffer)
+    buffer.seek(0)
+    restored = Tokenizer.from_state(torch.load(buffer, weights_only=True)["tokenizer"])
+    assert restored.joint and restored.src_vocab_size == tiny_tokenizer.src_vocab_size
+    assert restored.fingerprint == tiny_tokenizer.fingerprint
+    assert [restored.encode_src(s) for s in TEST_SRC] == [tiny_tokenizer.encode_src(s) for s in TEST_SRC]
+
+
+def test_save_and_load_model_files(tiny_tokenizer: Tokenizer, tmp_path: Path) -> None:
+    assert [p.name for p in tiny_tokenizer.save(tmp_path)] == ["joint.model"]
+    assert Tokenizer.load(tmp_path).fingerprint == tiny_tokenizer.fingerprint
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_separate_models_round_trip(model_type: str, tiny_parallel: tuple[list[str], list[str]]) -> None:
+    settings = TokenizerSettings(model_type=model_type, vocab_size=300, joint=False)
+    tok = train_tokenizer(tiny_parallel[0][:600], tiny_parallel[1][:600], settings)
+    assert not tok.joint
+    assert tok.src_pieces([EOS_ID]) == tok.tgt_pieces([EOS_ID]) == ["</s>"]
+    buffer = io.BytesIO()
+    torch.save(tok.to_state(), buffer)
+    buffer.seek(0)
+    restored = Tokenizer.from_state(torch.load(buffer, weights_only=True))
+    assert restored.fingerprint == tok.fingerprint
+    for src, tgt in zip(TEST_SRC[:10], TEST_TGT[:10]):
+        assert restored.decode_src(restored.encode_src(src)) == src
+        assert restored.decode_tgt(restored.encode_tgt(tgt)) == tgt
+    # Separate models: the same id means different pieces on the two sides.
+    assert tok.src_pieces(range(10, 30)) != tok.tgt_pieces(range(10, 30))
+
+
+def test_cache_is_keyed_by_text_and_settings(
+    tiny_parallel: tuple[list[str], list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src, tgt = tiny_parallel[0][:400], tiny_parallel[1][:400]
+    settings = TokenizerSettings(vocab_size=200)
+    first = train_tokenizer(src, tgt, settings, tmp_path)
+    calls: list[int] = []
+    real_train = tokenizer_module._train_model
+
+    def counting(sentences: list[str], s: TokenizerSettings) -> bytes:
+        calls.append(len(sentences))
+        return real_train(sentences, s)
+
+    monkeypatch.setattr(tokenizer_module, "_train_model", counting)
+    assert train_tokenizer(src, tgt, settings, tmp_path).fingerprint == first.fingerprint
+    assert calls == []  # reused
+    train_tokenizer(src, tgt, TokenizerSettings(vocab_size=250), tmp_path)  # new settings
+    train_tokenizer(src[:-1], tgt[:-1], settings, tmp_path)  # new text
+    assert len(calls) == 2
+
+
+def test_bad_settings_name_the_valid_choices() -> None:
+    with pytest.raises(DataError, match="unigram, bpe"):
+        TokenizerSettings(model_type="wordpiece")
+    with pytest.raises(DataError, match="valid keys"):
+        TokenizerSettings.from_mapping({"vocab": 100})
+    with pytest.raises(DataError, match="not a tokenizer state"):
+        Tokenizer.from_state({"model": b""})
+
+
+@pytest.mark.slow
+def test_multi30k_joint_round_trip_on_the_test_set(multi30k_data: PreparedData) -> None:
+    tok = multi30k_data.tokenizer
+    assert tok.joint and tok.src_vocab_size == tok.tgt_vocab_size == 8000
+    test = multi30k_data.tests["test_2016_flickr"]
+    assert len(test) == 1000 and len(multi30k_data.valid) == 1014
+    for ids, text in zip(test.src_ids, test.src_text):
+        assert tok.decode_src(ids) == text
+    for ids, text in zip(test.tgt_ids, test.tgt_text):
+        assert tok.decode_tgt(ids) == text
+
+
+@pytest.mark.slow
+def test_multi30k_second_preparation_is_all_cached(multi30k_data: PreparedData, mirror_dir: Path) -> None:
+    cache = Path(multi30k_data.stats["cache_dir"])
+    again = prepare_data({"mirror": str(mirror_dir)}, cache_dir=cache)
+    assert again.stats["encoded_cache_hits"] == 3
+    assert again.tokenizer.fingerprint == multi30k_data.tokenizer.fingerprint
+    assert again.train.src_ids == multi30k_data.train.src_ids
