@@ -1,0 +1,57 @@
+"""Word alignments read off attention weights, written in Pharaoh ``i-j`` format.
+
+The one concept here is *attention as alignment*: Bahdanau et al. (2015, Sec. 5.2.2) read the soft
+alignment ``a_ji`` as a word alignment; taking, for every target word j, the source word i with the
+largest weight gives a hard alignment (as in Koehn & Knowles, 2017, "Six Challenges", Sec. 3.5, who
+also show how far it can drift from a real word alignment). Subword matrices are merged into words
+first (``nmt.plotting.merge_subword_attention``: source pieces summed, target pieces averaged), so
+indices are 0-based *word* positions in the whitespace-separated source and target.
+
+Shapes: T target length, S source length (in pieces).
+
+Not done here: symmetrisation, thresholds, multiple links per target word, or scoring against gold
+alignments (AER).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from torch import Tensor
+
+from nmt.plotting import SPECIAL_PIECES, merge_subword_attention, word_groups
+
+
+def _real_words(pieces: Sequence[str], unk_is_word: bool) -> list[int]:
+    # indices of words that are not a lone special piece such as "</s>"
+    groups, _ = word_groups(pieces, unk_is_word)
+    return [k for k, g in enumerate(groups) if not (len(g) == 1 and pieces[g[0]] in SPECIAL_PIECES)]
+
+
+def pharaoh_alignment(
+    weights: Tensor | np.ndarray, src_pieces: Sequence[str], tgt_pieces: Sequence[str]
+) -> str:
+    """Hard word alignment from attention: for each target word, the source word it attends to most.
+
+    Special pieces (a source ``</s>`` column) are merged as words of their own and then left out,
+    so indices count real words only and no target word is linked to EOS.
+
+    Args:
+        weights: Attention ``[T, S]`` over the pieces.
+        src_pieces: The S source pieces.
+        tgt_pieces: The T target pieces.
+
+    Returns:
+        Space-separated ``i-j`` pairs (source word i, target word j, both 0-based), sorted by
+        ``(i, j)``; an empty string when either side has no words.
+    """
+    merged, _, _ = merge_subword_attention(weights, src_pieces, tgt_pieces)
+    src_keep = _real_words(src_pieces, unk_is_word=False)
+    tgt_keep = _real_words(tgt_pieces, unk_is_word=True)
+    if not src_keep or not tgt_keep:
+        return ""
+    real = merged[np.ix_(tgt_keep, src_keep)]  # [Tw', Sw'] without special words
+    best_src = real.argmax(axis=1)  # [Tw'] index of the most attended source word
+    links = sorted((int(i), j) for j, i in enumerate(best_src))
+    return " ".join(f"{i}-{j}" for i, j in links)

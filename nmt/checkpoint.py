@@ -1,0 +1,122 @@
+"""Checkpoints: one explicit dict, written atomically, loadable with ``torch.load(weights_only=True)``.
+
+A checkpoint holds everything needed to resume a run exactly and to rebuild the model with no
+other file:
+
+    format_version  int     CHECKPOINT_FORMAT; other versions are refused with a clear message
+    nmt_version     str     the package version that wrote it
+    config          dict    the resolved training config (data, model, attention, trainer)
+    tokenizer       dict    ``Tokenizer.to_state()``; its bytes (SentencePiece models) stored as uint8
+                            tensors, since the weights-only unpickler refuses raw bytes
+    model           dict    the model's state_dict
+    optimizer, scheduler, scaler   state_dicts (training checkpoints only)
+    rng             dict    python / torch / cuda RNG states
+    progress        dict    step, epoch, batches done in the epoch, best score, bad validations, ...
+
+Only tensors and plain Python values go in (no pickled classes), so opening a checkpoint from
+elsewhere never runs code. Files are written to ``<name>.tmp`` and renamed, so a crash mid-write
+never leaves a half-written ``last.pt`` or ``best.pt``.
+
+Deliberately not here: what to put in ``progress`` (``nmt.training``), training itself.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt import __version__
+from nmt.data import Tokenizer
+from nmt.model import Seq2Seq
+
+CHECKPOINT_FORMAT = 1
+CHECKPOINT_DIR = "checkpoints"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, unreadable or of another format version."""
+
+
+def _bytes_to_tensors(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: torch.tensor(list(v), dtype=torch.uint8) if isinstance(v, bytes) else v
+            for k, v in state.items()}
+
+
+def _tensors_to_bytes(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.numpy().tobytes() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
+def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
+    """Write ``state`` (plus format and version stamps) to ``path`` atomically: temp file, then rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    state = {"format_version": CHECKPOINT_FORMAT, "nmt_version": __version__, **state}
+    if "tokenizer" in state:
+        state["tokenizer"] = _bytes_to_tensors(state["tokenizer"])
+    torch.save(state, tmp)
+    os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one, never half
+    return path
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint file, or a run dir (its ``checkpoints/best.pt``, else ``checkpoints/last.pt``)."""
+    path = Path(path)
+    if path.is_dir():
+        for name in ("best.pt", "last.pt"):
+            candidate = path / CHECKPOINT_DIR / name
+            if candidate.is_file():
+                return candidate
+        raise CheckpointError(
+            f"{path} is a directory without {CHECKPOINT_DIR}/best.pt or {CHECKPOINT_DIR}/last.pt; "
+            "pass a run dir written by train.py or a checkpoint file"
+        )
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist; pass a run dir or a .pt file written by train.py")
+    return path
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load a checkpoint dict on the CPU, refusing anything that is not this project's format."""
+    path = resolve_checkpoint(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # truncated file, foreign pickle with classes, not a torch file at all
+        raise CheckpointError(f"cannot read checkpoint {path}: {error}") from error
+    if not isinstance(state, dict) or "format_version" not in state:
+        raise CheckpointError(f"{path} is not a checkpoint written by this project's train.py")
+    if state["format_version"] != CHECKPOINT_FORMAT:
+        raise CheckpointError(
+            f"{path} has checkpoint format {state['format_version']} (written by nmt "
+            f"{state.get('nmt_version', '?')}); this nmt {__version__} reads format {CHECKPOINT_FORMAT}"
+        )
+    if "tokenizer" in state:
+        state["tokenizer"] = _tensors_to_bytes(state["tokenizer"])
+    return state
+
+
+def build_model(config: dict[str, Any], tokenizer: Tokenizer) -> Seq2Seq:
+    """The model described by a resolved training config, sized for ``tokenizer``'s vocabularies."""
+    return Seq2Seq.from_config(config["model"], config["attention"], tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+
+
+def load_for_inference(
+    path: str | Path, device: str | torch.device = "cpu"
+) -> tuple[Seq2Seq, Tokenizer, dict[str, Any]]:
+    """Rebuild a trained model for translation.
+
+    Args:
+        path: a checkpoint file or a run dir.
+        device: where to put the model.
+
+    Returns:
+        The model in eval mode, its tokenizer and the resolved training config (a plain dict).
+    """
+    state = load_checkpoint(path)
+    tokenizer = Tokenizer.from_state(state["tokenizer"])
+    model = build_model(state["config"], tokenizer)
+    model.load_state_dict(state["model"])
+    return model.to(device).eval(), tokenizer, state["config"]

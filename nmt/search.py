@@ -1,0 +1,336 @@
+"""Search: turning a trained ``Seq2Seq`` into output token sequences, greedily or with a beam.
+
+The one concept here is *decoding*: choosing target tokens one step at a time from
+``model.decode_step``. Two plain functions, no state kept between calls:
+
+- ``greedy_search``: the arg-max token at every step (the baseline of Sutskever et al., 2014).
+- ``beam_search``: batched beam search (Sutskever et al., 2014; Bahdanau et al., 2015) with the GNMT
+  length penalty of Wu et al. (2016, Eq. 14): a finished hypothesis Y scores
+  ``log P(Y|X) / lp(Y)``, ``lp(Y) = ((5 + |Y|) / 6) ** alpha``, |Y| the number of decoding steps
+  it took (EOS included when it ended with EOS). ``alpha = 0`` ranks by raw log-probability.
+
+Beam search runs the whole batch at once on B*K rows (K the beam size): ``topk`` over ``K x V`` per
+sentence, ``index_select`` of the decoder state, and back-pointers kept on the device. As in fairseq,
+the 2K best candidates are taken each step; an EOS among the first K leaves the beam for a per-sentence
+pool of finished hypotheses, and the K best non-EOS candidates continue. A sentence is done once K
+hypotheses have finished or it reaches its length limit (then its live hypotheses are finished as they
+are). The only host syncs are an "all done?" check every few steps and the final read-back. With K=1
+this is token for token the greedy search.
+
+Length limit per sentence: ``min(max_len, ceil(max_len_ratio * src_len) + 5)`` tokens (EOS not
+counted) when ``max_len_ratio`` is set, else ``max_len``; ``src_len`` is the source length as given in
+``src_lengths`` (EOS included).
+
+Shapes: B batch, K beam size, S source length, T target length, V target vocabulary, L decoder
+layers, H decoder size.
+
+Not done here: batching and sorting of sentences, (de)tokenisation (``nmt.translation``), switching
+the model to eval mode (the caller does that), sampling, ensembles, coverage penalties.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from nmt.data import BOS_ID, EOS_ID, PAD_ID
+from nmt.model import Seq2Seq
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class Hypothesis:
+    """One output sequence.
+
+    Attributes:
+        tokens: target ids, without BOS and EOS.
+        score: sum of token log-probabilities, EOS included when emitted (greedy), or that sum
+            divided by the GNMT length penalty (beam).
+        attention: ``[T_hyp, S_src]`` on the CPU: row j is the attention used to emit ``tokens[j]``,
+            over the real source positions (EOS included, padding excluded); None when the model
+            has no attention.
+    """
+
+    tokens: list[int]
+    score: float
+    attention: Tensor | None = None
+
+
+def length_limits(src_lengths: Tensor, max_len: int, max_len_ratio: float | None) -> list[int]:
+    """Per-sentence output limits: ``min(max_len, ceil(ratio * src_len) + 5)``.
+
+    Args:
+        src_lengths: ``[B]`` source lengths (EOS included).
+        max_len: the absolute limit.
+        max_len_ratio: the limit relative to the source length, or None for ``max_len`` only.
+
+    Returns:
+        B limits (at least 1 each).
+    """
+    if max_len < 1:
+        raise ValueError(f"max_len must be at least 1, got {max_len}")
+    lengths = src_lengths.tolist()
+    if max_len_ratio is None:
+        return [max_len] * len(lengths)
+    return [max(1, min(max_len, math.ceil(max_len_ratio * n) + 5)) for n in lengths]
+
+
+def length_penalty_factor(length: int | Tensor, alpha: float) -> float | Tensor:
+    """GNMT length penalty ``((5 + length) / 6) ** alpha`` (Wu et al., 2016, Eq. 14), elementwise."""
+    if isinstance(length, Tensor):
+        return ((5.0 + length.float()) / 6.0) ** alpha
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def _blocked_tokens(vocab_size: int, device: torch.device) -> Tensor:
+    # PAD and BOS are never outputs; adding this row keeps the per-step work branch-free
+    block = torch.zeros(vocab_size, device=device)
+    block[PAD_ID] = NEG_INF
+    block[BOS_ID] = NEG_INF
+    return block  # [V]
+
+
+def _sync_every(device: torch.device) -> int:
+    # on the CPU a "done?" check costs nothing and saves whole steps; on a GPU it stalls the queue
+    return 1 if device.type == "cpu" else 4
+
+
+@torch.no_grad()
+def greedy_search(
+    model: Seq2Seq,
+    src: Tensor,
+    src_lengths: Tensor,
+    max_len: int,
+    max_len_ratio: float | None = None,
+) -> list[Hypothesis]:
+    """Decode a batch by taking the most probable token at every step.
+
+    Args:
+        model: the model, already in eval mode.
+        src: ``[B, S]`` source ids (EOS-terminated, right-padded).
+        src_lengths: ``[B]`` real lengths, EOS included.
+        max_len: at most this many output tokens per sentence.
+        max_len_ratio: if set, also at most ``ceil(ratio * src_len) + 5``.
+
+    Returns:
+        One hypothesis per row of ``src``, in order.
+    """
+    device = src.device
+    limits_list = length_limits(src_lengths, max_len, max_len_ratio)
+    limits = torch.tensor(limits_list, device=device)  # [B]
+    batch = src.shape[0]
+    memory, state = model.encode(src, src_lengths)  # state: [L, B, H]
+    prev = torch.full((batch,), BOS_ID, dtype=torch.long, device=device)  # [B]
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)  # [B]
+    out_len = limits.clone()  # [B] tokens kept per row, fixed when EOS comes
+    scores = torch.zeros(batch, device=device)  # [B]
+    block = None
+    steps_tokens: list[Tensor] = []
+    steps_attn: list[Tensor] = []
+    sync_every = _sync_every(device)
+    for step in range(max(limits_list)):
+        logits, state, attn = model.decode_step(prev, state, memory)  # [B, V], [L, B, H], [B, S]
+        if block is None:
+            block = _blocked_tokens(logits.shape[-1], device)
+        log_probs = F.log_softmax(logits.float(), dim=-1) + block  # [B, V]
+        best_lp, best = log_probs.max(dim=-1)  # [B], [B]
+        active = ~finished
+        scores += torch.where(active, best_lp, torch.zeros_like(best_lp))
+        ended = active & (best == EOS_ID)
+        out_len = torch.where(ended, torch.full_like(out_len, step), out_len)
+        finished = finished | ended | (step + 1 >= limits)
+        steps_tokens.append(best)
+        if model.has_attention:
+            steps_attn.append(attn.float())
+        prev = best
+        if (step + 1) % sync_every == 0 and bool(finished.all()):
+            break
+
+    tokens = torch.stack(steps_tokens, dim=1).cpu()  # [B, T]
+    attention = torch.stack(steps_attn, dim=1).cpu() if steps_attn else None  # [B, T, S]
+    lengths, src_lens, score_list = out_len.tolist(), src_lengths.tolist(), scores.tolist()
+    hyps = []
+    for b in range(batch):
+        n = lengths[b]
+        weights = attention[b, :n, : src_lens[b]].clone() if attention is not None else None  # [n, S_b]
+        hyps.append(Hypothesis(tokens[b, :n].tolist(), score_list[b], weights))
+    return hyps
+
+
+@torch.no_grad()
+def beam_search(
+    model: Seq2Seq,
+    src: Tensor,
+    src_lengths: Tensor,
+    beam_size: int,
+    length_penalty: float = 1.0,
+    max_len: int = 200,
+    max_len_ratio: float | None = None,
+    n_best: int = 1,
+) -> list[list[Hypothesis]]:
+    """Batched beam search with the GNMT length penalty.
+
+    Args:
+        model: the model, already in eval mode.
+        src: ``[B, S]`` source ids (EOS-terminated, right-padded).
+        src_lengths: ``[B]`` real lengths, EOS included.
+        beam_size: K, hypotheses kept per sentence (1 = greedy).
+        length_penalty: alpha of the GNMT length penalty (0 = none).
+        max_len: at most this many output tokens per sentence.
+        max_len_ratio: if set, also at most ``ceil(ratio * src_len) + 5``.
+        n_best: hypotheses returned per sentence (at most ``beam_size``).
+
+    Returns:
+        For each row of ``src``, up to ``n_best`` hypotheses, best (highest score) first.
+    """
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    if not 1 <= n_best <= beam_size:
+        raise ValueError(f"n_best must be between 1 and beam_size ({beam_size}), got {n_best}")
+    device = src.device
+    batch, k = src.shape[0], beam_size
+    limits_list = length_limits(src_lengths, max_len, max_len_ratio)
+    limits = torch.tensor(limits_list, device=device)  # [B]
+    # pool of finished hypotheses: normalised score, last step index and beam slot for back-tracking
+    pool_score = torch.full((batch, k), NEG_INF, device=device)  # [B, K]
+    pool_end = torch.full((batch, k), -1, dtype=torch.long, device=device)  # [B, K] -1 = empty output
+    pool_slot = torch.zeros((batch, k), dtype=torch.long, device=device)  # [B, K]
+    n_finished = torch.zeros(batch, dtype=torch.long, device=device)  # [B]
+    done = torch.zeros(batch, dtype=torch.bool, device=device)  # [B]
+
+    memory, state = model.encode(src, src_lengths)  # state: [L, B, H]
+    rows = torch.arange(batch, device=device).repeat_interleave(k)  # [B*K] sentence of each beam row
+    memory = memory.index_select(rows)
+    state = state.index_select(1, rows)  # [L, B*K, H]
+    # only slot 0 is live at the start, so the first step does not pick K copies of one token
+    beam_score = torch.full((batch, k), NEG_INF, device=device)  # [B, K] summed log-probs
+    beam_score[:, 0] = 0.0
+    prev = torch.full((batch * k,), BOS_ID, dtype=torch.long, device=device)  # [B*K]
+    row_base = (torch.arange(batch, device=device) * k).unsqueeze(1)  # [B, 1] first row of each sentence
+    slots = torch.arange(k, device=device).expand(batch, k)  # [B, K] slot numbers
+    hist_tokens: list[Tensor] = []  # per step [B, K]: token now in each slot
+    hist_back: list[Tensor] = []  # per step [B, K]: the slot it extends
+    hist_attn: list[Tensor] = []  # per step [B, K, S]: attention that emitted it
+    block = None
+    sync_every = _sync_every(device)
+
+    for step in range(max(limits_list)):
+        logits, state, attn = model.decode_step(prev, state, memory)  # [B*K, V], [L, B*K, H], [B*K, S]
+        vocab = logits.shape[-1]
+        if block is None:
+            block = _blocked_tokens(vocab, device)
+        log_probs = F.log_softmax(logits.float(), dim=-1) + block  # [B*K, V]
+        cand = beam_score.unsqueeze(2) + log_probs.view(batch, k, vocab)  # [B, K, V]
+        n_cand = min(2 * k, k * vocab)
+        cand_score, cand_idx = cand.view(batch, k * vocab).topk(n_cand, dim=1)  # [B, 2K], sorted
+        cand_slot = cand_idx // vocab  # [B, 2K] the beam slot each candidate extends
+        cand_token = cand_idx % vocab  # [B, 2K]
+        is_eos = cand_token == EOS_ID  # [B, 2K]
+
+        # every hypothesis finished at this step took step+1 decoding steps: one penalty for all
+        penalty = length_penalty_factor(step + 1, length_penalty)
+
+        # an EOS among the first K candidates finishes a hypothesis of `step` tokens
+        eos_ok = is_eos[:, :k] & torch.isfinite(cand_score[:, :k]) & ~done.unsqueeze(1)  # [B, K]
+        eos_score = (cand_score[:, :k] / penalty).masked_fill(~eos_ok, NEG_INF)  # [B, K]
+        eos_end = torch.full_like(cand_slot[:, :k], step - 1)  # [B, K] its last token came at step-1
+        n_finished = n_finished + eos_ok.sum(dim=1)
+
+        # the K best non-EOS candidates continue
+        live_score = cand_score.masked_fill(is_eos, NEG_INF)  # [B, 2K]
+        keep_score, keep_pos = live_score.topk(k, dim=1)  # [B, K]
+        keep_slot = cand_slot.gather(1, keep_pos)  # [B, K]
+        keep_token = cand_token.gather(1, keep_pos)  # [B, K]
+        hist_tokens.append(keep_token)
+        hist_back.append(keep_slot)
+        if model.has_attention:
+            step_attn = attn.float().view(batch, k, -1)  # [B, K, S]
+            hist_attn.append(step_attn.gather(1, keep_slot.unsqueeze(2).expand_as(step_attn)))  # [B, K, S]
+
+        # at its length limit a sentence's live hypotheses are finished as they are (step+1 tokens)
+        at_limit = (step + 1 >= limits) & ~done  # [B]
+        forced_ok = at_limit.unsqueeze(1) & torch.isfinite(keep_score)  # [B, K]
+        forced_score = (keep_score / penalty).masked_fill(~forced_ok, NEG_INF)  # [B, K]
+
+        # merge both kinds into the pool, keeping the K best per sentence
+        all_score = torch.cat([pool_score, eos_score, forced_score], dim=1)  # [B, 3K]
+        all_end = torch.cat([pool_end, eos_end, torch.full_like(keep_slot, step)], dim=1)  # [B, 3K]
+        all_slot = torch.cat([pool_slot, cand_slot[:, :k], slots], dim=1)  # [B, 3K]
+        pool_score, pick = all_score.topk(k, dim=1)  # [B, K]
+        pool_end = all_end.gather(1, pick)  # [B, K]
+        pool_slot = all_slot.gather(1, pick)  # [B, K]
+
+        done = done | at_limit | (n_finished >= k)
+        # finished sentences keep running (no host sync to drop them) but can add nothing more
+        beam_score = keep_score.masked_fill(done.unsqueeze(1), NEG_INF)  # [B, K]
+        reorder = (row_base + keep_slot).view(-1)  # [B*K] rows of the previous beam to continue
+        state = state.index_select(1, reorder)  # [L, B*K, H]
+        prev = keep_token.view(-1)  # [B*K]
+        # memory rows need no reordering: every row of a sentence holds the same source
+        if (step + 1) % sync_every == 0 and bool(done.all()):
+            break
+
+    return _read_back(pool_score, pool_end, pool_slot, hist_tokens, hist_back, hist_attn, src_lengths, n_best)
+
+
+def _read_back(
+    pool_score: Tensor,
+    pool_end: Tensor,
+    pool_slot: Tensor,
+    hist_tokens: list[Tensor],
+    hist_back: list[Tensor],
+    hist_attn: list[Tensor],
+    src_lengths: Tensor,
+    n_best: int,
+) -> list[list[Hypothesis]]:
+    """Follow the back-pointers of the ``n_best`` pooled hypotheses per sentence, on the CPU.
+
+    Args:
+        pool_score: ``[B, K]`` normalised scores, best first (-inf = empty entry).
+        pool_end: ``[B, K]`` step of each hypothesis' last token (-1 for an empty output).
+        pool_slot: ``[B, K]`` beam slot of that last token.
+        hist_tokens: per step ``[B, K]`` tokens.
+        hist_back: per step ``[B, K]`` back-pointers.
+        hist_attn: per step ``[B, K, S]`` attention (empty without attention).
+        src_lengths: ``[B]``.
+        n_best: entries to return per sentence.
+    """
+    score = pool_score[:, :n_best].cpu()  # [B, N]
+    end = pool_end[:, :n_best].cpu()  # [B, N]
+    slot = pool_slot[:, :n_best].cpu()  # [B, N]
+    tokens_hist = torch.stack(hist_tokens).cpu()  # [T, B, K]
+    back_hist = torch.stack(hist_back).cpu()  # [T, B, K]
+    attn_hist = torch.stack(hist_attn).cpu() if hist_attn else None  # [T, B, K, S]
+    steps = tokens_hist.shape[0]
+    batch, n = score.shape
+    # walk back from the last step, all hypotheses at once; a hypothesis joins when its end is reached
+    tokens = torch.full((batch, n, steps), PAD_ID, dtype=torch.long)  # [B, N, T]
+    attention = None
+    if attn_hist is not None:
+        attention = torch.zeros(batch, n, steps, attn_hist.shape[-1])  # [B, N, T, S]
+    cur = slot.clone()  # [B, N]
+    for t in range(steps - 1, -1, -1):
+        on = t <= end  # [B, N]
+        tokens[:, :, t] = torch.where(on, tokens_hist[t].gather(1, cur), tokens[:, :, t])
+        if attention is not None:
+            idx = cur.unsqueeze(2).expand(batch, n, attn_hist.shape[-1])  # [B, N, S]
+            attention[:, :, t] = torch.where(on.unsqueeze(2), attn_hist[t].gather(1, idx), 0.0)
+        cur = torch.where(on, back_hist[t].gather(1, cur), cur)
+
+    results = []
+    src_lens, scores, ends = src_lengths.tolist(), score.tolist(), end.tolist()
+    for b in range(batch):
+        hyps = []
+        for i in range(n):
+            if scores[b][i] == NEG_INF:
+                continue
+            length = ends[b][i] + 1
+            weights = attention[b, i, :length, : src_lens[b]].clone() if attention is not None else None
+            hyps.append(Hypothesis(tokens[b, i, :length].tolist(), scores[b][i], weights))
+        results.append(hyps)
+    return results

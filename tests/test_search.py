@@ -1,0 +1,185 @@
+"""Search: greedy and batched beam search on tiny models (odd sizes, padding, several attentions)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from nmt.attention import build_attention
+from nmt.data import BOS_ID, EOS_ID, PAD_ID
+from nmt.model import EncoderMemory, Seq2Seq
+from nmt.search import beam_search, greedy_search, length_limits, length_penalty_factor
+
+SRC_V, TGT_V = 17, 23
+TYPES = ["additive", "general", "none"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    # tiny models gain nothing from threads, and on shared cores OpenMP spin-waits cost seconds
+    torch.set_num_threads(1)
+
+
+class EosBiased(nn.Module):
+    """A tiny model whose EOS logit is raised, so hypotheses end at different lengths."""
+
+    def __init__(self, model: Seq2Seq, eos_bias: float) -> None:
+        super().__init__()
+        self.model = model
+        self.eos_bias = eos_bias
+        self.has_attention = model.has_attention
+
+    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[EncoderMemory, Tensor]:
+        return self.model.encode(src, src_lengths)
+
+    def decode_step(self, prev: Tensor, state: Tensor, memory: EncoderMemory) -> tuple[Tensor, Tensor, Tensor]:
+        logits, state, attn = self.model.decode_step(prev, state, memory)
+        logits = logits.clone()
+        logits[:, EOS_ID] += self.eos_bias
+        return logits, state, attn
+
+
+def tiny_model(name: str = "additive", eos_bias: float = 1.0, seed: int = 0) -> EosBiased:
+    torch.manual_seed(seed)
+    attention = build_attention(name, query_size=9, key_size=10, hidden_size=7)
+    model = Seq2Seq(SRC_V, TGT_V, attention, emb_size=5, enc_hidden_size=5, dec_hidden_size=9,
+                    enc_layers=1, dec_layers=2, dropout=0.0, tie_embeddings=True)
+    # larger weights than the init give peaked, sentence-dependent distributions
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)
+    return EosBiased(model.double().eval(), eos_bias)
+
+
+def batch(lengths: list[int], seed: int = 1) -> tuple[Tensor, Tensor]:
+    """Random sources of the given lengths (EOS included), right-padded."""
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.full((len(lengths), max(lengths)), PAD_ID, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        src[i, : n - 1] = torch.randint(4, SRC_V, (n - 1,), generator=gen)
+        src[i, n - 1] = EOS_ID
+    return src, torch.tensor(lengths)
+
+
+LENGTHS = [6, 3, 8, 1, 5, 4, 7]
+
+
+def teacher_forced_logprob(model: EosBiased, src: Tensor, src_lengths: Tensor, tokens: list[int],
+                           with_eos: bool) -> float:
+    """Sum of log-probs of ``tokens`` (+ EOS) under step-by-step decoding of one sentence."""
+    memory, state = model.encode(src, src_lengths)
+    prev = torch.tensor([BOS_ID])
+    total = 0.0
+    for token in tokens + ([EOS_ID] if with_eos else []):
+        logits, state, _ = model.decode_step(prev, state, memory)
+        total += torch.log_softmax(logits.float(), -1)[0, token].item()
+        prev = torch.tensor([token])
+    return total
+
+
+def test_length_limits() -> None:
+    lengths = torch.tensor([1, 10, 100])
+    assert length_limits(lengths, 50, None) == [50, 50, 50]
+    assert length_limits(lengths, 50, 1.5) == [7, 20, 50]
+    assert length_penalty_factor(torch.tensor([1.0]), 0.0).item() == 1.0
+    assert length_penalty_factor(torch.tensor([7.0]), 1.0).item() == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_beam_one_equals_greedy(name: str) -> None:
+    model = tiny_model(name)
+    src, src_lengths = batch(LENGTHS)
+    greedy = greedy_search(model, src, src_lengths, max_len=12, max_len_ratio=1.0)
+    beam = beam_search(model, src, src_lengths, beam_size=1, length_penalty=1.0, max_len=12, max_len_ratio=1.0)
+    assert [h.tokens for h in greedy] == [b[0].tokens for b in beam]
+    assert len({len(h.tokens) for h in greedy}) > 2  # the test covers EOS at different steps
+    for g, (b,) in zip(greedy, beam):
+        if g.attention is None:
+            assert b.attention is None and not model.has_attention
+        else:
+            torch.testing.assert_close(g.attention, b.attention)
+
+
+def test_greedy_scores_attention_and_limits() -> None:
+    model = tiny_model()
+    src, src_lengths = batch(LENGTHS)
+    limits = length_limits(src_lengths, 9, 1.0)
+    for i, hyp in enumerate(greedy_search(model, src, src_lengths, max_len=9, max_len_ratio=1.0)):
+        assert len(hyp.tokens) <= limits[i]
+        assert all(t not in (PAD_ID, BOS_ID, EOS_ID) for t in hyp.tokens)
+        ended = len(hyp.tokens) < limits[i]
+        n = LENGTHS[i]
+        expected = teacher_forced_logprob(model, src[i : i + 1, :n], src_lengths[i : i + 1], hyp.tokens, ended)
+        assert hyp.score == pytest.approx(expected, abs=1e-5)
+        assert hyp.attention.shape == (len(hyp.tokens), n)
+        torch.testing.assert_close(hyp.attention.sum(-1), torch.ones(len(hyp.tokens)))
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_beam_scores_are_length_penalised_logprobs(alpha: float) -> None:
+    model = tiny_model()
+    src, src_lengths = batch(LENGTHS)
+    limits = length_limits(src_lengths, 10, None)
+    results = beam_search(model, src, src_lengths, beam_size=4, length_penalty=alpha, max_len=10, n_best=4)
+    for i, nbest in enumerate(results):
+        n = LENGTHS[i]
+        for hyp in nbest:
+            ended = len(hyp.tokens) < limits[i]
+            logprob = teacher_forced_logprob(model, src[i : i + 1, :n], src_lengths[i : i + 1], hyp.tokens, ended)
+            steps = len(hyp.tokens) + int(ended)
+            assert hyp.score == pytest.approx(logprob / ((5 + steps) / 6) ** alpha, abs=1e-5)
+            assert hyp.attention.shape == (len(hyp.tokens), n)
+
+
+def test_nbest_sorted_and_first_is_one_best() -> None:
+    model = tiny_model(eos_bias=0.5)
+    src, src_lengths = batch(LENGTHS)
+    one_best = beam_search(model, src, src_lengths, beam_size=5, max_len=10)
+    n_best = beam_search(model, src, src_lengths, beam_size=5, max_len=10, n_best=5)
+    for one, many in zip(one_best, n_best):
+        assert len(one) == 1 and 1 < len(many) <= 5
+        scores = [h.score for h in many]
+        assert scores == sorted(scores, reverse=True)
+        assert many[0].tokens == one[0].tokens
+        assert len({tuple(h.tokens) for h in many}) == len(many)  # distinct hypotheses
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_batch_equals_one_by_one(beam_size: int) -> None:
+    model = tiny_model("general")
+    src, src_lengths = batch(LENGTHS)
+    together = beam_search(model, src, src_lengths, beam_size=beam_size, max_len=10, max_len_ratio=1.5, n_best=2
+                           if beam_size > 1 else 1)
+    for i, n in enumerate(LENGTHS):
+        alone = beam_search(model, src[i : i + 1, :n], src_lengths[i : i + 1], beam_size=beam_size, max_len=10,
+                            max_len_ratio=1.5, n_best=2 if beam_size > 1 else 1)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in together[i]]
+        for a, t in zip(alone, together[i]):
+            assert a.score == pytest.approx(t.score, abs=1e-6)
+            torch.testing.assert_close(a.attention, t.attention)
+        greedy_alone = greedy_search(model, src[i : i + 1, :n], src_lengths[i : i + 1], max_len=10)[0]
+        greedy_all = greedy_search(model, src, src_lengths, max_len=10)[i]
+        assert greedy_alone.tokens == greedy_all.tokens
+
+
+def test_beam_never_worse_than_greedy_without_penalty_on_average() -> None:
+    model = tiny_model(eos_bias=0.0)
+    src, src_lengths = batch(LENGTHS)
+    greedy = greedy_search(model, src, src_lengths, max_len=8)
+    beam = beam_search(model, src, src_lengths, beam_size=6, length_penalty=0.0, max_len=8)
+    assert sum(b[0].score for b in beam) >= sum(g.score for g in greedy) - 1e-6
+
+
+def test_bad_arguments() -> None:
+    model = tiny_model()
+    src, src_lengths = batch([3])
+    with pytest.raises(ValueError, match="n_best"):
+        beam_search(model, src, src_lengths, beam_size=2, n_best=3)
+    with pytest.raises(ValueError, match="beam_size"):
+        beam_search(model, src, src_lengths, beam_size=0)
+    with pytest.raises(ValueError, match="max_len"):
+        greedy_search(model, src, src_lengths, max_len=0)
+    assert math.isfinite(beam_search(model, src, src_lengths, beam_size=2, max_len=1)[0][0].score)

@@ -1,0 +1,181 @@
+"""Training end to end on a tiny synthetic task, through the real configs shrunk to tiny sizes.
+
+The task: reverse a short sequence of symbols ("c a f" -> "f a c"). Every attention type must learn
+it; resume must reproduce the uninterrupted loss curve exactly; checkpoints, TensorBoard events and
+results.json must be complete; bad configs must fail naming the key; 2-process gloo DDP must run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
+
+from nmt.checkpoint import load_checkpoint, load_for_inference
+from nmt.config import ConfigError, validate_config
+from nmt.data import prepare_data
+from nmt.training import decode_split, train
+from tests.conftest import CONFIG_DIR, REPO_ROOT
+
+SYMBOLS = "a b c d e f".split()
+
+
+def write_reversal_corpus(folder: Path, seed: int = 0) -> dict[str, dict[str, str]]:
+    """Train/valid/test files of the reversal task; returns the ``data.files`` mapping."""
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for split, size in (("train", 1200), ("valid", 60), ("test", 40)):
+        src = [" ".join(rng.choice(SYMBOLS) for _ in range(rng.randint(2, 6))) for _ in range(size)]
+        tgt = [" ".join(reversed(line.split())) for line in src]
+        (folder / f"{split}.src").write_text("\n".join(src) + "\n")
+        (folder / f"{split}.tgt").write_text("\n".join(tgt) + "\n")
+        files[split] = {"src": str(folder / f"{split}.src"), "tgt": str(folder / f"{split}.tgt")}
+    return files
+
+
+TINY = [
+    "data=files", "data.tokenizer.vocab_size=20", "data.tokenizer.model_type=bpe", "data.max_tokens=600",
+    "model.emb_size=32", "model.enc_hidden_size=32", "model.dec_hidden_size=64", "model.dropout=0.0",
+    "trainer.warmup_steps=20", "trainer.lr=0.01", "trainer.label_smoothing=0.0", "trainer.test_beam_size=2",
+    "trainer.num_heatmaps=2", "trainer.num_samples=2", "trainer.log_every=10", "trainer.max_epochs=1000",
+]
+
+
+def tiny_config(tmp_path: Path, overrides: list[str]) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=TINY + overrides)
+    cfg.data.files = write_reversal_corpus(tmp_path / "corpus")
+    cfg.data.cache_dir = str(tmp_path / "cache")
+    return cfg
+
+
+def exact_match(run_dir: Path, cfg: DictConfig) -> float:
+    model, tokenizer, _ = load_for_inference(run_dir)
+    valid = prepare_data(cfg.data).valid
+    hyps = decode_split(model, tokenizer, valid, torch.device("cpu"), 2000, 1, 1.0, 50, 2.0)
+    return sum(h == r for h, r in zip(hyps, valid.tgt_text)) / len(hyps)
+
+
+@pytest.mark.parametrize("attention", ["additive", "dot", "scaled_dot", "general", "multihead", "none"])
+def test_every_attention_type_learns_to_reverse(tmp_path: Path, attention: str) -> None:
+    steps = 1000 if attention == "none" else 300  # without attention the whole input must fit the state
+    cfg = tiny_config(tmp_path, [f"attention={attention}", f"trainer.max_steps={steps}", "trainer.validate_every=150"])
+    results = train(cfg, run_dir=tmp_path / "run")
+    history = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    first, last = history[0]["loss"], sum(h["loss"] for h in history[-10:]) / 10
+    assert last < 0.2 * first, (first, last)
+    assert exact_match(tmp_path / "run", cfg) >= 0.8
+    assert results["test"]["test"]["bleu"] > 60
+    assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in results["test"]["test"]["bleu_signature"]
+
+
+def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
+    common = ["trainer.max_steps=24", "trainer.validate_every=8", "trainer.log_every=1", "model.dropout=0.2",
+              "data.max_tokens=300", "trainer.test_beam_size=1"]
+    cfg = tiny_config(tmp_path, common)
+    train(cfg, run_dir=tmp_path / "straight")
+    interrupted = train(cfg, run_dir=tmp_path / "resumed", interrupt_at_step=13)  # mid-epoch, between validations
+    assert interrupted == {"interrupted": True, "step": 13}
+    assert load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["progress"]["step"] == 13
+    resume_cfg = cfg.copy()
+    resume_cfg.trainer.resume = str(tmp_path / "resumed")
+    train(resume_cfg)
+    straight = (tmp_path / "straight" / "train_log.jsonl").read_text().splitlines()
+    resumed = (tmp_path / "resumed" / "train_log.jsonl").read_text().splitlines()
+    assert len(straight) == 24 and resumed == straight  # bit-identical losses, lrs and grad norms
+    a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")["model"]
+    b = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_checkpoints_events_and_results_are_complete(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path, ["trainer.max_steps=20", "trainer.validate_every=10", "trainer.average_last=2"])
+    run = tmp_path / "run"
+    results = train(cfg, run_dir=run)
+    for name in ("last.pt", "best.pt"):
+        state = torch.load(run / "checkpoints" / name, map_location="cpu", weights_only=True)  # runs no code
+        assert {"format_version", "nmt_version", "config", "tokenizer", "model", "optimizer", "scheduler",
+                "scaler", "rng", "progress"} <= set(state)
+        assert state["config"]["attention"]["name"] == "additive"
+        assert isinstance(load_checkpoint(run / "checkpoints" / name)["tokenizer"]["src_model"], bytes)
+        assert {"step", "epoch", "batches_done", "best_bleu"} <= set(state["progress"])
+    assert not list((run / "checkpoints").glob("*.tmp"))
+    saved = json.loads((run / "results.json").read_text())
+    assert saved["test"]["test"]["bleu"] == results["test"]["test"]["bleu"]
+    assert {"valid", "test", "parameters", "device", "train_seconds", "averaged"} <= set(saved)
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run), size_guidance={"images": 0, "tensors": 0}).Reload()
+    tags = events.Tags()
+    assert {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "val/loss", "val/ppl", "val/bleu",
+            "val/chrf"} <= set(tags["scalars"])
+    assert {"attention/0", "attention/1"} <= set(tags["images"])
+    assert "samples/text_summary" in tags["tensors"]
+    assert len(list(run.glob("events.out.tfevents*"))) == 1  # hparams in the same file, not a stray sub-run
+
+
+def test_bad_config_keys_fail_naming_the_key(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path, [])
+    with pytest.raises(ConfigError, match=r"trainer\.lrr.*did you mean trainer\.lr\?"):
+        bad = cfg.copy()
+        OmegaConf.set_struct(bad, False)
+        bad.trainer.lrr = 0.1
+        validate_config(bad)
+    with pytest.raises(ConfigError, match=r"trainer.*max_epochs"):
+        bad = cfg.copy()
+        bad.trainer.max_epochs = "ten"
+        validate_config(bad)
+    with pytest.raises(ConfigError, match=r"attention\.head: did you mean attention\.heads\? valid keys under "
+                                          r"attention\.: dropout, heads, hidden_size, name"):
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            bad = compose(config_name="train", overrides=["attention=multihead", "+attention.head=3"])
+        validate_config(bad)
+    with pytest.raises(ConfigError, match="trainer.lr_schedule='linear' is not one of cosine"):
+        bad = cfg.copy()
+        bad.trainer.lr_schedule = "linear"
+        validate_config(bad)
+
+
+def test_command_line_errors_name_the_key_and_choices(tmp_path: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "train.py", *args, f"hydra.run.dir={tmp_path}/cli"],
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+
+    typo = run("trainer.max_step=5")
+    assert typo.returncode != 0 and "trainer.max_step" in typo.stderr
+    option = run("attention=bahdanau")
+    assert option.returncode != 0
+    assert "attention/bahdanau" in option.stderr and "additive" in option.stderr and "scaled_dot" in option.stderr
+
+
+@pytest.mark.slow
+def test_ddp_two_cpu_processes(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path, [])
+    config_dir = tmp_path / "extra_configs" / "data"
+    config_dir.mkdir(parents=True)
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    OmegaConf.save(OmegaConf.create(data), config_dir / "reversal.yaml")
+    prepare_data(cfg.data)  # warm the cache so the two ranks start together
+    run_dir = tmp_path / "ddp"
+    overrides = [o for o in TINY if not o.startswith("data.")][1:] + [
+        "data=reversal", "trainer.max_steps=6", "trainer.validate_every=3", "trainer.test_beam_size=1",
+        "trainer.device=cpu", f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517", "train.py",
+         f"--config-dir={tmp_path / 'extra_configs'}", *overrides],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["world_size"] == 2 and results["steps"] == 6
+    assert len((run_dir / "train_log.jsonl").read_text().splitlines()) == 6  # rank 0 alone writes

@@ -1,0 +1,28 @@
+"""Train an attention-based GRU translation model: ``python train.py attention=additive``.
+
+Thin entry point: Hydra composes ``configs/train.yaml`` with the command-line overrides, and
+``nmt.training.train`` does the work (see README.md for the commands).
+"""
+
+import logging
+
+import hydra
+from omegaconf import DictConfig
+
+from nmt.config import ConfigError
+from nmt.training import train
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    try:
+        results = train(cfg)
+    except ConfigError as error:
+        logging.getLogger("train").error("config error: %s", error)
+        raise SystemExit(2) from None
+    # A sweep's optimizers read the returned value: validation BLEU of the best checkpoint.
+    return results.get("valid", {}).get("bleu")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""Translate with a trained checkpoint: ``python translate.py checkpoint=RUN_DIR input=FILE output=FILE``.
+
+A thin Hydra entry point: composes ``configs/translate.yaml`` and calls
+``nmt.translation.translate_main``. Mistakes in the request (missing checkpoint, bad input) are
+reported in one line on stderr with exit status 2; stdout carries translations only.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from nmt.translation import USER_ERRORS, translate_main
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="translate")
+def main(cfg: DictConfig) -> None:
+    """Run the translate job (see configs/translate.yaml for the options)."""
+    try:
+        translate_main(cfg)
+    except USER_ERRORS as error:
+        print(f"translate.py: error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
