@@ -586,8 +586,14 @@ class Trainer:
         loss_sum, tokens = self.teacher_forced_loss(self.data.valid)
         valid = corpus_scores(self.decode(self.data.valid, beam), self.data.valid.tgt_text)
         valid["loss"] = loss_sum / max(1, tokens)
-        test = {name: corpus_scores(self.decode(split, beam), split.tgt_text)
-                for name, split in self.data.tests.items()}
+        test = {}
+        for name, split in self.data.tests.items():
+            hypotheses = self.decode(split, beam)
+            test[name] = corpus_scores(hypotheses, split.tgt_text)
+            if step is not None:  # the best checkpoint's translations, for analysis (scripts/compare_runs.py)
+                out = self.run_dir / "translations" / f"{name}.{self.cfg.data.tgt_lang}"
+                out.parent.mkdir(exist_ok=True)
+                out.write_text("".join(h + "\n" for h in hypotheses))
         return {"checkpoint": label, "checkpoint_step": step, "beam_size": beam,
                 "length_penalty": self.tcfg.length_penalty, "valid": valid, "test": test}
 

@@ -39,6 +39,7 @@ from tqdm import tqdm
 from nmt.alignment import pharaoh_alignment
 from nmt.checkpoint import CheckpointError, load_for_inference
 from nmt.data import EOS_ID, PAD_ID, DataError, Tokenizer
+from nmt.data.corpora import decode_lines
 from nmt.evaluation import corpus_scores
 from nmt.model import Seq2Seq
 from nmt.plotting import merge_subword_attention, save_attention_png
@@ -48,7 +49,6 @@ log = logging.getLogger(__name__)
 
 STDIO = "-"
 PROGRESS_MIN_LINES = 300  # a bar for short inputs is only noise
-INVALID_UTF8_MODES = ("error", "replace")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -78,30 +78,14 @@ def read_input_lines(path: str | Path, invalid_utf8: str = "error") -> list[str]
     Raises:
         TranslationError: missing file, invalid UTF-8 (``error`` mode) or an unknown mode.
     """
-    if invalid_utf8 not in INVALID_UTF8_MODES:
-        raise TranslationError(f"invalid_utf8={invalid_utf8!r} is not valid; use one of {INVALID_UTF8_MODES}")
     name = "<stdin>" if str(path) == STDIO else str(path)
-    lines, bad = [], []
     try:
         with _open_input(path) as stream:
-            for lineno, raw in enumerate(stream, start=1):
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    if invalid_utf8 == "error":
-                        raise TranslationError(
-                            f"{name}, line {lineno}: invalid UTF-8 (byte {raw[exc.start]:#04x} at column "
-                            f"{exc.start + 1}); convert the file to UTF-8 or pass invalid_utf8=replace"
-                        ) from None
-                    text = raw.decode("utf-8", errors="replace")
-                    bad.append(lineno)
-                lines.append(text.strip())
+            return decode_lines(stream, name, invalid_utf8, fix="pass invalid_utf8=replace")
+    except DataError as exc:
+        raise TranslationError(str(exc)) from None
     except (OSError, EOFError, zlib.error) as exc:  # unreadable, or a truncated / fake .gz
         raise TranslationError(f"cannot read {name}: {exc}") from exc
-    if bad:
-        log.warning("%s: %d line(s) with invalid UTF-8 (first: line %d) were translated with U+FFFD "
-                    "in place of the bad bytes", name, len(bad), bad[0])
-    return lines
 
 
 def _open_input(path: str | Path) -> AbstractContextManager[Any]:
@@ -418,12 +402,7 @@ def translate_main(cfg: DictConfig) -> dict[str, Any]:
     results = translate_ids(
         model,
         src_ids,
-        beam_size=int(cfg.get("beam_size", 5)),
-        length_penalty=float(cfg.get("length_penalty", 1.0)),
-        max_len=int(cfg.get("max_len", 200)),
-        max_len_ratio=cfg.get("max_len_ratio", 2.0),
-        n_best=n_best,
-        batch_tokens=int(cfg.get("batch_tokens", 4096)),
+        **search_options(cfg),
         progress=show_bar,
     )
     seconds = time.perf_counter() - start
@@ -451,6 +430,18 @@ def translate_main(cfg: DictConfig) -> dict[str, Any]:
     return metrics
 
 
+def search_options(cfg: DictConfig) -> dict[str, Any]:
+    """The search settings of a translate config, as ``translate_ids`` keyword arguments."""
+    return {
+        "beam_size": int(cfg.get("beam_size", 5)),
+        "length_penalty": float(cfg.get("length_penalty", 1.0)),
+        "max_len": int(cfg.get("max_len", 200)),
+        "max_len_ratio": cfg.get("max_len_ratio", 2.0),
+        "n_best": int(cfg.get("n_best", 1)),
+        "batch_tokens": int(cfg.get("batch_tokens", 4096)),
+    }
+
+
 def _interactive(cfg: DictConfig, model: Seq2Seq, tokenizer: Tokenizer, train_cfg: dict[str, Any]) -> dict[str, Any]:
     """A prompt on a terminal: each line typed is translated at once; Ctrl-D ends."""
     print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
@@ -465,12 +456,7 @@ def _interactive(cfg: DictConfig, model: Seq2Seq, tokenizer: Tokenizer, train_cf
         nbest = translate_ids(
             model,
             ids,
-            beam_size=int(cfg.get("beam_size", 5)),
-            length_penalty=float(cfg.get("length_penalty", 1.0)),
-            max_len=int(cfg.get("max_len", 200)),
-            max_len_ratio=cfg.get("max_len_ratio", 2.0),
-            n_best=n_best,
-            batch_tokens=int(cfg.get("batch_tokens", 4096)),
+            **search_options(cfg),
         )[0]
         print(format_output(tokenizer, nbest, n_best) if ids[0] else "", flush=True)
         count += 1

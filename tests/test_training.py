@@ -109,6 +109,7 @@ def test_checkpoints_events_and_results_are_complete(tmp_path: Path) -> None:
         assert isinstance(load_checkpoint(run / "checkpoints" / name)["tokenizer"]["src_model"], bytes)
         assert {"step", "epoch", "batches_done", "best_bleu"} <= set(state["progress"])
     assert not list((run / "checkpoints").glob("*.tmp"))
+    assert len((run / "translations" / "test.en").read_text().splitlines()) == 40
     saved = json.loads((run / "results.json").read_text())
     assert saved["test"]["test"]["bleu"] == results["test"]["test"]["bleu"]
     assert {"valid", "test", "parameters", "device", "train_seconds", "averaged"} <= set(saved)

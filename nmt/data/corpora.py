@@ -30,7 +30,7 @@ import tempfile
 import urllib.error
 import urllib.request
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, ClassVar
@@ -349,51 +349,60 @@ def build_corpus(
 INVALID_UTF8_MODES = ("error", "replace")
 
 
+def decode_lines(
+    raw_lines: Iterable[bytes], name: str, invalid_utf8: str = "error", fix: str = "set data.invalid_utf8=replace"
+) -> list[str]:
+    """Decode byte lines as UTF-8 and strip them, naming the first bad line (shared by training and translation).
+
+    Args:
+        raw_lines: the lines as bytes (a binary file object iterates this way).
+        name: the file's name for messages.
+        invalid_utf8: ``error`` raises on the first bad line; ``replace`` substitutes U+FFFD and
+            logs one warning with the count and the first bad line.
+        fix: how to switch to ``replace`` in the caller's terms, for the error message.
+
+    Raises:
+        DataError: invalid UTF-8 (``error`` mode) or an unknown mode.
+    """
+    if invalid_utf8 not in INVALID_UTF8_MODES:
+        raise DataError(f"invalid_utf8={invalid_utf8!r} is not valid; use one of {', '.join(INVALID_UTF8_MODES)}.")
+    lines: list[str] = []
+    bad_lines: list[int] = []
+    for lineno, raw in enumerate(raw_lines, start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if invalid_utf8 == "error":
+                raise DataError(
+                    f"{name}, line {lineno}: invalid UTF-8 (byte {raw[exc.start]:#04x} at column "
+                    f"{exc.start + 1}). Convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8), or {fix} "
+                    "to substitute U+FFFD."
+                ) from None
+            text = raw.decode("utf-8", errors="replace")
+            bad_lines.append(lineno)
+        if lineno == 1:
+            text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark is not part of the sentence
+        lines.append(text.strip())
+    if bad_lines:
+        log.warning("%s: %d line(s) with invalid UTF-8 (first: line %d); bad bytes replaced by U+FFFD",
+                    name, len(bad_lines), bad_lines[0])
+    return lines
+
+
 def read_lines(path: Path, invalid_utf8: str = "error") -> list[str]:
     """The stripped lines of a plain or gzip text file (``.gz`` by name or by magic bytes).
 
     Only ``\\n`` ends a line (not the Unicode separators ``str.splitlines`` knows), so the line
     numbers of the two sides of a corpus stay aligned.
 
-    Args:
-        path: the file.
-        invalid_utf8: ``error`` raises on the first bad line; ``replace`` substitutes U+FFFD and
-            logs one warning with the count and the first bad line.
-
     Raises:
         DataError: invalid UTF-8 (``error`` mode), or a corrupt gzip file.
     """
-    if invalid_utf8 not in INVALID_UTF8_MODES:
-        raise DataError(f"data.invalid_utf8={invalid_utf8!r} is not valid; use one of {', '.join(INVALID_UTF8_MODES)}.")
-    lines: list[str] = []
-    bad_lines: list[int] = []
     try:
         with _open_binary(path) as f:
-            for lineno, raw in enumerate(f, start=1):
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    if invalid_utf8 == "error":
-                        raise DataError(
-                            f"{path}, line {lineno}: invalid UTF-8 (byte {raw[exc.start]:#04x} at "
-                            f"column {exc.start + 1}). Convert the file to UTF-8 (e.g. iconv -f "
-                            f"latin1 -t utf-8), or set data.invalid_utf8=replace to substitute U+FFFD."
-                        ) from None
-                    text = raw.decode("utf-8", errors="replace")
-                    bad_lines.append(lineno)
-                if lineno == 1:
-                    text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark is not part of the sentence
-                lines.append(text.strip())
+            return decode_lines(f, str(path), invalid_utf8)
     except (OSError, EOFError, zlib.error) as exc:
         raise DataError(f"cannot read {path}: {exc}. Is the file truncated or not really gzip?") from exc
-    if bad_lines:
-        log.warning(
-            "%s: %d line(s) with invalid UTF-8 (first: line %d); bad bytes replaced by U+FFFD",
-            path,
-            len(bad_lines),
-            bad_lines[0],
-        )
-    return lines
 
 
 def _open_binary(path: Path) -> IO[bytes]:

@@ -1,0 +1,37 @@
+# The two quickstart commands (README.md):
+#   make train   install into .venv (first time only), then train the default model on Multi30k de->en
+#   make test    install into .venv (first time only), then lint and run the test suite
+# Extra arguments go through ARGS, e.g. make train ARGS="attention=dot trainer.max_epochs=10".
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+ARGS ?=
+
+# Offline machines: a corpus mirror beside the checkout is used when present (see README, "Offline").
+SHARED_CORPORA := $(abspath ../shared/corpora)
+ifneq ($(wildcard $(SHARED_CORPORA)/multi30k),)
+export NMT_DATA_MIRROR ?= $(SHARED_CORPORA)
+endif
+
+.PHONY: install train test lint clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch first, pinned: an unpinned torch would pull gigabytes of CUDA wheels onto a CPU machine.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+train: install
+	$(PY) train.py $(ARGS)
+
+lint: install
+	$(PY) -m ruff check .
+
+test: lint
+	$(PY) -m pytest $(ARGS)
+
+clean:
+	rm -rf $(VENV) outputs multirun .pytest_cache .ruff_cache
