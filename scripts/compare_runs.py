@@ -1,0 +1,315 @@
+"""Compare trained runs (typically one per attention type) on their test split: tables and plots.
+
+    python train.py -m attention=none,additive,dot,scaled_dot,general,multihead    # the sweep
+    python scripts/compare_runs.py --sweep-dir multirun/2026-11-21/10-00-00
+    python scripts/compare_runs.py outputs/A outputs/B --out docs/results/attention_comparison
+
+For each run dir (one with ``results.json``, as ``train.py`` writes it): test BLEU and chrF
+(sacreBLEU, cased, detokenized, each with its signature), validation BLEU, parameters, training time,
+device, steps and epochs; BLEU per source-length bucket, the analysis of Bahdanau et al. (2015,
+Fig. 2), where the model without attention falls off on long sentences; and, in a table of its own
+and clearly labelled, BLEU computed the way the well-known PyTorch tutorials do (lowercased,
+tokenized; ``nmt.evaluation.tutorial_bleu``), so their numbers can be compared like for like.
+
+Scores are recomputed here from the best checkpoint's test translations,
+``<run>/translations/<split>.<tgt_lang>`` (written by ``train.py``). A run made before that file
+existed is translated now with its best checkpoint (beam ``trainer.test_beam_size`` and the run's
+length settings) and the file is saved, so the next call reads it. Sources and references come from
+``prepare_data`` on the run's saved data config (cached, so near-instant); run this from the folder
+``train.py`` ran in, since the config's ``data.cache_dir`` is relative to it.
+
+Writes ``<out>.md`` (printed too), ``<out>.json``, ``<out>.png`` (test BLEU and chrF per run) and
+``<out>_length.png`` (BLEU per source-length bucket, one line per run). Works with a single run.
+
+Not done here: training, significance tests, or any timing (``scripts/benchmark.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))  # run as a script from anywhere, without installing the package
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from nmt.checkpoint import load_for_inference  # noqa: E402
+from nmt.data import prepare_data  # noqa: E402
+from nmt.evaluation import TUTORIAL_BLEU_LABEL, bleu_by_length, corpus_scores, tutorial_bleu  # noqa: E402
+from nmt.translation import resolve_device, translate_lines  # noqa: E402
+
+log = logging.getLogger("compare_runs")
+
+# The order of configs/attention/ as the write-ups discuss them: the baseline first.
+ATTENTION_ORDER = ("none", "additive", "dot", "scaled_dot", "general", "multihead")
+# Multi30k test sentences have 1-30 words (most 8-16): these bounds give five buckets that all hold
+# sentences; Bahdanau et al.'s WMT buckets (10-word steps up to 60) would leave most of them empty.
+DEFAULT_BUCKETS = (8, 12, 16, 20)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dirs", nargs="*", type=Path, help="run dirs with results.json")
+    parser.add_argument("--sweep-dir", type=Path, default=None,
+                        help="also every folder below this one that holds a results.json (a Hydra multirun)")
+    parser.add_argument("--split", default=None, help="test split (default: the first one in results.json)")
+    parser.add_argument("--buckets", type=int, nargs="+", default=list(DEFAULT_BUCKETS),
+                        help="upper bounds (words, inclusive) of the source-length buckets; the last is open")
+    parser.add_argument("--device", default="auto", help="for runs that must be translated now: auto | cpu | cuda")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "results" / "attention_comparison",
+                        help="output path without extension")
+    args = parser.parse_args(argv)
+    if not args.run_dirs and args.sweep_dir is None:
+        parser.error("give at least one RUN_DIR or --sweep-dir")
+    return args
+
+
+def find_run_dirs(run_dirs: Sequence[Path], sweep_dir: Path | None) -> list[Path]:
+    """The given run dirs plus every folder under ``sweep_dir`` with a ``results.json``, without repeats."""
+    found = list(run_dirs)
+    if sweep_dir is not None:
+        found += sorted(path.parent for path in sweep_dir.rglob("results.json"))
+    unique = list(dict.fromkeys(path.resolve() for path in found))
+    for path in unique:
+        if not (path / "results.json").is_file():
+            raise SystemExit(f"{path} has no results.json: pass run dirs of finished train.py runs")
+    if not unique:
+        raise SystemExit(f"no results.json found under {sweep_dir}")
+    return unique
+
+
+def attention_rank(name: str) -> int:
+    return ATTENTION_ORDER.index(name) if name in ATTENTION_ORDER else len(ATTENTION_ORDER)
+
+
+def load_hypotheses(
+    run_dir: Path, cfg: dict[str, Any], split: str, srcs: list[str], device: str
+) -> tuple[list[str], str]:
+    """The best checkpoint's translations of ``split``: read from the run, or made now and saved there.
+
+    Returns:
+        The hypotheses, and ``"saved"`` or ``"translated now"``.
+    """
+    path = run_dir / "translations" / f"{split}.{cfg['data']['tgt_lang']}"
+    if path.is_file():
+        return path.read_text(encoding="utf-8").splitlines(), "saved"
+    log.warning("%s has no %s: translating %d sentences with its best checkpoint", run_dir, path.name, len(srcs))
+    model, tokenizer, _ = load_for_inference(run_dir, device=resolve_device(device))
+    t = cfg["trainer"]  # the settings train.py used for the test scores
+    nbest = translate_lines(model, tokenizer, srcs, beam_size=t["test_beam_size"], length_penalty=t["length_penalty"],
+                            max_len=t["max_len"], max_len_ratio=t["max_len_ratio"], device=device)
+    hyps = [tokenizer.decode_tgt(best[0].tokens) for best in nbest]
+    path.parent.mkdir(exist_ok=True)
+    path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    return hyps, "translated now"
+
+
+def analyse_run(run_dir: Path, split: str | None, buckets: Sequence[int], device: str = "auto") -> dict[str, Any]:
+    """Everything the comparison shows about one run (a JSON-ready dict)."""
+    results = json.loads((run_dir / "results.json").read_text())
+    cfg = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
+    split = split or next(iter(results["test"]))
+    data_cfg = dict(cfg["data"])
+    test_splits = list(data_cfg.get("test_splits") or [])
+    data_cfg["test_splits"] = test_splits if split in test_splits else [*test_splits, split]
+    text = prepare_data(data_cfg).tests[split]
+    srcs, refs = list(text.src_text), list(text.tgt_text)
+    hyps, source = load_hypotheses(run_dir, cfg, split, srcs, device)
+    if len(hyps) != len(refs):
+        raise SystemExit(f"{run_dir}: {len(hyps)} translations of {split} but {len(refs)} references; delete "
+                         f"{run_dir / 'translations'} to translate the split again")
+    return {
+        "run_dir": str(run_dir),
+        "attention": results["attention"],
+        "split": split,
+        "hypotheses": source,
+        "sentences": len(refs),
+        "test": corpus_scores(hyps, refs),
+        "test_in_results_json": results["test"].get(split),
+        "tutorial_bleu": tutorial_bleu(hyps, refs),
+        "by_length": bleu_by_length(srcs, hyps, refs, buckets),
+        "beam_size": results["beam_size"],
+        "checkpoint_step": results["checkpoint_step"],
+        "valid_bleu": results["valid"]["bleu"],
+        "parameters": results["parameters"],
+        "train_seconds": results["train_seconds"],
+        "device": results["device"],
+        "world_size": results.get("world_size", 1),
+        "steps": results["steps"],
+        "epochs": results["epochs"],
+        "stopped_early": results.get("stopped_early"),
+    }
+
+
+def label_runs(runs: list[dict[str, Any]]) -> None:
+    """A short ``label`` per run: its attention type, plus the folder name when a type repeats."""
+    for run in runs:
+        twins = [r for r in runs if r["attention"] == run["attention"]]
+        run["label"] = run["attention"] if len(twins) == 1 else f"{run['attention']} ({Path(run['run_dir']).name})"
+
+
+def format_duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def format_device(run: dict[str, Any]) -> str:
+    name = run["device"] + (f" x{run['world_size']}" if run["world_size"] > 1 else "")
+    return name + " (no GPU)" if run["device"] == "cpu" else name
+
+
+def render_markdown(runs: list[dict[str, Any]]) -> str:
+    """The three tables (scores, tutorial-style BLEU, BLEU by length) with their signatures and notes."""
+    split = runs[0]["split"]
+    lines = [
+        f"# Attention comparison on {split} ({runs[0]['sentences']} sentences)",
+        "",
+        "Scores of each run's best checkpoint (by validation BLEU), decoded as in `train.py`'s test (beam "
+        "column; 1 = greedy). BLEU and chrF are sacreBLEU's on detokenized, cased output against the raw "
+        "references; valid BLEU is the same checkpoint's, from `results.json`.",
+        "",
+        "| attention | test BLEU | test chrF | valid BLEU | beam | parameters | training time | device "
+        "| steps | epochs |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
+    ]
+    for r in runs:
+        lines.append(
+            f"| {r['label']} | {r['test']['bleu']:.2f} | {r['test']['chrf']:.2f} | {r['valid_bleu']:.2f} "
+            f"| {r['beam_size']} | {r['parameters']:,} | {format_duration(r['train_seconds'])} "
+            f"| {format_device(r)} | {r['steps']} | {r['epochs']:.2f} |"
+        )
+    lines += ["", "Signatures:"]
+    for key in ("bleu_signature", "chrf_signature"):
+        for signature in dict.fromkeys(r["test"][key] for r in runs):
+            lines.append(f"- {'BLEU' if key == 'bleu_signature' else 'chrF'}: `{signature}`")
+    if any(r["device"] == "cpu" for r in runs):
+        lines += ["", "Runs whose device reads *cpu (no GPU)* were trained, and timed, without a GPU."]
+    translated = [r["label"] for r in runs if r["hypotheses"] != "saved"]
+    if translated:
+        lines += ["", f"Translated by this script (no saved translations in the run): {', '.join(translated)}."]
+    # Saved translations reproduce train.py's score exactly; ones made now may differ in the last digits.
+    differ = [f"{r['label']} ({r['test_in_results_json']['bleu']:.2f})" for r in runs if r["test_in_results_json"]
+              and abs(r["test_in_results_json"]["bleu"] - r["test"]["bleu"]) >= 0.005]
+    if differ:
+        lines += ["", f"Test BLEU in `results.json` differs from the recomputed one for: {', '.join(differ)}."]
+
+    lines += [
+        "",
+        f"## {TUTORIAL_BLEU_LABEL[0].upper() + TUTORIAL_BLEU_LABEL[1:]}",
+        "",
+        "Only for comparison with write-ups that score this way; it usually reads higher than the cased "
+        "sacreBLEU above and must not be reported in its place.",
+        "",
+        "| attention | tutorial-style BLEU | cased sacreBLEU (above) |",
+        "| --- | ---: | ---: |",
+    ]
+    lines += [f"| {r['label']} | {r['tutorial_bleu']['bleu']:.2f} | {r['test']['bleu']:.2f} |" for r in runs]
+    lines += ["", f"Signature: `{runs[0]['tutorial_bleu']['signature']}`"]
+
+    buckets = runs[0]["by_length"]
+    lines += [
+        "",
+        "## BLEU by source length (words)",
+        "",
+        "Corpus BLEU (cased sacreBLEU) of the sentences in each bucket, as in Bahdanau et al. (2015, Fig. 2); "
+        "buckets with few sentences are noisy.",
+        "",
+        "| attention | " + " | ".join(b["range"] for b in buckets) + " |",
+        "| --- | " + " | ".join("---:" for _ in buckets) + " |",
+        "| *sentences* | " + " | ".join(str(b["n"]) for b in buckets) + " |",
+    ]
+    for r in runs:
+        cells = ["–" if b["bleu"] is None else f"{b['bleu']:.2f}" for b in r["by_length"]]
+        lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _figure(width: float, height: float) -> Any:
+    # The object API on an Agg canvas: no display, nothing left in pyplot's registry.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def plot_scores(runs: list[dict[str, Any]], path: Path) -> None:
+    """Grouped bars: test BLEU and chrF per run."""
+    fig = _figure(max(5.0, 1.1 * len(runs) + 2), 4.0)
+    ax = fig.add_subplot()
+    xs = range(len(runs))
+    width = 0.38
+    for offset, key, name in ((-width / 2, "bleu", "BLEU"), (width / 2, "chrf", "chrF")):
+        values = [r["test"][key] for r in runs]
+        bars = ax.bar([x + offset for x in xs], values, width, label=name)
+        ax.bar_label(bars, fmt="%.1f", fontsize=8)
+    ax.set_xticks(list(xs), [r["label"] for r in runs], rotation=20, ha="right")
+    ax.set_ylabel("score (sacreBLEU, cased)")
+    ax.set_title(f"{runs[0]['split']}: test scores by attention type")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=100)
+
+
+def plot_by_length(runs: list[dict[str, Any]], path: Path) -> None:
+    """BLEU against source-length bucket, one line per run."""
+    fig = _figure(6.5, 4.0)
+    ax = fig.add_subplot()
+    labels = [f"{b['range']}\n(n={b['n']})" for b in runs[0]["by_length"]]
+    for r in runs:
+        ax.plot(range(len(labels)), [float("nan") if b["bleu"] is None else b["bleu"] for b in r["by_length"]],
+                marker="o", label=r["label"])
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_xlabel("source sentence length (words)")
+    ax.set_ylabel("BLEU (sacreBLEU, cased)")
+    ax.set_title(f"{runs[0]['split']}: BLEU by source length")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=100)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    run_dirs = find_run_dirs(args.run_dirs, args.sweep_dir)
+    runs = [analyse_run(run_dir, args.split, args.buckets, args.device) for run_dir in run_dirs]
+    splits = {r["split"] for r in runs}
+    if len(splits) > 1:
+        raise SystemExit(f"the runs test on different splits {sorted(splits)}; pick one with --split")
+    runs.sort(key=lambda r: (attention_rank(r["attention"]), r["run_dir"]))
+    label_runs(runs)
+
+    markdown = render_markdown(runs)
+    report = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "split": runs[0]["split"],
+        "buckets": list(args.buckets),
+        "tutorial_bleu_label": TUTORIAL_BLEU_LABEL,
+        "runs": runs,
+    }
+    out = args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{out}.md").write_text(markdown, encoding="utf-8")
+    Path(f"{out}.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    plot_scores(runs, Path(f"{out}.png"))
+    plot_by_length(runs, Path(f"{out}_length.png"))
+    print(markdown)
+    print(f"wrote {out}.md, {out}.json, {out}.png, {out}_length.png")
+    return report
+
+
+if __name__ == "__main__":
+    main()

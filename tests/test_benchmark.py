@@ -1,0 +1,159 @@
+"""scripts/benchmark.py and scripts/peer_compare.py: their JSON, parsing and ratios (no timings asserted).
+
+benchmark.py runs for 3 steps of a tiny model on the reversal corpus of test_training.py; the peer
+comparison is checked on a small fake JoeyNMT ``summary.json`` in the layout of its summarize.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+from nmt.checkpoint import save_checkpoint
+from nmt.config import to_plain_dict
+from nmt.data import prepare_data
+from nmt.model import Seq2Seq
+from nmt.translation import translate_lines
+from tests.conftest import REPO_ROOT
+from tests.test_training import TINY, tiny_config, write_reversal_corpus
+
+
+def load_script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"scripts_{name}", REPO_ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+benchmark = load_script("benchmark")
+peer_compare = load_script("peer_compare")
+
+
+def test_benchmark_writes_the_report(tmp_path: Path) -> None:
+    torch.set_num_threads(1)  # a 60k-parameter model gains nothing from two threads, and loses when cores are busy
+    files = write_reversal_corpus(tmp_path / "corpus")
+    files_override = "data.files={" + ",".join(
+        f"{split}:{{src:'{paths['src']}',tgt:'{paths['tgt']}'}}" for split, paths in files.items()) + "}"
+    overrides = [*TINY, files_override, f"data.cache_dir={tmp_path / 'cache'}", "trainer.device=cpu"]
+    out = tmp_path / "bench.json"
+    report = benchmark.main([*overrides, "--train-steps", "3", "--warmup-steps", "1", "--reps", "1",
+                             "--translate-limit", "12", "--out", str(out)])
+
+    saved = json.loads(out.read_text())
+    assert saved == json.loads(json.dumps(report))
+    assert {"benchmark", "date", "command", "host", "device", "measured_without_gpu", "versions", "config",
+            "training", "translation"} <= set(saved)
+    assert {"torch", "nmt", "python"} <= set(saved["versions"])
+    assert saved["host"]["cpu_count"] >= 1 and saved["device"]["type"] == "cpu" and saved["measured_without_gpu"]
+    assert saved["config"]["model"]["emb_size"] == 32 and files_override in saved["config"]["overrides"]
+    training = saved["training"]
+    assert training["steps"] == 3 and training["warmup_steps"] == 1 and training["target_tokens"] > 0
+    assert training["target_tokens_per_s_median"] > 0 and training["target_tokens_per_s_total"] > 0
+    translation = saved["translation"]
+    assert translation["bleu_meaningful"] is False and "meaningless" in translation["note"]
+    assert translation["split"] == "test" and translation["sentences"] == 12
+    assert [row["mode"] for row in translation["results"]] == ["greedy", "beam5"]
+    assert all(row["sentences_per_s"] > 0 and "bleu" in row for row in translation["results"])
+
+
+# --- peer_compare ---------------------------------------------------------------------------------
+
+
+def fake_peer_summary(workdir: Path) -> Path:
+    """A results/summary.json as the peer's scripts/summarize.py writes it (only the fields we read, and a few)."""
+    def decode(n: int, gen: float, wall: float, bleu: float) -> dict[str, Any]:
+        return {"runs": [{"rep": f"rep{i}", "n_sents": n, "generation_sec": gen, "process_wall_sec": wall}
+                         for i in (1, 2, 3)],
+                "n_sents": n, "generation_sec_median": gen, "process_wall_sec_median": wall,
+                "sent_per_sec_generation": n / gen, "sent_per_sec_process_wall": n / wall,
+                "sacrebleu": [{"name": "BLEU", "score": bleu}, {"name": "chrF2", "score": 49.25}]}
+
+    summary = {
+        "throughput": {"log": "logs/throughput_train.log", "batch_sentences": 128, "steps": [], "epochs": [],
+                       "validations": [], "interval_tok_per_sec_median": 690,
+                       "totals": {"epochs": 1, "train_sec": 600.0, "sec_per_epoch": 600.0,
+                                  "trg_tok_per_sec": 640.0, "sent_per_sec": 48.0}},
+        "decode": {"greedy.test_2016_flickr": decode(1000, 15.0, 20.0, 28.53),
+                   "beam5.test_2016_flickr": decode(1000, 50.0, 62.5, 29.92),
+                   "greedy.dev": decode(1014, 15.0, 20.0, 30.0)},
+    }
+    path = workdir / "results" / "summary.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(summary))
+    return path
+
+
+def test_peer_summary_is_read_in_our_shape(tmp_path: Path) -> None:
+    theirs = peer_compare.load_peer_summary(fake_peer_summary(tmp_path))
+    assert theirs["training"]["target_tokens_per_s"] == 640.0 and theirs["training"]["sentences_per_s"] == 48.0
+    assert "throughput run" in theirs["training"]["source"] and "128 sentences" in theirs["training"]["source"]
+    assert set(theirs["decode"]) == {"greedy", "beam5"}  # the dev decode is not compared
+    beam = theirs["decode"]["beam5"]
+    assert beam["sentences_per_s_decode"] == pytest.approx(20.0) and beam["sentences_per_s_process"] == 16.0
+    assert beam["bleu"] == 29.92 and beam["chrf"] == 49.25 and beam["reps"] == 3
+    with pytest.raises(SystemExit, match="no peer summary"):
+        peer_compare.load_peer_summary(tmp_path / "missing" / "summary.json")
+
+
+def test_ratios_targets_and_missing_figures() -> None:
+    theirs = {"training": {"target_tokens_per_s": 640.0, "sentences_per_s": 48.0},
+              "decode": {"greedy": {"sentences_per_s_decode": 60.0, "sentences_per_s_process": 50.0},
+                         "beam5": {"sentences_per_s_decode": 20.0, "sentences_per_s_process": 16.0}}}
+    ours = {"training": {"target_tokens_per_s": 1600.0, "sentences_per_s": 120.0},
+            "decode": {"beam5": {"sentences_per_s_decode": 80.0, "sentences_per_s_process": 40.0}}}
+    rows = {row["figure"]: row for row in peer_compare.ratio_rows(ours, theirs)}
+    train = rows["training target tokens/s"]
+    assert train["ratio"] == pytest.approx(2.5) and train["target"] == 2.0 and train["met"] is True
+    assert rows["beam 5 sentences/s (decoding alone)"]["ratio"] == pytest.approx(4.0)
+    assert rows["beam 5 sentences/s (decoding alone)"]["met"] is True
+    assert rows["beam 5 sentences/s (whole process)"]["ratio"] == pytest.approx(2.5)
+    assert rows["beam 5 sentences/s (whole process)"]["met"] is False
+    greedy = rows["greedy sentences/s (decoding alone)"]
+    assert greedy["ours"] is None and greedy["ratio"] is None and greedy["met"] is None  # not measured: no estimate
+    assert rows["training sentences/s"]["target"] is None and rows["training sentences/s"]["met"] is None
+
+
+def test_peer_compare_main_reuses_both_sides(tmp_path: Path) -> None:
+    fake_peer_summary(tmp_path / "peer")
+    earlier = {"our_device": "cpu", "ours": {
+        "training": {"source": "test", "target_tokens_per_s": 1920.0, "sentences_per_s": 150.0},
+        "decode": {m: {"sentences_per_s_decode": 90.0, "sentences_per_s_process": 45.0, "bleu": 31.0, "chrf": 52.0}
+                   for m in ("greedy", "beam5")}}}
+    (tmp_path / "ours.json").write_text(json.dumps(earlier))
+    out = tmp_path / "cmp"
+    report = peer_compare.main(["--skip-peer-run", str(tmp_path / "peer"), "--ours-from", str(tmp_path / "ours.json"),
+                                "--out", str(out), "--work-dir", str(tmp_path / "work")])
+    assert report["measured_without_gpu"] is True
+    assert json.loads(Path(f"{out}.json").read_text())["ratios"] == report["ratios"]
+    markdown = Path(f"{out}.md").read_text()
+    assert "| training target tokens/s | 1,920.0 | 640.0 | 3.00x | >= 2x | yes |" in markdown
+    assert "| beam 5 sentences/s (decoding alone) | 90.0 | 20.0 | 4.50x | >= 3x | yes |" in markdown
+    assert "| beam 5 sentences/s (whole process) | 45.0 | 16.0 | 2.81x | >= 3x | **no** |" in markdown
+    assert "measured without a GPU" in markdown and "| beam5 | 31.00 | 29.92 |" in markdown
+
+
+def test_decode_once_batches_by_sentences_in_input_order(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    torch.set_num_threads(1)
+    cfg = tiny_config(tmp_path, [])
+    data = prepare_data(cfg.data)
+    model = Seq2Seq.from_config(cfg.model, cfg.attention, data.tokenizer.src_vocab_size,
+                                data.tokenizer.tgt_vocab_size).eval()  # untrained: only the batching is tested
+    save_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt",
+                    {"config": to_plain_dict(cfg), "tokenizer": data.tokenizer.to_state(), "model": model.state_dict()})
+    src = tmp_path / "test.src"
+    lines = data.tests["test"].src_text
+    src.write_text("".join(line + "\n" for line in lines))
+    peer_compare.main(["decode-once", "--checkpoint", str(tmp_path / "run"), "--input", str(src), "--output",
+                       str(tmp_path / "out.txt"), "--device", "cpu", "--beam-size", "1", "--batch-sentences", "7"])
+    timing = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert timing["sentences"] == len(lines) and timing["decode_seconds"] > 0
+    t = cfg.trainer
+    expected = [data.tokenizer.decode_tgt(nbest[0].tokens) for nbest in translate_lines(
+        model, data.tokenizer, lines, beam_size=1, max_len=t.max_len, max_len_ratio=t.max_len_ratio)]
+    assert (tmp_path / "out.txt").read_text().splitlines() == expected  # batched as 7s equals translate.py's batches

@@ -1,0 +1,139 @@
+"""scripts/compare_runs.py on fake run dirs: tables, length buckets, plots, and the translate-now fallback.
+
+No training: each run dir gets a ``results.json`` and a ``config.yaml`` (the real configs shrunk to the
+tiny reversal corpus of test_training.py) and either saved translations or an untrained checkpoint.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from nmt.checkpoint import save_checkpoint
+from nmt.config import to_plain_dict
+from nmt.data import prepare_data
+from nmt.model import Seq2Seq
+from tests.conftest import REPO_ROOT
+from tests.test_training import tiny_config
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def load_script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"scripts_{name}", REPO_ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+compare_runs = load_script("compare_runs")
+
+
+def fake_results(attention: str, run_dir: Path) -> dict[str, Any]:
+    """A results.json as train.py writes it (the fields compare_runs reads, plus a few more)."""
+    sig = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
+    return {
+        "checkpoint": "best", "checkpoint_step": 200, "beam_size": 2, "length_penalty": 1.0,
+        "valid": {"bleu": 50.0, "chrf": 60.0, "bleu_signature": sig, "loss": 1.0},
+        "test": {"test": {"bleu": 0.0, "chrf": 0.0, "bleu_signature": sig}},
+        "attention": attention, "parameters": 12345, "steps": 200, "epochs": 2.5, "stopped_early": False,
+        "best_val_bleu_greedy": 50.0, "best_step": 200, "train_seconds": 3725.0,
+        "train_target_tokens_per_s": 1000.0, "device": "cpu", "world_size": 1, "torch": "2.13.0+cpu",
+        "nmt": "0.1.0", "src_lang": "de", "tgt_lang": "en", "run_dir": str(run_dir),
+    }
+
+
+def make_run(root: Path, cfg: Any, attention: str, hyps: list[str] | None) -> Path:
+    run = root / f"attention={attention}"
+    run.mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps(fake_results(attention, run)))
+    OmegaConf.save(OmegaConf.create(to_plain_dict(cfg)), run / "config.yaml")
+    if hyps is not None:
+        (run / "translations").mkdir()
+        (run / "translations" / "test.en").write_text("".join(h + "\n" for h in hyps))
+    return run
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], list[str]]:
+    """A fake multirun: ``additive`` perfect, ``none`` wrong on long sentences, ``dot`` untranslated."""
+    torch.set_num_threads(1)  # tiny models: a second thread only adds contention
+    tmp = tmp_path_factory.mktemp("compare")
+    cfg = tiny_config(tmp, [])
+    data = prepare_data(cfg.data)
+    srcs, refs = data.tests["test"].src_text, data.tests["test"].tgt_text
+    rng = random.Random(0)
+    # the no-attention stand-in drops words from sentences over 5 symbols, as a fixed-size state would
+    degraded = [ref if len(src.split()) <= 5 else " ".join(rng.sample(ref.split(), 2)) for src, ref in zip(srcs, refs)]
+    root = tmp / "multirun"
+    make_run(root, cfg, "additive", refs)
+    make_run(root, cfg, "none", degraded)
+    dot_cfg = tiny_config(tmp, ["attention=dot"])  # the same corpus files and cache
+    dot = make_run(root, dot_cfg, "dot", None)
+    model = Seq2Seq.from_config(cfg.model, dot_cfg.attention, data.tokenizer.src_vocab_size,
+                                data.tokenizer.tgt_vocab_size)  # untrained: only the fallback path is tested
+    save_checkpoint(dot / "checkpoints" / "best.pt", {"config": to_plain_dict(dot_cfg),
+                                                       "tokenizer": data.tokenizer.to_state(),
+                                                       "model": model.state_dict()})
+    return root, srcs, refs
+
+
+def test_sweep_tables_buckets_and_plots(sweep: tuple[Path, list[str], list[str]], tmp_path: Path) -> None:
+    root, srcs, _ = sweep
+    torch.set_num_threads(1)
+    out = tmp_path / "results" / "cmp"
+    report = compare_runs.main(["--sweep-dir", str(root), "--buckets", "4", "5", "--out", str(out), "--device", "cpu"])
+
+    runs = {r["attention"]: r for r in report["runs"]}
+    assert [r["attention"] for r in report["runs"]] == ["none", "additive", "dot"]  # the baseline first
+    assert runs["additive"]["test"]["bleu"] == pytest.approx(100.0)
+    assert "case:mixed" in runs["additive"]["test"]["bleu_signature"]
+    assert "case:lc" in runs["additive"]["tutorial_bleu"]["signature"]
+    assert runs["none"]["test"]["bleu"] < 100.0
+
+    ranges = [b["range"] for b in runs["none"]["by_length"]]
+    assert ranges == ["<=4", "5-5", ">5"]  # (2-symbol sentences have no 4-grams: BLEU 0)
+    counts = [b["n"] for b in runs["none"]["by_length"]]
+    assert sum(counts) == len(srcs) == runs["none"]["sentences"]
+    assert counts[2] == sum(len(s.split()) > 5 for s in srcs) > 0
+    none_bleu = [b["bleu"] for b in runs["none"]["by_length"]]
+    assert none_bleu[0] == pytest.approx(100.0) and none_bleu[2] < 50.0  # falls off on long sentences only
+    assert all(b["bleu"] == pytest.approx(100.0) for b in runs["additive"]["by_length"])
+
+    # dot had no translations: translated now with its checkpoint and saved for the next call
+    assert runs["dot"]["hypotheses"] == "translated now"
+    saved = root / "attention=dot" / "translations" / "test.en"
+    assert len(saved.read_text().splitlines()) == len(srcs)
+    assert runs["additive"]["hypotheses"] == "saved"
+
+    markdown = Path(f"{out}.md").read_text()
+    rows = [line for line in markdown.splitlines() if line.startswith("| none |")]
+    assert len(rows) == 3  # score table, tutorial table, length table
+    assert "| additive | 100.00 | 100.00 | 50.00 | 2 | 12,345 | 1:02:05 | cpu (no GPU) | 200 | 2.50 |" in markdown
+    assert "Tutorial-style BLEU (lowercased" in markdown and "| *sentences* |" in markdown
+    assert "Test BLEU in `results.json` differs" in markdown  # the fake results.json says 0.0
+    assert json.loads(Path(f"{out}.json").read_text())["runs"][1]["label"] == "additive"
+    for png in (Path(f"{out}.png"), Path(f"{out}_length.png")):
+        assert png.read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_single_run(sweep: tuple[Path, list[str], list[str]], tmp_path: Path) -> None:
+    root, _, _ = sweep
+    out = tmp_path / "one"
+    report = compare_runs.main([str(root / "attention=additive"), "--out", str(out)])
+    assert [r["label"] for r in report["runs"]] == ["additive"]
+    assert [b["range"] for b in report["runs"][0]["by_length"]] == ["<=8", "9-12", "13-16", "17-20", ">20"]
+    assert Path(f"{out}_length.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_not_a_run_dir_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="no results.json"):
+        compare_runs.main([str(tmp_path), "--out", str(tmp_path / "x")])
