@@ -384,9 +384,10 @@ class Trainer:
                     window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
                 due = self.tcfg.validate_every and self.progress.step % self.tcfg.validate_every == 0
                 if due or self.progress.step == self.total_steps:
+                    validation_start = time.perf_counter()
                     if self._validate_and_checkpoint():
                         return True
-                    window_start = time.perf_counter()  # don't count validation time as training time
+                    window_start += time.perf_counter() - validation_start  # validation is not training time
                 if self.progress.step == self.interrupt_at_step:
                     self.stop_signal = "interrupt_at_step"
                 if self._should_stop() or self.progress.step >= self.total_steps:
@@ -395,9 +396,10 @@ class Trainer:
             self.progress.epoch += 1
             self.progress.batches_done = 0
             if not self.tcfg.validate_every and self.progress.step < self.total_steps:
+                validation_start = time.perf_counter()
                 if self._validate_and_checkpoint():
                     return True
-                window_start = time.perf_counter()
+                window_start += time.perf_counter() - validation_start
         return False
 
     def _train_step(self, batch: Batch) -> tuple[float | None, int, float]:

@@ -20,6 +20,7 @@ data: scores must be comparable with published ones on the full sets.
 
 from __future__ import annotations
 
+import abc
 import gzip
 import hashlib
 import http.client
@@ -167,7 +168,7 @@ def _fill_from_mirror_or_url(
 # --------------------------------------------------------------------------------------------------
 
 
-class Corpus:
+class Corpus(abc.ABC):
     """A source of parallel splits. Subclasses register under ``name`` and say which files a split is.
 
     Construct with ``build_corpus``; ``split_files`` is the only thing the pipeline asks of one.
@@ -175,13 +176,13 @@ class Corpus:
 
     name: ClassVar[str]
 
+    @abc.abstractmethod
     def split_files(self, split: str, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
         """Local (fetched, verified) source and target files of ``split``.
 
         Raises:
             DataError: unknown split or language, or the files cannot be had.
         """
-        raise NotImplementedError
 
 
 CORPORA: dict[str, type[Corpus]] = {}
