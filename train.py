@@ -20,6 +20,9 @@ def main(cfg: DictConfig) -> float | None:
     except ConfigError as error:
         logging.getLogger("train").error("config error: %s", error)
         raise SystemExit(2) from None
+    if results.get("interrupted"):
+        # Exit the process, not just this job: under `-m` Hydra would otherwise start the next run.
+        raise SystemExit(0)
     # A sweep's optimizers read the returned value: validation BLEU of the best checkpoint.
     return results.get("valid", {}).get("bleu")
 
