@@ -48,8 +48,9 @@ from nmt.config import to_plain_dict, validate_config
 from nmt.data import EOS_ID, PAD_ID, Batch, EncodedSplit, PreparedData, Tokenizer, build_loader, prepare_data
 from nmt.evaluation import corpus_scores
 from nmt.model import Seq2Seq, count_parameters
-from nmt.search import beam_search, greedy_search
+from nmt.search import greedy_search
 from nmt.tensorboard import RunLogger
+from nmt.translation import translate_ids
 
 log = logging.getLogger(__name__)
 
@@ -148,34 +149,6 @@ def sequence_loss(logits: Tensor, targets: Tensor, label_smoothing: float = 0.0)
         label_smoothing=label_smoothing,
         reduction="sum",
     )
-
-
-def decode_split(
-    model: Seq2Seq,
-    tokenizer: Tokenizer,
-    split: EncodedSplit,
-    device: torch.device,
-    max_tokens: int,
-    beam_size: int,
-    length_penalty: float,
-    max_len: int,
-    max_len_ratio: float,
-) -> list[str]:
-    """Translate an encoded split; detokenized hypotheses in the split's order."""
-    hypotheses: list[str] = [""] * len(split)
-    model.eval()
-    with torch.no_grad():
-        for batch in build_loader(split, max_tokens, shuffle=False):
-            batch = batch.to(device)
-            if beam_size == 1:
-                best = greedy_search(model, batch.src, batch.src_lengths, max_len=max_len, max_len_ratio=max_len_ratio)
-            else:
-                nbest = beam_search(model, batch.src, batch.src_lengths, beam_size=beam_size,
-                                    length_penalty=length_penalty, max_len=max_len, max_len_ratio=max_len_ratio)
-                best = [row[0] for row in nbest]
-            for index, hyp in zip(batch.indices.tolist(), best):
-                hypotheses[index] = tokenizer.decode_tgt(hyp.tokens)
-    return hypotheses
 
 
 def run_dir_from_hydra() -> Path:
@@ -516,10 +489,14 @@ class Trainer:
         return total, tokens
 
     def decode(self, split: EncodedSplit, beam_size: int) -> list[str]:
+        """Detokenized translations of ``split``'s sources, in its order (the translate job's batching)."""
         t = self.tcfg
+        self.model.eval()
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_amp):
-            return decode_split(self.model, self.data.tokenizer, split, self.device, self.cfg.data.valid_max_tokens,
-                                beam_size, t.length_penalty, t.max_len, t.max_len_ratio)
+            nbest = translate_ids(self.model, split.src_ids, beam_size=beam_size, length_penalty=t.length_penalty,
+                                  max_len=t.max_len, max_len_ratio=t.max_len_ratio,
+                                  batch_tokens=self.cfg.data.valid_max_tokens)
+        return [self.data.tokenizer.decode_tgt(hyps[0].tokens) for hyps in nbest]
 
     def validate(self) -> dict[str, float]:
         """Validation metrics at the current step, logged to TensorBoard (rank 0 only)."""

@@ -22,7 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 from nmt.checkpoint import load_checkpoint, load_for_inference
 from nmt.config import ConfigError, validate_config
 from nmt.data import prepare_data
-from nmt.training import decode_split, train
+from nmt.training import train
+from nmt.translation import translate_lines
 from tests.conftest import CONFIG_DIR, REPO_ROOT
 
 SYMBOLS = "a b c d e f".split()
@@ -61,7 +62,8 @@ def tiny_config(tmp_path: Path, overrides: list[str]) -> DictConfig:
 def exact_match(run_dir: Path, cfg: DictConfig) -> float:
     model, tokenizer, _ = load_for_inference(run_dir)
     valid = prepare_data(cfg.data).valid
-    hyps = decode_split(model, tokenizer, valid, torch.device("cpu"), 2000, 1, 1.0, 50, 2.0)
+    nbest = translate_lines(model, tokenizer, valid.src_text, beam_size=1, max_len=50, max_len_ratio=2.0)
+    hyps = [tokenizer.decode_tgt(h[0].tokens) for h in nbest]
     return sum(h == r for h, r in zip(hyps, valid.tgt_text)) / len(hyps)
 
 
