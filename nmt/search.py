@@ -9,13 +9,15 @@ The one concept here is *decoding*: choosing target tokens one step at a time fr
   ``log P(Y|X) / lp(Y)``, ``lp(Y) = ((5 + |Y|) / 6) ** alpha``, |Y| the number of decoding steps
   it took (EOS included when it ended with EOS). ``alpha = 0`` ranks by raw log-probability.
 
-Beam search runs the whole batch at once on B*K rows (K the beam size): ``topk`` over ``K x V`` per
-sentence, ``index_select`` of the decoder state, and back-pointers kept on the device. As in fairseq,
-the 2K best candidates are taken each step; an EOS among the first K leaves the beam for a per-sentence
+Beam search runs the whole batch at once on B*K rows of decoder state (K the beam size) and B rows of
+encoder memory (the K hypotheses of a sentence attend to it together): the 2K best candidates per
+sentence from its ``K x V`` extensions, ``index_select`` of the decoder state, and back-pointers kept
+on the device. As in fairseq, an EOS among the first K candidates leaves the beam for a per-sentence
 pool of finished hypotheses, and the K best non-EOS candidates continue. A sentence is done once K
 hypotheses have finished or it reaches its length limit (then its live hypotheses are finished as they
-are). The only host syncs are an "all done?" check every few steps and the final read-back. With K=1
-this is token for token the greedy search.
+are); done sentences leave the batch at the next sync point (every step on a CPU, every few on a GPU),
+so the work shrinks as sentences end. The only host syncs are those checks and the final read-back.
+With K=1 this is token for token the greedy search.
 
 Length limit per sentence: ``min(max_len, ceil(max_len_ratio * src_len) + 5)`` tokens (EOS not
 counted) when ``max_len_ratio`` is set, else ``max_len``; ``src_len`` is the source length as given in
@@ -195,87 +197,137 @@ def beam_search(
     device = src.device
     batch, k = src.shape[0], beam_size
     limits_list = length_limits(src_lengths, max_len, max_len_ratio)
-    limits = torch.tensor(limits_list, device=device)  # [B]
+    # Sentences still searching ("active"), A of them: every per-step tensor has A (or A*K) rows. A
+    # finished sentence is dropped at the next sync point, so the batch shrinks as sentences end.
+    active = torch.arange(batch, device=device)  # [A] original row of each active sentence
+    limits = torch.tensor(limits_list, device=device)  # [A]
     # pool of finished hypotheses: normalised score, last step index and beam slot for back-tracking
-    pool_score = torch.full((batch, k), NEG_INF, device=device)  # [B, K]
-    pool_end = torch.full((batch, k), -1, dtype=torch.long, device=device)  # [B, K] -1 = empty output
-    pool_slot = torch.zeros((batch, k), dtype=torch.long, device=device)  # [B, K]
-    n_finished = torch.zeros(batch, dtype=torch.long, device=device)  # [B]
-    done = torch.zeros(batch, dtype=torch.bool, device=device)  # [B]
+    pool_score = torch.full((batch, k), NEG_INF, device=device)  # [A, K]
+    pool_end = torch.full((batch, k), -1, dtype=torch.long, device=device)  # [A, K] -1 = empty output
+    pool_slot = torch.zeros((batch, k), dtype=torch.long, device=device)  # [A, K]
+    n_finished = torch.zeros(batch, dtype=torch.long, device=device)  # [A]
+    done = torch.zeros(batch, dtype=torch.bool, device=device)  # [A]
+    # the pools of sentences that have left the batch, in original order
+    final_score, final_end, final_slot = pool_score.clone(), pool_end.clone(), pool_slot.clone()  # [B, K]
 
     memory, state = model.encode(src, src_lengths)  # state: [L, B, H]
-    rows = torch.arange(batch, device=device).repeat_interleave(k)  # [B*K] sentence of each beam row
-    memory = memory.index_select(rows)
-    state = state.index_select(1, rows)  # [L, B*K, H]
+    # K rows of decoder state per sentence; the memory keeps one row per sentence (see Decoder._attend)
+    state = state.repeat_interleave(k, dim=1)  # [L, A*K, H]
     # only slot 0 is live at the start, so the first step does not pick K copies of one token
-    beam_score = torch.full((batch, k), NEG_INF, device=device)  # [B, K] summed log-probs
+    beam_score = torch.full((batch, k), NEG_INF, device=device)  # [A, K] summed log-probs
     beam_score[:, 0] = 0.0
-    prev = torch.full((batch * k,), BOS_ID, dtype=torch.long, device=device)  # [B*K]
-    row_base = (torch.arange(batch, device=device) * k).unsqueeze(1)  # [B, 1] first row of each sentence
-    slots = torch.arange(k, device=device).expand(batch, k)  # [B, K] slot numbers
+    prev = torch.full((batch * k,), BOS_ID, dtype=torch.long, device=device)  # [A*K]
     hist_tokens: list[Tensor] = []  # per step [B, K]: token now in each slot
     hist_back: list[Tensor] = []  # per step [B, K]: the slot it extends
     hist_attn: list[Tensor] = []  # per step [B, K, S]: attention that emitted it
-    block = None
+    blocked = torch.tensor([PAD_ID, BOS_ID], device=device)  # never outputs
     sync_every = _sync_every(device)
 
     for step in range(max(limits_list)):
-        logits, state, attn = model.decode_step(prev, state, memory)  # [B*K, V], [L, B*K, H], [B*K, S]
-        vocab = logits.shape[-1]
-        if block is None:
-            block = _blocked_tokens(vocab, device)
-        log_probs = F.log_softmax(logits.float(), dim=-1) + block  # [B*K, V]
-        cand = beam_score.unsqueeze(2) + log_probs.view(batch, k, vocab)  # [B, K, V]
-        n_cand = min(2 * k, k * vocab)
-        cand_score, cand_idx = cand.view(batch, k * vocab).topk(n_cand, dim=1)  # [B, 2K], sorted
-        cand_slot = cand_idx // vocab  # [B, 2K] the beam slot each candidate extends
-        cand_token = cand_idx % vocab  # [B, 2K]
-        is_eos = cand_token == EOS_ID  # [B, 2K]
+        n_active = active.shape[0]
+        logits, state, attn = model.decode_step(prev, state, memory)  # [A*K, V], [L, A*K, H], [A*K, S]
+        cand_score, cand_slot, cand_token = _best_candidates(logits, beam_score, blocked)  # [A, 2K] each
+        is_eos = cand_token == EOS_ID  # [A, 2K]
 
         # every hypothesis finished at this step took step+1 decoding steps: one penalty for all
         penalty = length_penalty_factor(step + 1, length_penalty)
 
         # an EOS among the first K candidates finishes a hypothesis of `step` tokens
-        eos_ok = is_eos[:, :k] & torch.isfinite(cand_score[:, :k]) & ~done.unsqueeze(1)  # [B, K]
-        eos_score = (cand_score[:, :k] / penalty).masked_fill(~eos_ok, NEG_INF)  # [B, K]
-        eos_end = torch.full_like(cand_slot[:, :k], step - 1)  # [B, K] its last token came at step-1
+        eos_ok = is_eos[:, :k] & torch.isfinite(cand_score[:, :k]) & ~done.unsqueeze(1)  # [A, K]
+        eos_score = (cand_score[:, :k] / penalty).masked_fill(~eos_ok, NEG_INF)  # [A, K]
+        eos_end = torch.full_like(cand_slot[:, :k], step - 1)  # [A, K] its last token came at step-1
         n_finished = n_finished + eos_ok.sum(dim=1)
 
         # the K best non-EOS candidates continue
-        live_score = cand_score.masked_fill(is_eos, NEG_INF)  # [B, 2K]
-        keep_score, keep_pos = live_score.topk(k, dim=1)  # [B, K]
-        keep_slot = cand_slot.gather(1, keep_pos)  # [B, K]
-        keep_token = cand_token.gather(1, keep_pos)  # [B, K]
-        hist_tokens.append(keep_token)
-        hist_back.append(keep_slot)
+        live_score = cand_score.masked_fill(is_eos, NEG_INF)  # [A, 2K]
+        keep_score, keep_pos = live_score.topk(k, dim=1)  # [A, K]
+        keep_slot = cand_slot.gather(1, keep_pos)  # [A, K]
+        keep_token = cand_token.gather(1, keep_pos)  # [A, K]
+        hist_tokens.append(_scatter_rows(keep_token, active, batch, PAD_ID))  # [B, K]
+        hist_back.append(_scatter_rows(keep_slot, active, batch, 0))  # [B, K]
         if model.has_attention:
-            step_attn = attn.float().view(batch, k, -1)  # [B, K, S]
-            hist_attn.append(step_attn.gather(1, keep_slot.unsqueeze(2).expand_as(step_attn)))  # [B, K, S]
+            step_attn = attn.float().view(n_active, k, -1)  # [A, K, S]
+            step_attn = step_attn.gather(1, keep_slot.unsqueeze(2).expand_as(step_attn))  # [A, K, S]
+            hist_attn.append(_scatter_rows(step_attn, active, batch, 0.0))  # [B, K, S]
 
         # at its length limit a sentence's live hypotheses are finished as they are (step+1 tokens)
-        at_limit = (step + 1 >= limits) & ~done  # [B]
-        forced_ok = at_limit.unsqueeze(1) & torch.isfinite(keep_score)  # [B, K]
-        forced_score = (keep_score / penalty).masked_fill(~forced_ok, NEG_INF)  # [B, K]
+        at_limit = (step + 1 >= limits) & ~done  # [A]
+        forced_ok = at_limit.unsqueeze(1) & torch.isfinite(keep_score)  # [A, K]
+        forced_score = (keep_score / penalty).masked_fill(~forced_ok, NEG_INF)  # [A, K]
 
         # merge both kinds into the pool, keeping the K best per sentence
-        all_score = torch.cat([pool_score, eos_score, forced_score], dim=1)  # [B, 3K]
-        all_end = torch.cat([pool_end, eos_end, torch.full_like(keep_slot, step)], dim=1)  # [B, 3K]
-        all_slot = torch.cat([pool_slot, cand_slot[:, :k], slots], dim=1)  # [B, 3K]
-        pool_score, pick = all_score.topk(k, dim=1)  # [B, K]
-        pool_end = all_end.gather(1, pick)  # [B, K]
-        pool_slot = all_slot.gather(1, pick)  # [B, K]
+        all_score = torch.cat([pool_score, eos_score, forced_score], dim=1)  # [A, 3K]
+        all_end = torch.cat([pool_end, eos_end, torch.full_like(keep_slot, step)], dim=1)  # [A, 3K]
+        slots = torch.arange(k, device=device).expand(n_active, k)  # [A, K]
+        all_slot = torch.cat([pool_slot, cand_slot[:, :k], slots], dim=1)  # [A, 3K]
+        pool_score, pick = all_score.topk(k, dim=1)  # [A, K]
+        pool_end = all_end.gather(1, pick)  # [A, K]
+        pool_slot = all_slot.gather(1, pick)  # [A, K]
 
         done = done | at_limit | (n_finished >= k)
-        # finished sentences keep running (no host sync to drop them) but can add nothing more
-        beam_score = keep_score.masked_fill(done.unsqueeze(1), NEG_INF)  # [B, K]
-        reorder = (row_base + keep_slot).view(-1)  # [B*K] rows of the previous beam to continue
-        state = state.index_select(1, reorder)  # [L, B*K, H]
-        prev = keep_token.view(-1)  # [B*K]
-        # memory rows need no reordering: every row of a sentence holds the same source
-        if (step + 1) % sync_every == 0 and bool(done.all()):
-            break
+        # between sync points finished sentences keep running, but can add nothing more
+        beam_score = keep_score.masked_fill(done.unsqueeze(1), NEG_INF)  # [A, K]
+        row_base = (torch.arange(n_active, device=device) * k).unsqueeze(1)  # [A, 1] first row of each sentence
+        reorder = (row_base + keep_slot).view(-1)  # [A*K] rows of the previous beam to continue
+        prev = keep_token.view(-1)  # [A*K]
+        if (step + 1) % sync_every == 0 and bool(done.any()):
+            leaving = done.nonzero().squeeze(1)  # [A_done]
+            final_score[active[leaving]] = pool_score[leaving]
+            final_end[active[leaving]] = pool_end[leaving]
+            final_slot[active[leaving]] = pool_slot[leaving]
+            staying = (~done).nonzero().squeeze(1)  # [A']
+            if staying.numel() == 0:
+                break
+            staying_rows = (staying.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1)  # [A'*K]
+            reorder = reorder.index_select(0, staying_rows)
+            prev = prev.index_select(0, staying_rows)
+            memory = memory.index_select(staying)
+            active, limits, done, n_finished = (t.index_select(0, staying) for t in (active, limits, done, n_finished))
+            beam_score, pool_score, pool_end, pool_slot = (
+                t.index_select(0, staying) for t in (beam_score, pool_score, pool_end, pool_slot)
+            )
+        state = state.index_select(1, reorder)  # [L, A*K, H]
+    else:  # the step limit ended the loop: every sentence still active is done at its limit
+        final_score[active] = pool_score
+        final_end[active] = pool_end
+        final_slot[active] = pool_slot
 
-    return _read_back(pool_score, pool_end, pool_slot, hist_tokens, hist_back, hist_attn, src_lengths, n_best)
+    return _read_back(final_score, final_end, final_slot, hist_tokens, hist_back, hist_attn, src_lengths, n_best)
+
+
+def _best_candidates(logits: Tensor, beam_score: Tensor, blocked: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The 2K best extensions of each sentence's beam: scores, the slot each extends, and its token.
+
+    A candidate scores ``beam_score[slot] + log p(token)``. Since the slot's score is the same for all
+    its tokens, a sentence's 2K best are among the 2K best tokens of each of its K rows, so only those
+    get a logarithm and a second top-k. That keeps the full ``[A*K, V]`` work to one softmax and one
+    top-k (PyTorch's CPU softmax is several times faster than log_softmax or logsumexp).
+
+    Args:
+        logits: ``[A*K, V]``.
+        beam_score: ``[A, K]`` summed log-probs (-inf for an empty slot).
+        blocked: token ids that are never output (probability set to 0 after normalising).
+
+    Returns:
+        scores, slots and tokens, each ``[A, 2K]`` (``[A, min(2K, K*V)]``), best first.
+    """
+    n_active, k = beam_score.shape
+    vocab = logits.shape[-1]
+    probs = torch.softmax(logits.float(), dim=-1).index_fill_(1, blocked, 0.0)  # [A*K, V]
+    n_cand = min(2 * k, k * vocab)
+    row_prob, row_token = probs.topk(min(n_cand, vocab), dim=1)  # [A*K, C]
+    per_row = row_prob.shape[1]
+    scores = (beam_score.view(-1, 1) + row_prob.log()).view(n_active, k * per_row)  # [A, K*C]
+    cand_score, cand_pos = scores.topk(n_cand, dim=1)  # [A, 2K], sorted
+    cand_token = row_token.view(n_active, k * per_row).gather(1, cand_pos)  # [A, 2K]
+    return cand_score, cand_pos // per_row, cand_token
+
+
+def _scatter_rows(values: Tensor, active: Tensor, batch: int, fill: float | int) -> Tensor:
+    """``values`` ``[A, ...]`` of the active sentences into ``[B, ...]`` (original rows), ``fill`` elsewhere."""
+    full = values.new_full((batch, *values.shape[1:]), fill)
+    full[active] = values
+    return full
 
 
 def _read_back(

@@ -70,6 +70,22 @@ def test_single_head_types_match_their_formula(name: str) -> None:
     torch.testing.assert_close(context, torch.einsum("bs,bsd->bd", expected_w, k), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("chunk_elements", [1, 2 * S * H + 1, 1 << 19])
+def test_additive_cpu_decoding_path_matches_formula(chunk_elements: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # without gradients on a CPU the additive score runs in cache-sized pieces with tanh rewritten via
+    # sigmoid; pieces of one row, of two rows plus a remainder, and of the whole batch must all agree
+    attn = make("additive").eval()
+    monkeypatch.setattr(type(attn), "cpu_chunk_elements", chunk_elements)
+    q, k, mask = inputs()
+    queries = torch.stack([q, q.flip(0) * 2.0], dim=1)  # [B, 2, Dq]: several queries per source
+    with torch.no_grad():
+        context, weights = attn(queries, k, k, mask)
+    for t in range(2):
+        expected_w = softmax_over_valid(reference_scores(attn, "additive", queries[:, t], k), mask)
+        torch.testing.assert_close(weights[:, t], expected_w, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(context[:, t], torch.einsum("bs,bsd->bd", expected_w, k), rtol=1e-10, atol=1e-12)
+
+
 def test_dot_has_no_parameters_when_sizes_match() -> None:
     assert sum(p.numel() for p in build_attention("dot", query_size=6, key_size=6, hidden_size=3).parameters()) == 0
     assert build_attention("dot", **SIZED).key_proj is not None

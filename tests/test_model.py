@@ -57,6 +57,24 @@ def test_teacher_forced_logits_equal_step_by_step(name: str) -> None:
         torch.testing.assert_close(step_attn, attn[:, step], rtol=1e-9, atol=1e-10)
 
 
+@pytest.mark.parametrize("name", TYPES)
+def test_decode_step_with_grouped_rows_equals_repeated_memory(name: str) -> None:
+    # beam search passes G rows of state per source and one row of memory per source
+    model = tiny_model(name)
+    src, src_lengths, tgt, _, _ = padded_batch()
+    group = 3
+    memory, state = model.encode(src, src_lengths)
+    repeated = memory.index_select(torch.arange(src.shape[0]).repeat_interleave(group))
+    state = state.repeat_interleave(group, dim=1)  # [L, B*G, Hd]
+    state = state + 0.1 * torch.randn_like(state)  # the G hypotheses of a source differ
+    prev = torch.randint(4, TGT_V, (src.shape[0] * group,))
+    with torch.no_grad():
+        grouped = model.decode_step(prev, state, memory)
+        expected = model.decode_step(prev, state, repeated)
+    for got, want in zip(grouped, expected):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+
+
 def test_encoder_packing_equals_unpacked_gru_on_unpadded_rows() -> None:
     torch.manual_seed(0)
     encoder = Encoder(SRC_V, 7, 5, num_layers=2, dropout=0.0, pad_id=0).double().eval()

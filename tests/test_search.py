@@ -173,6 +173,53 @@ def test_beam_never_worse_than_greedy_without_penalty_on_average() -> None:
     assert sum(b[0].score for b in beam) >= sum(g.score for g in greedy) - 1e-6
 
 
+def reference_beam_search(model: EosBiased, src: Tensor, src_lengths: Tensor, k: int, alpha: float,
+                          limit: int, n_best: int) -> list[tuple[list[int], float]]:
+    """The same search for one sentence, written the slow obvious way: Python lists, one row per step.
+
+    Each step: all K x V extensions scored, the 2K best taken; an EOS among the first K finishes a
+    hypothesis, the K best non-EOS continue; done after K EOS-finished hypotheses, or at the limit
+    (where the live ones are finished as they are). Returns the n_best (tokens, score), best first.
+    """
+    memory, state = model.encode(src, src_lengths)
+    beams = [(0.0, [], state)]  # (summed log-prob, tokens, decoder state)
+    finished, n_eos = [], 0
+    for step in range(limit):
+        penalty = ((5 + step + 1) / 6) ** alpha
+        candidates = []
+        for logprob, tokens, beam_state in beams:
+            prev = torch.tensor([tokens[-1] if tokens else BOS_ID])
+            logits, new_state, _ = model.decode_step(prev, beam_state, memory)
+            step_lp = torch.log_softmax(logits[0].double(), -1)
+            step_lp[[PAD_ID, BOS_ID]] = -math.inf
+            candidates += [(logprob + step_lp[v].item(), tokens, v, new_state) for v in range(TGT_V)]
+        top = sorted(candidates, key=lambda c: -c[0])[: 2 * k]
+        for score, tokens, token, _ in top[:k]:
+            if token == EOS_ID and score > -math.inf:
+                finished.append((tokens, score / penalty))
+                n_eos += 1
+        beams = [(score, tokens + [token], st) for score, tokens, token, st in top if token != EOS_ID][:k]
+        if step + 1 >= limit and n_eos < k:
+            finished += [(tokens, score / penalty) for score, tokens, _ in beams if score > -math.inf]
+        if n_eos >= k:
+            break
+    return sorted(finished, key=lambda f: -f[1])[:n_best]
+
+
+@pytest.mark.parametrize(("name", "alpha"), [("additive", 1.0), ("general", 0.0), ("none", 0.6)])
+def test_beam_equals_slow_reference(name: str, alpha: float) -> None:
+    # sentences finish at different steps, so the batch shrinks while the others go on
+    model = tiny_model(name, eos_bias=0.8)
+    src, src_lengths = batch(LENGTHS)
+    limits = length_limits(src_lengths, 9, 1.5)
+    results = beam_search(model, src, src_lengths, beam_size=3, length_penalty=alpha, max_len=9,
+                          max_len_ratio=1.5, n_best=3)
+    for i, n in enumerate(LENGTHS):
+        expected = reference_beam_search(model, src[i : i + 1, :n], src_lengths[i : i + 1], 3, alpha, limits[i], 3)
+        assert [h.tokens for h in results[i]] == [tokens for tokens, _ in expected]
+        assert [h.score for h in results[i]] == pytest.approx([score for _, score in expected], abs=1e-5)
+
+
 def test_bad_arguments() -> None:
     model = tiny_model()
     src, src_lengths = batch([3])
