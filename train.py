@@ -5,11 +5,13 @@ Thin entry point: Hydra composes ``configs/train.yaml`` with the command-line ov
 """
 
 import logging
+import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from nmt.config import ConfigError
+from nmt.config import ConfigError, check_command_line_keys
 from nmt.training import train
 
 
@@ -28,4 +30,9 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    # Hydra would refuse an unknown key too, but without naming the key that was meant
+    problem = check_command_line_keys(Path(__file__).parent / "configs", "train", sys.argv[1:])
+    if problem:
+        print(f"train.py: error: {problem}", file=sys.stderr)
+        sys.exit(2)
     main()

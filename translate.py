@@ -8,10 +8,12 @@ reported in one line on stderr with exit status 2; stdout carries translations o
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
+from nmt.config import check_command_line_keys
 from nmt.translation import USER_ERRORS, translate_main
 
 
@@ -26,4 +28,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    # Hydra would refuse an unknown key too, but without naming the key that was meant
+    problem = check_command_line_keys(Path(__file__).parent / "configs", "translate", sys.argv[1:])
+    if problem:
+        print(f"translate.py: error: {problem}", file=sys.stderr)
+        sys.exit(2)
     main()

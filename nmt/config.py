@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
@@ -101,7 +103,7 @@ class TrainerSchema:
 
 GROUP_SCHEMAS: dict[str, type] = {"data": DataSchema, "model": ModelSchema, "trainer": TrainerSchema}
 CHOICES: dict[str, tuple[str, ...]] = {
-    "data.tokenizer.model_type": ("unigram", "bpe"),
+    "data.tokenizer.model_type": ("unigram", "bpe", "word"),
     "data.invalid_utf8": ("error", "replace"),
     "trainer.lr_schedule": ("cosine", "inverse_sqrt", "constant"),
 }
@@ -186,3 +188,68 @@ def to_plain_dict(cfg: DictConfig) -> dict[str, Any]:
     assert isinstance(plain, dict)
     plain.pop("hydra", None)
     return plain
+
+
+def check_command_line_keys(config_dir: str | Path, config_name: str, args: Sequence[str]) -> str | None:
+    """A one-line error for a command-line override of a key that does not exist, with the nearest key.
+
+    Hydra refuses such an override too, but only says the key is "not in struct". This composes the
+    config once (a fraction of a second); on that error it composes again without the bad override and
+    suggests the closest existing key, e.g. ``beam=3`` -> ``beam_size``. Sweep overrides (``a=x,y``) and
+    ``hydra.*`` keys are left to Hydra.
+
+    Args:
+        config_dir: the folder of the primary config (``configs/``).
+        config_name: ``train`` or ``translate``.
+        args: the command-line arguments (``sys.argv[1:]``).
+
+    Returns:
+        The message, or None when every key exists (or Hydra should report the problem itself).
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides([a for a in args if "=" in a and not a.startswith("-")])
+    except HydraException:
+        return None  # a syntax error: Hydra's own message is the right one
+    overrides = [o for o in parsed if not o.is_sweep_override() and not o.key_or_group.startswith("hydra.")]
+    with initialize_config_dir(str(Path(config_dir).resolve()), version_base="1.3"):
+        try:
+            compose(config_name, overrides=[o.input_line for o in overrides])
+            return None
+        except HydraException as exc:
+            bad = _overridden_missing_key(exc, [o.key_or_group for o in overrides])
+            if bad is None:
+                return None
+        try:
+            cfg = compose(config_name, overrides=[o.input_line for o in overrides if o.key_or_group != bad])
+        except HydraException:
+            return None
+    keys = _dotted_keys(cfg)
+    near = difflib.get_close_matches(bad, keys, n=1, cutoff=0.5)
+    hint = f"did you mean {near[0]}? " if near else ""
+    prefix = bad.rpartition(".")[0]
+    siblings = sorted(k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == prefix)
+    return f"unknown config key {bad}: {hint}valid keys {'under ' + prefix if prefix else 'at the top level'}: " + (
+        ", ".join(siblings))
+
+
+def _overridden_missing_key(exc: Exception, keys: list[str]) -> str | None:
+    """The overridden key that Hydra's error says does not exist, if that is the error."""
+    text = " ".join(str(e) for e in (exc, exc.__cause__) if e is not None)
+    for key in keys:
+        if f"Could not override '{key}'" in text or f"Key '{key.rpartition('.')[2]}' is not in struct" in text:
+            return key
+    return None
+
+
+def _dotted_keys(node: Any, path: str = "") -> list[str]:
+    """Every key of a config as a dotted path (``trainer.lr``), leaves and sections both."""
+    keys = []
+    for key, value in node.items_ex(resolve=False) if isinstance(node, DictConfig) else []:
+        full = f"{path}{key}"
+        keys.append(full)
+        keys += _dotted_keys(value, f"{full}.")
+    return keys

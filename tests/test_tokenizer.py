@@ -86,6 +86,18 @@ def test_separate_models_round_trip(model_type: str, tiny_parallel: tuple[list[s
     assert tok.src_pieces(range(10, 30)) != tok.tgt_pieces(range(10, 30))
 
 
+def test_word_model_keeps_whole_words(tiny_parallel: tuple[list[str], list[str]]) -> None:
+    settings = TokenizerSettings(model_type="word", vocab_size=300, joint=False)
+    tok = train_tokenizer(tiny_parallel[0][:600], tiny_parallel[1][:600], settings)
+    # a sentence of in-vocabulary words gives one piece per word, never split
+    words = [p[1:] for p in tok.tgt_pieces(range(4, 14))]
+    assert tok.tgt_pieces(tok.encode_tgt(" ".join(words))) == ["▁" + w for w in words]
+    assert tok.decode_tgt(tok.encode_tgt(" ".join(words))) == " ".join(words)
+    # a word it never saw is one UNK, not pieces of it
+    unseen = tok.tgt_pieces(tok.encode_tgt(f"{words[0]} qqqzzzxxx {words[1]}"))
+    assert unseen == ["▁" + words[0], "<unk>", "▁" + words[1]]
+
+
 def test_cache_is_keyed_by_text_and_settings(
     tiny_parallel: tuple[list[str], list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -108,7 +120,7 @@ def test_cache_is_keyed_by_text_and_settings(
 
 
 def test_bad_settings_name_the_valid_choices() -> None:
-    with pytest.raises(DataError, match="unigram, bpe"):
+    with pytest.raises(DataError, match="unigram, bpe, word"):
         TokenizerSettings(model_type="wordpiece")
     with pytest.raises(DataError, match="valid keys"):
         TokenizerSettings.from_mapping({"vocab": 100})

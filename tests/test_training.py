@@ -20,7 +20,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from nmt.checkpoint import load_checkpoint, load_for_inference
-from nmt.config import ConfigError, validate_config
+from nmt.config import ConfigError, check_command_line_keys, validate_config
 from nmt.data import prepare_data
 from nmt.training import train
 from nmt.translation import translate_lines
@@ -155,10 +155,22 @@ def test_command_line_errors_name_the_key_and_choices(tmp_path: Path) -> None:
                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
 
     typo = run("trainer.max_step=5")
-    assert typo.returncode != 0 and "trainer.max_step" in typo.stderr
+    assert typo.returncode == 2 and "did you mean trainer.max_steps?" in typo.stderr
+    assert "Traceback" not in typo.stderr
     option = run("attention=bahdanau")
     assert option.returncode != 0
     assert "attention/bahdanau" in option.stderr and "additive" in option.stderr and "scaled_dot" in option.stderr
+
+
+def test_command_line_key_check_suggests_and_leaves_the_rest_to_hydra() -> None:
+    assert check_command_line_keys(CONFIG_DIR, "translate", ["checkpoint=x", "beam=3"]).startswith(
+        "unknown config key beam: did you mean beam_size? valid keys at the top level: alignments,")
+    message = check_command_line_keys(CONFIG_DIR, "train", ["attention=dot", "model.emb=3"])
+    assert message.startswith("unknown config key model.emb: did you mean model.emb_size? valid keys under model:")
+    # valid keys, additions, sweeps, group choices and hydra.* are not this check's business
+    for args in (["trainer.lr=3", "+trainer.extra=1", "hydra.run.dir=/tmp/x"], ["-m", "attention=dot,additive"],
+                 ["attention=nope"], ["--config-dir=/nowhere", "data=reversal"]):
+        assert check_command_line_keys(CONFIG_DIR, "train", args) is None
 
 
 @pytest.mark.slow

@@ -39,7 +39,9 @@ log = logging.getLogger(__name__)
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID))  # dropped by decode; UNK decodes to " ⁇ "
-MODEL_TYPES = ("unigram", "bpe")
+# unigram / bpe: subwords; word: whole whitespace-separated words (rarer ones become UNK), the
+# no-subword baseline of the ablation in docs/results.md
+MODEL_TYPES = ("unigram", "bpe", "word")
 # Bumped when the training recipe changes, so stale cached models are not reused.
 _RECIPE_VERSION = 1
 _STATE_FORMAT = 1
@@ -53,7 +55,7 @@ class TokenizerSettings:
     """How to train the subword model(s); the ``data.tokenizer`` config group.
 
     Attributes:
-        model_type: ``unigram`` or ``bpe``.
+        model_type: ``unigram`` or ``bpe`` (subwords), or ``word`` (whole words; no subwords).
         vocab_size: pieces per model, the 4 special ids included. A soft limit: a corpus too small
             to fill it gets a smaller vocabulary (logged) instead of an error.
         joint: one model shared by source and target (trained on both sides) or one per side.
