@@ -301,7 +301,7 @@ def _best_candidates(logits: Tensor, beam_score: Tensor, blocked: Tensor) -> tup
     A candidate scores ``beam_score[slot] + log p(token)``. Since the slot's score is the same for all
     its tokens, a sentence's 2K best are among the 2K best tokens of each of its K rows, so only those
     get a logarithm and a second top-k. That keeps the full ``[A*K, V]`` work to one softmax and one
-    top-k (PyTorch's CPU softmax is several times faster than log_softmax or logsumexp).
+    top-k (PyTorch's CPU softmax measured 2-2.6x faster than log_softmax or logsumexp).
 
     Args:
         logits: ``[A*K, V]``.
