@@ -89,12 +89,9 @@ def length_penalty_factor(length: int | Tensor, alpha: float) -> float | Tensor:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def _blocked_tokens(vocab_size: int, device: torch.device) -> Tensor:
-    # PAD and BOS are never outputs; adding this row keeps the per-step work branch-free
-    block = torch.zeros(vocab_size, device=device)
-    block[PAD_ID] = NEG_INF
-    block[BOS_ID] = NEG_INF
-    return block  # [V]
+def _blocked_ids(device: torch.device) -> Tensor:
+    """Token ids that are never outputs (PAD, BOS): ``[2]``, for ``index_fill_`` on ``[rows, V]``."""
+    return torch.tensor([PAD_ID, BOS_ID], device=device)
 
 
 def _sync_every(device: torch.device) -> int:
@@ -131,15 +128,13 @@ def greedy_search(
     finished = torch.zeros(batch, dtype=torch.bool, device=device)  # [B]
     out_len = limits.clone()  # [B] tokens kept per row, fixed when EOS comes
     scores = torch.zeros(batch, device=device)  # [B]
-    block = None
+    blocked = _blocked_ids(device)
     steps_tokens: list[Tensor] = []
     steps_attn: list[Tensor] = []
     sync_every = _sync_every(device)
     for step in range(max(limits_list)):
         logits, state, attn = model.decode_step(prev, state, memory)  # [B, V], [L, B, H], [B, S]
-        if block is None:
-            block = _blocked_tokens(logits.shape[-1], device)
-        log_probs = F.log_softmax(logits.float(), dim=-1) + block  # [B, V]
+        log_probs = F.log_softmax(logits.float(), dim=-1).index_fill_(1, blocked, NEG_INF)  # [B, V]
         best_lp, best = log_probs.max(dim=-1)  # [B], [B]
         active = ~finished
         scores += torch.where(active, best_lp, torch.zeros_like(best_lp))
@@ -220,7 +215,10 @@ def beam_search(
     hist_tokens: list[Tensor] = []  # per step [B, K]: token now in each slot
     hist_back: list[Tensor] = []  # per step [B, K]: the slot it extends
     hist_attn: list[Tensor] = []  # per step [B, K, S]: attention that emitted it
-    blocked = torch.tensor([PAD_ID, BOS_ID], device=device)  # never outputs
+    blocked = _blocked_ids(device)
+    # after a compaction the A active sentences are rows 0..A-1, so the first A rows of these serve
+    row_base = (torch.arange(batch, device=device) * k).unsqueeze(1)  # [B, 1] first beam row of each sentence
+    slots = torch.arange(k, device=device).expand(batch, k)  # [B, K] slot numbers
     sync_every = _sync_every(device)
 
     for step in range(max(limits_list)):
@@ -258,8 +256,7 @@ def beam_search(
         # merge both kinds into the pool, keeping the K best per sentence
         all_score = torch.cat([pool_score, eos_score, forced_score], dim=1)  # [A, 3K]
         all_end = torch.cat([pool_end, eos_end, torch.full_like(keep_slot, step)], dim=1)  # [A, 3K]
-        slots = torch.arange(k, device=device).expand(n_active, k)  # [A, K]
-        all_slot = torch.cat([pool_slot, cand_slot[:, :k], slots], dim=1)  # [A, 3K]
+        all_slot = torch.cat([pool_slot, cand_slot[:, :k], slots[:n_active]], dim=1)  # [A, 3K]
         pool_score, pick = all_score.topk(k, dim=1)  # [A, K]
         pool_end = all_end.gather(1, pick)  # [A, K]
         pool_slot = all_slot.gather(1, pick)  # [A, K]
@@ -267,8 +264,7 @@ def beam_search(
         done = done | at_limit | (n_finished >= k)
         # between sync points finished sentences keep running, but can add nothing more
         beam_score = keep_score.masked_fill(done.unsqueeze(1), NEG_INF)  # [A, K]
-        row_base = (torch.arange(n_active, device=device) * k).unsqueeze(1)  # [A, 1] first row of each sentence
-        reorder = (row_base + keep_slot).view(-1)  # [A*K] rows of the previous beam to continue
+        reorder = (row_base[:n_active] + keep_slot).view(-1)  # [A*K] rows of the previous beam to continue
         prev = keep_token.view(-1)  # [A*K]
         if (step + 1) % sync_every == 0 and bool(done.any()):
             leaving = done.nonzero().squeeze(1)  # [A_done]
@@ -278,7 +274,7 @@ def beam_search(
             staying = (~done).nonzero().squeeze(1)  # [A']
             if staying.numel() == 0:
                 break
-            staying_rows = (staying.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1)  # [A'*K]
+            staying_rows = (row_base[staying] + slots[0]).view(-1)  # [A'*K] their beam rows
             reorder = reorder.index_select(0, staying_rows)
             prev = prev.index_select(0, staying_rows)
             memory = memory.index_select(staying)

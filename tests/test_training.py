@@ -164,9 +164,12 @@ def test_command_line_errors_name_the_key_and_choices(tmp_path: Path) -> None:
 
 def test_command_line_key_check_suggests_and_leaves_the_rest_to_hydra() -> None:
     assert check_command_line_keys(CONFIG_DIR, "translate", ["checkpoint=x", "beam=3"]).startswith(
-        "unknown config key beam: did you mean beam_size? valid keys at the top level: alignments,")
+        "unknown config key beam: did you mean beam_size? valid keys under the top level: alignments,")
     message = check_command_line_keys(CONFIG_DIR, "train", ["attention=dot", "model.emb=3"])
-    assert message.startswith("unknown config key model.emb: did you mean model.emb_size? valid keys under model:")
+    assert message.startswith("unknown config key model.emb: did you mean model.emb_size? valid keys under model.: ")
+    # a misspelt section is named at its own level
+    message = check_command_line_keys(CONFIG_DIR, "train", ["trainr.lr=3"])
+    assert message.startswith("unknown config key trainr: did you mean trainer? valid keys under the top level: ")
     # valid keys, additions, sweeps, group choices and hydra.* are not this check's business
     for args in (["trainer.lr=3", "+trainer.extra=1", "hydra.run.dir=/tmp/x"], ["-m", "attention=dot,additive"],
                  ["attention=nope"], ["--config-dir=/nowhere", "data=reversal"]):
