@@ -39,8 +39,9 @@ def corpus_scores(hyps: Sequence[str], refs: Sequence[str]) -> dict:
         refs: References, parallel to ``hyps``.
 
     Returns:
-        ``{"bleu", "chrf", "bleu_signature", "chrf_signature"}``: cased 13a BLEU and chrF2 (both
-        0-100) and their sacreBLEU signatures.
+        ``{"bleu", "chrf", "length_ratio", "bleu_signature", "chrf_signature"}``: cased 13a BLEU and
+        chrF2 (both 0-100), the hypothesis/reference length ratio in 13a tokens (below 1, BLEU's
+        brevity penalty applies) and the sacreBLEU signatures.
 
     Raises:
         ValueError: When ``hyps`` and ``refs`` differ in length.
@@ -52,6 +53,7 @@ def corpus_scores(hyps: Sequence[str], refs: Sequence[str]) -> dict:
     return {
         "bleu": float(bleu_score.score),
         "chrf": float(chrf_score.score),
+        "length_ratio": bleu_score.sys_len / max(1, bleu_score.ref_len),
         "bleu_signature": str(bleu.get_signature()),
         "chrf_signature": str(chrf.get_signature()),
     }

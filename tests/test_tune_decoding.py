@@ -1,0 +1,78 @@
+"""scripts/tune_decoding.py on a briefly trained tiny run: the grid, the choice, the test scores, the files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt.checkpoint import load_for_inference
+from nmt.data import prepare_data
+from nmt.evaluation import corpus_scores
+from nmt.training import train
+from nmt.translation import translate_lines
+from tests.test_compare_runs import load_script
+from tests.test_training import tiny_config
+
+tune_decoding = load_script("tune_decoding")
+
+
+def test_grid_decodes_greedy_once() -> None:
+    assert tune_decoding.grid([1, 4], [0.0, 1.0]) == [(1, 0.0), (4, 0.0), (4, 1.0)]
+    assert tune_decoding.grid([3, 3], [0.5]) == [(3, 0.5)]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    torch.set_num_threads(1)  # tiny model: a second thread only adds contention
+    tmp = tmp_path_factory.mktemp("tune")
+    cfg = tiny_config(tmp, ["trainer.max_steps=150", "trainer.validate_every=75", "trainer.test_beam_size=2",
+                            "trainer.length_penalty=0.6"])
+    train(cfg, run_dir=tmp / "run")
+    return tmp / "run", cfg
+
+
+def test_grid_choice_and_test_scores(trained_run: tuple[Path, object], tmp_path: Path) -> None:
+    run_dir, cfg = trained_run
+    out = tmp_path / "grid"
+    report = tune_decoding.main([str(run_dir), "--beam-sizes", "1", "3", "--length-penalties", "0", "1.0",
+                                 "--test-split", "test", "--device", "cpu", "--out", str(out)])
+
+    settings = [(row["beam_size"], row["length_penalty"]) for row in report["grid"]]
+    assert settings == [(1, 0.0), (3, 0.0), (3, 1.0)]
+    assert report["split"] == "valid" and report["sentences"] == len(prepare_data(cfg.data).valid)
+    assert report["best"] == max(report["grid"], key=lambda row: row["bleu"])
+
+    # each row is what translating the split with that setting scores, computed here independently
+    model, tokenizer, _ = load_for_inference(run_dir)
+    valid = prepare_data(cfg.data).valid
+    for row in report["grid"]:
+        nbest = translate_lines(model, tokenizer, valid.src_text, beam_size=row["beam_size"],
+                                length_penalty=row["length_penalty"], max_len=cfg.trainer.max_len,
+                                max_len_ratio=cfg.trainer.max_len_ratio)
+        expected = corpus_scores([tokenizer.decode_tgt(h[0].tokens) for h in nbest], valid.tgt_text)
+        assert row["bleu"] == pytest.approx(expected["bleu"]) and row["length_ratio"] == pytest.approx(
+            expected["length_ratio"])
+    assert report["best"]["bleu"] > 20  # 150 steps learn some of the reversal task
+
+    chosen = report["test"]["chosen on valid"]
+    assert (chosen["beam_size"], chosen["length_penalty"]) == (report["best"]["beam_size"],
+                                                               report["best"]["length_penalty"])
+    assert report["run_setting"] == {"beam_size": 2, "length_penalty": 0.6}
+    own = report["test"]["the run's own"]  # (2, 0.6) is not in the grid, so it is scored as well
+    assert (own["beam_size"], own["length_penalty"]) == (2, 0.6)
+
+    markdown = Path(f"{out}.md").read_text()
+    assert markdown.count("| 3 | 0 |") == 1 and "Scored once on `test`" in markdown
+    assert "case:mixed" in markdown
+    assert json.loads(Path(f"{out}.json").read_text())["best"]["bleu"] == report["best"]["bleu"]
+
+
+def test_tuning_on_the_test_split_is_refused(trained_run: tuple[Path, object], tmp_path: Path) -> None:
+    run_dir, _ = trained_run
+    with pytest.raises(SystemExit, match="both 'test'"):
+        tune_decoding.main([str(run_dir), "--split", "test", "--test-split", "test", "--out", str(tmp_path / "x")])
+    with pytest.raises(SystemExit):
+        tune_decoding.main([str(run_dir), "--beam-sizes", "0", "--out", str(tmp_path / "y")])
