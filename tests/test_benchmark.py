@@ -6,10 +6,8 @@ comparison is checked on a small fake JoeyNMT ``summary.json`` in the layout of 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -20,16 +18,8 @@ from nmt.config import to_plain_dict
 from nmt.data import prepare_data
 from nmt.model import Seq2Seq
 from nmt.translation import translate_lines
-from tests.conftest import REPO_ROOT
+from tests.conftest import load_script
 from tests.test_training import TINY, tiny_config, write_reversal_corpus
-
-
-def load_script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"scripts_{name}", REPO_ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 benchmark = load_script("benchmark")
 peer_compare = load_script("peer_compare")

@@ -6,11 +6,9 @@ tiny reversal corpus of test_training.py) and either saved translations or an un
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -21,17 +19,10 @@ from nmt.checkpoint import save_checkpoint
 from nmt.config import to_plain_dict
 from nmt.data import prepare_data
 from nmt.model import Seq2Seq
-from tests.conftest import REPO_ROOT
+from tests.conftest import load_script
 from tests.test_training import tiny_config
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def load_script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"scripts_{name}", REPO_ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 compare_runs = load_script("compare_runs")

@@ -13,7 +13,7 @@ from nmt.data import prepare_data
 from nmt.evaluation import corpus_scores
 from nmt.training import train
 from nmt.translation import translate_lines
-from tests.test_compare_runs import load_script
+from tests.conftest import load_script
 from tests.test_training import tiny_config
 
 tune_decoding = load_script("tune_decoding")
