@@ -39,6 +39,7 @@ from tqdm import tqdm
 from nmt.alignment import pharaoh_alignment
 from nmt.checkpoint import CheckpointError, load_for_inference
 from nmt.data import EOS_ID, PAD_ID, DataError, Tokenizer
+from nmt.data.batching import token_batches
 from nmt.data.corpora import decode_lines
 from nmt.evaluation import corpus_scores
 from nmt.model import Seq2Seq
@@ -137,33 +138,6 @@ def encode_lines(tokenizer: Tokenizer, lines: Sequence[str], max_words: int | No
             "sentences in training; set max_input_words to change the limit)", cut, max_words, max_words
         )
     return [tokenizer.encode_src(line) if line else [] for line in lines]
-
-
-def token_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
-    """Group sentence indices into batches of at most ``batch_tokens`` padded source tokens.
-
-    Sentences are sorted longest first (an out-of-memory error, if any, comes at once, and
-    neighbours pad little); a sentence over the budget forms its own batch.
-
-    Args:
-        lengths: source lengths (EOS included) per sentence.
-        batch_tokens: ``B * S`` budget per batch.
-
-    Returns:
-        Batches of sentence indices.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        width = lengths[current[0]] if current else lengths[i]  # the first is the longest
-        if current and width * (len(current) + 1) > batch_tokens:
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
 
 
 def _model_device(model: Seq2Seq) -> torch.device:

@@ -9,7 +9,9 @@ For each run dir (one with ``results.json``, as ``train.py`` writes it): test BL
 device, steps and epochs; BLEU per source-length bucket, the analysis of Bahdanau et al. (2015,
 Fig. 2), where the model without attention falls off on long sentences; and, in a table of its own
 and clearly labelled, BLEU computed the way the well-known PyTorch tutorials do (lowercased,
-tokenized; ``nmt.evaluation.tutorial_bleu``), so their numbers can be compared like for like.
+tokenized; ``nmt.evaluation.tutorial_bleu``), so their numbers can be compared like for like; and,
+for runs with a checkpoint, how peaked each model's attention is on the split's references
+(``nmt.alignment.attention_sharpness``: normalised entropy and largest weight per target token).
 
 Scores are recomputed here from the best checkpoint's test translations,
 ``<run>/translations/<split>.<tgt_lang>`` (written by ``train.py``). A run made before that file
@@ -41,7 +43,8 @@ sys.path.insert(0, str(REPO_ROOT))  # run as a script from anywhere, without ins
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from nmt.checkpoint import load_for_inference  # noqa: E402
+from nmt.alignment import attention_sharpness  # noqa: E402
+from nmt.checkpoint import CheckpointError, load_for_inference, resolve_checkpoint  # noqa: E402
 from nmt.data import prepare_data  # noqa: E402
 from nmt.evaluation import TUTORIAL_BLEU_LABEL, bleu_by_length, corpus_scores, tutorial_bleu  # noqa: E402
 from nmt.translation import resolve_device, translate_lines  # noqa: E402
@@ -91,8 +94,18 @@ def attention_rank(name: str) -> int:
     return ATTENTION_ORDER.index(name) if name in ATTENTION_ORDER else len(ATTENTION_ORDER)
 
 
+def load_model(run_dir: Path, device: str) -> tuple[Any, Any] | None:
+    """The run's best checkpoint as ``(model, tokenizer)``, or None when the run dir has no checkpoint."""
+    try:
+        checkpoint = resolve_checkpoint(run_dir)
+    except CheckpointError:
+        return None
+    model, tokenizer, _ = load_for_inference(checkpoint, device=resolve_device(device))
+    return model, tokenizer
+
+
 def load_hypotheses(
-    run_dir: Path, cfg: dict[str, Any], split: str, srcs: list[str], device: str
+    run_dir: Path, cfg: dict[str, Any], split: str, srcs: list[str], loaded: tuple[Any, Any] | None
 ) -> tuple[list[str], str]:
     """The best checkpoint's translations of ``split``: read from the run, or made now and saved there.
 
@@ -102,11 +115,13 @@ def load_hypotheses(
     path = run_dir / "translations" / f"{split}.{cfg['data']['tgt_lang']}"
     if path.is_file():
         return path.read_text(encoding="utf-8").splitlines(), "saved"
+    if loaded is None:
+        raise SystemExit(f"{run_dir} has neither {path} nor a checkpoint to translate {split} with")
     log.warning("%s has no %s: translating %d sentences with its best checkpoint", run_dir, path.name, len(srcs))
-    model, tokenizer, _ = load_for_inference(run_dir, device=resolve_device(device))
+    model, tokenizer = loaded
     t = cfg["trainer"]  # the settings train.py used for the test scores
     nbest = translate_lines(model, tokenizer, srcs, beam_size=t["test_beam_size"], length_penalty=t["length_penalty"],
-                            max_len=t["max_len"], max_len_ratio=t["max_len_ratio"], device=device)
+                            max_len=t["max_len"], max_len_ratio=t["max_len_ratio"])
     hyps = [tokenizer.decode_tgt(best[0].tokens) for best in nbest]
     path.parent.mkdir(exist_ok=True)
     path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
@@ -123,7 +138,8 @@ def analyse_run(run_dir: Path, split: str | None, buckets: Sequence[int], device
     data_cfg["test_splits"] = test_splits if split in test_splits else [*test_splits, split]
     text = prepare_data(data_cfg).tests[split]
     srcs, refs = list(text.src_text), list(text.tgt_text)
-    hyps, source = load_hypotheses(run_dir, cfg, split, srcs, device)
+    loaded = load_model(run_dir, device)
+    hyps, source = load_hypotheses(run_dir, cfg, split, srcs, loaded)
     if len(hyps) != len(refs):
         raise SystemExit(f"{run_dir}: {len(hyps)} translations of {split} but {len(refs)} references; delete "
                          f"{run_dir / 'translations'} to translate the split again")
@@ -137,6 +153,8 @@ def analyse_run(run_dir: Path, split: str | None, buckets: Sequence[int], device
         "test_in_results_json": results["test"].get(split),
         "tutorial_bleu": tutorial_bleu(hyps, refs),
         "by_length": bleu_by_length(srcs, hyps, refs, buckets),
+        # None without attention; "no checkpoint" when the run dir holds translations only
+        "attention_sharpness": attention_sharpness(loaded[0], text) if loaded else "no checkpoint",
         "beam_size": results["beam_size"],
         "checkpoint_step": results["checkpoint_step"],
         "valid_bleu": results["valid"]["bleu"],
@@ -231,6 +249,28 @@ def render_markdown(runs: list[dict[str, Any]]) -> str:
     for r in runs:
         cells = ["–" if b["bleu"] is None else f"{b['bleu']:.2f}" for b in r["by_length"]]
         lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+
+    if any(isinstance(r["attention_sharpness"], dict) for r in runs):
+        lines += [
+            "",
+            "## How peaked the attention is",
+            "",
+            "The best checkpoint decodes the references of this split teacher-forced; per target token, the "
+            "entropy of its attention over the source, divided by that of the uniform distribution "
+            "(0 = all weight on one piece, 1 = spread evenly), and the largest weight; means over "
+            f"{next(r['attention_sharpness']['tokens'] for r in runs if isinstance(r['attention_sharpness'], dict)):,}"
+            " target tokens (multi-head: the mean over heads).",
+            "",
+            "| attention | normalised entropy | largest weight | entropy (nats) |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        for r in runs:
+            stats = r["attention_sharpness"]
+            if isinstance(stats, dict):
+                lines.append(f"| {r['label']} | {stats['normalised_entropy']:.3f} | {stats['max_weight']:.3f} "
+                             f"| {stats['entropy']:.3f} |")
+            else:
+                lines.append(f"| {r['label']} | {stats or 'no attention'} | | |")
     return "\n".join(lines) + "\n"
 
 

@@ -17,9 +17,10 @@ from omegaconf import DictConfig
 
 from nmt.checkpoint import load_for_inference, save_checkpoint
 from nmt.data import TokenizerSettings, train_tokenizer
+from nmt.data.batching import token_batches
 from nmt.model import Seq2Seq
 from nmt.search import beam_search, greedy_search
-from nmt.translation import TranslationError, token_batches, translate_lines, translate_main
+from nmt.translation import TranslationError, translate_lines, translate_main
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs"

@@ -4,7 +4,9 @@ The one concept: turn an ``EncodedSplit`` (subword ids per sentence pair) into a
 ``Batch`` es whose padded size stays under a token budget. ``TokenBucketSampler`` decides which
 pairs go together (Marian's "mini-batch-fit": sort by length, i.e. buckets of equal length, then cut
 into batches of at most ``max_tokens`` padded tokens, so each batch holds pairs of near-equal length
-and padding stays small); ``collate_batch`` pads one batch into tensors.
+and padding stays small); ``collate_batch`` pads one batch into tensors. For inference and
+evaluation, ``token_batches`` cuts sentences sorted longest first into batches of at most
+``batch_tokens`` padded source tokens (no shuffling, no ranks).
 
 Shapes (batch-first): B pairs in a batch, S source length incl. EOS, T target length incl.
 BOS (``tgt_in``) or EOS (``tgt_out``). Token budget: ``B * max(S, T) <= max_tokens``; a single pair
@@ -388,3 +390,30 @@ def build_loader(
         # RNG instead would shift dropout masks whenever a run resumes with a fresh iterator mid-epoch.
         generator=torch.Generator().manual_seed(seed),
     )
+
+
+def token_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
+    """Group sentence indices into batches of at most ``batch_tokens`` padded source tokens.
+
+    Sentences are sorted longest first (an out-of-memory error, if any, comes at once, and
+    neighbours pad little); a sentence over the budget forms its own batch.
+
+    Args:
+        lengths: source lengths (EOS included) per sentence.
+        batch_tokens: ``B * S`` budget per batch.
+
+    Returns:
+        Batches of sentence indices.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        width = lengths[current[0]] if current else lengths[i]  # the first is the longest
+        if current and width * (len(current) + 1) > batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
