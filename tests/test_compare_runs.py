@@ -116,8 +116,8 @@ def test_sweep_tables_buckets_and_plots(sweep: tuple[Path, list[str], list[str]]
     assert len(rows) == 4  # score table, tutorial table, length table, attention sharpness
     assert "| additive | 100.00 | 100.00 | 50.00 | 2 | 12,345 | 1:02:05 | cpu (no GPU) | 200 | 2.50 |" in markdown
     assert "Tutorial-style BLEU (lowercased" in markdown and "| *sentences* |" in markdown
-    assert "Test BLEU in `results.json` differs" in markdown
-    assert "## How peaked the attention is" in markdown and "| additive | no checkpoint | | |" in markdown  # the fake results.json says 0.0
+    assert "Test BLEU in `results.json` differs" in markdown  # the fake results.json says 0.0
+    assert "## How peaked the attention is" in markdown and "| additive | no checkpoint | | |" in markdown
     assert json.loads(Path(f"{out}.json").read_text())["runs"][1]["label"] == "additive"
     for png in (Path(f"{out}.png"), Path(f"{out}_length.png")):
         assert png.read_bytes()[:8] == PNG_SIGNATURE
