@@ -131,6 +131,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     split = args.split or data_cfg["valid_split"]
     if split == args.test_split:
         raise SystemExit(f"--split and --test-split are both {split!r}: tune on another split than you report")
+    if split in (data_cfg.get("test_splits") or []):
+        print(f"warning: tuning on {split!r}, one of the run's test splits: its score will overstate what the "
+              f"chosen setting gives on unseen text; tune on {data_cfg['valid_split']!r} instead", file=sys.stderr)
     wanted = [s for s in (split, args.test_split) if s and s != data_cfg["valid_split"]]
     data_cfg["test_splits"] = list(dict.fromkeys([*(data_cfg.get("test_splits") or []), *wanted]))
     data = prepare_data(data_cfg)
