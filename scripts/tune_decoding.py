@@ -40,8 +40,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # run as a script from anywhere, without installing the package
 
 from nmt import __version__  # noqa: E402
-from nmt.checkpoint import load_for_inference, resolve_checkpoint  # noqa: E402
-from nmt.data import prepare_data  # noqa: E402
+from nmt.checkpoint import CheckpointError, load_for_inference, resolve_checkpoint  # noqa: E402
+from nmt.data import DataError, prepare_data  # noqa: E402
 from nmt.evaluation import corpus_scores  # noqa: E402
 from nmt.model import Seq2Seq  # noqa: E402
 from nmt.translation import encode_lines, resolve_device, translate_ids  # noqa: E402
@@ -187,4 +187,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (CheckpointError, DataError) as error:  # a wrong path or split name: one line, no traceback
+        raise SystemExit(f"tune_decoding.py: {error}") from None
