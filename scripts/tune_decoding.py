@@ -50,7 +50,7 @@ from nmt.translation import encode_lines, resolve_device, translate_ids  # noqa:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_dir", type=Path, help="run dir written by train.py (its config.yaml names the data)")
+    parser.add_argument("run_dir", type=Path, help="run dir written by train.py (outputs go here by default)")
     parser.add_argument("--checkpoint", default=None,
                         help="checkpoint file to decode with (default: the run's best checkpoint)")
     parser.add_argument("--split", default=None, help="split to tune on (default: the run's validation split)")
@@ -85,7 +85,7 @@ def score_setting(model: Seq2Seq, src_ids: list[list[int]], refs: list[str], tok
         nbest = translate_ids(model, src_ids, beam_size=beam, length_penalty=alpha,
                               max_len=train_cfg["max_len"], max_len_ratio=train_cfg["max_len_ratio"],
                               batch_tokens=batch_tokens)
-    hyps = [tokenizer.decode_tgt(hyps[0].tokens) for hyps in nbest]
+    hyps = [tokenizer.decode_tgt(best[0].tokens) for best in nbest]
     seconds = time.perf_counter() - start
     return {"beam_size": beam, "length_penalty": alpha, **corpus_scores(hyps, refs),
             "seconds": seconds, "sentences_per_s": len(refs) / seconds}
@@ -139,11 +139,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     data = prepare_data(data_cfg)
     splits = {data_cfg["valid_split"]: data.valid, **data.tests}
 
+    # Encoded with the checkpoint's own tokenizer (prepare_data's cache could hold another one), once per split.
+    src_ids = {name: encode_lines(tokenizer, list(splits[name].src_text)) for name in (split, args.test_split) if name}
+
     def run(name: str, beam: int, alpha: float) -> dict[str, Any]:
-        text = splits[name]
-        src_ids = encode_lines(tokenizer, list(text.src_text))
-        row = score_setting(model, src_ids, list(text.tgt_text), tokenizer, cfg["trainer"], beam, alpha,
-                            args.batch_tokens)
+        row = score_setting(model, src_ids[name], list(splits[name].tgt_text), tokenizer, cfg["trainer"], beam,
+                            alpha, args.batch_tokens)
         print(f"{name}: beam {beam:2d}  α {alpha:<4g} BLEU {row['bleu']:6.2f}  chrF {row['chrf']:6.2f}  "
               f"length ratio {row['length_ratio']:.3f}  {row['sentences_per_s']:.1f} sent/s", flush=True)
         return row
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "test": test,
         "bleu_signature": rows[0]["bleu_signature"],
         "chrf_signature": rows[0]["chrf_signature"],
-        "device": str(device) if device.type != "cuda" else f"cuda ({torch.cuda.get_device_name(device)})",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",  # as in results.json
         "threads": torch.get_num_threads(),
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "sacrebleu": sacrebleu.__version__, "nmt": __version__},
