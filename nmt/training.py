@@ -31,7 +31,7 @@ import random
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from nmt.checkpoint import CHECKPOINT_DIR, load_checkpoint, save_checkpoint
 from nmt.config import to_plain_dict, validate_config
 from nmt.data import EOS_ID, PAD_ID, Batch, EncodedSplit, PreparedData, Tokenizer, build_loader, prepare_data
 from nmt.evaluation import corpus_scores
+from nmt.gpu_monitor import GpuMonitor
 from nmt.model import Seq2Seq, count_parameters
 from nmt.search import greedy_search
 from nmt.tensorboard import RunLogger
@@ -65,8 +66,12 @@ class Progress:
     best_bleu: float = -1.0
     best_step: int = 0
     bad_validations: int = 0  # validations since the last new best
-    train_seconds: float = 0.0
+    train_seconds: float = 0.0  # optimizer steps only (batch fetching included, validation not)
+    wall_seconds: float = 0.0  # the loop's wall-clock time, validations included, summed over resumes
     target_tokens: int = 0  # real target tokens trained on (this rank)
+    # One entry per validation: step, epoch, train/wall seconds so far, greedy BLEU, chrF, loss.
+    # It answers "how long until the model was this good" (the GPU time-to-BLEU figure).
+    validations: list[dict[str, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -198,6 +203,7 @@ class Trainer:
         resume_state: dict[str, Any] | None = None,
         interrupt_at_step: int | None = None,
     ) -> None:
+        setup_start = time.perf_counter()
         self.cfg, self.tcfg, self.run_dir, self.info = cfg, cfg.trainer, run_dir, info
         self.device = choose_device(self.tcfg.device, info)
         self.use_amp = self.tcfg.amp and self.device.type == "cuda"
@@ -238,6 +244,9 @@ class Trainer:
             self._restore(resume_state)
         self.logger = RunLogger(run_dir, self.total_steps, self.progress.step, enabled=info.is_main)
         self.history_path = run_dir / "train_log.jsonl"
+        self._wall_clock_from: tuple[float, float] | None = None  # (perf_counter at fit start, wall_seconds then)
+        self.gpu_utilisation: dict[str, Any] = {"available": False, "reason": "not trained yet"}
+        self.setup_seconds = time.perf_counter() - setup_start  # data (SentencePiece training when not cached), model
 
     # ----------------------------------------------------------------------------------- setup
     def _prepare_data(self, resume_state: dict[str, Any] | None) -> PreparedData:
@@ -281,9 +290,16 @@ class Trainer:
         """Write ``checkpoints/<name>.pt`` for each name (rank 0 only)."""
         if not self.info.is_main:
             return
+        self._update_wall_clock()
         state = self._checkpoint_state()
         for name in names:
             save_checkpoint(self.run_dir / CHECKPOINT_DIR / f"{name}.pt", state)
+
+    def _update_wall_clock(self) -> None:
+        """Bring ``progress.wall_seconds`` up to now (the loop's time in this process plus earlier runs')."""
+        if self._wall_clock_from is not None:
+            started, earlier = self._wall_clock_from
+            self.progress.wall_seconds = earlier + time.perf_counter() - started
 
     def _keep_for_averaging(self) -> None:
         """Keep the last ``average_last`` validation checkpoints' weights (for checkpoint averaging)."""
@@ -306,11 +322,17 @@ class Trainer:
             log.info("training %s: %d parameters, %d batches per epoch, %d steps planned, device %s",
                      self.cfg.attention.name, count_parameters(self.model), self.batches_per_epoch,
                      self.total_steps, self.device)
+        self._wall_clock_from = (time.perf_counter(), self.progress.wall_seconds)
+        gpu = GpuMonitor.for_device(self.device) if self.info.is_main else GpuMonitor(None)
         try:
-            stopped_early = self._loop()
+            with gpu:
+                stopped_early = self._loop()
         finally:
             for sig, handler in previous_handlers.items():
                 signal.signal(sig, handler)
+        self._update_wall_clock()
+        self._wall_clock_from = None  # stopped: the final evaluation is reported on its own
+        self.gpu_utilisation = gpu.summary()
         if self.stop_signal is not None:
             self.save("last")
             self.logger.message(
@@ -458,6 +480,11 @@ class Trainer:
                 self.progress.bad_validations = 0
             else:
                 self.progress.bad_validations += 1
+            self._update_wall_clock()
+            p = self.progress
+            p.validations.append({"step": p.step, "epoch": p.epoch + p.batches_done / max(1, self.batches_per_epoch),
+                                  "train_seconds": p.train_seconds, "wall_seconds": p.wall_seconds,
+                                  "bleu": metrics["bleu"], "chrf": metrics["chrf"], "loss": metrics["loss"]})
             patience = self.tcfg.early_stopping_patience
             stop = patience is not None and self.progress.bad_validations >= patience
             self.save(*(["last", "best"] if improved else ["last"]))
@@ -540,6 +567,7 @@ class Trainer:
             dist.barrier()
         results: dict[str, Any] = {}
         if self.info.is_main:
+            evaluation_start = time.perf_counter()
             best = load_checkpoint(self.run_dir / CHECKPOINT_DIR / "best.pt")
             self.model.load_state_dict(best["model"])
             results = self._evaluate_weights("best", best["progress"]["step"])
@@ -549,6 +577,7 @@ class Trainer:
                 results["averaged"] = self._evaluate_weights(f"average of last {self.tcfg.average_last}", None)
                 self.model.load_state_dict(best["model"])
             results.update(self._run_summary(stopped_early))
+            results["final_evaluation_seconds"] = time.perf_counter() - evaluation_start
             (self.run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
             self._print_results(results)
             hparams = {"attention": self.cfg.attention.name, **{f"model.{k}": v for k, v in self.cfg.model.items()},
@@ -596,6 +625,10 @@ class Trainer:
             "best_step": p.best_step,
             "train_seconds": p.train_seconds,
             "train_target_tokens_per_s": p.target_tokens * self.info.world_size / max(1e-9, p.train_seconds),
+            "setup_seconds": self.setup_seconds,
+            "wall_seconds": p.wall_seconds,
+            "gpu_utilisation": self.gpu_utilisation,
+            "validations": p.validations,
             "device": device_name,
             "world_size": self.info.world_size,
             "torch": torch.__version__,
@@ -615,6 +648,12 @@ class Trainer:
         if "averaged" in results:
             for name, scores in results["averaged"]["test"].items():
                 lines.append(f"  {name} (averaged checkpoints)  BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}")
+        lines.append(f"  training: {results['steps']} steps in {results['wall_seconds'] / 60:.1f} min wall clock "
+                     f"({results['train_seconds'] / 60:.1f} min of them optimizer steps, the rest validation); "
+                     f"final evaluation {results['final_evaluation_seconds']:.0f} s")
+        if results["gpu_utilisation"]["available"]:
+            lines.append(f"  GPU utilisation during training: median "
+                         f"{results['gpu_utilisation']['utilisation_percent_median']:.0f}%")
         lines.append(f"  written to {self.run_dir / 'results.json'}")
         print("\n".join(lines), flush=True)
 

@@ -20,6 +20,9 @@ config's first test split, with ``--checkpoint`` if given; otherwise on the mode
 the benchmark's few steps, whose BLEU is meaningless (the JSON says so) and whose output lengths,
 and so its speed, differ from a trained model's.
 
+On CUDA, ``nvidia-smi`` is sampled every 200 ms during the timed training steps and during the
+translation runs (``nmt.gpu_monitor``): median / mean / min utilisation and peak memory, in the JSON.
+
 Writes JSON (device, versions, config, date, command, host CPU count) to
 ``docs/results/benchmark_<device>.json`` unless ``--out`` says otherwise. A benchmark, not a test:
 it asserts nothing, and timings never go into the test suite.
@@ -56,6 +59,7 @@ from omegaconf import DictConfig  # noqa: E402
 from nmt import __version__  # noqa: E402
 from nmt.config import to_plain_dict, validate_config  # noqa: E402
 from nmt.data import Batch, EncodedSplit  # noqa: E402
+from nmt.gpu_monitor import GpuMonitor  # noqa: E402
 from nmt.model import count_parameters  # noqa: E402
 from nmt.training import DistInfo, Trainer  # noqa: E402
 
@@ -125,18 +129,21 @@ def measure_training(trainer: Trainer, steps: int | None, warmup_steps: int) -> 
     for _ in range(warmup_steps):
         trainer._train_step(next(batches))  # the real step of train.py: forward, backward, clip, AdamW
     sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     seconds, tokens, sentences, skipped = [], [], [], 0
-    last = time.perf_counter()
-    for _ in range(steps):
-        batch = next(batches)  # batch fetching and collation count as training time
-        loss, n_tokens, _ = trainer._train_step(batch)
-        sync(device)  # _train_step already reads the loss (.item()), but the optimizer step runs after it
-        now = time.perf_counter()
-        seconds.append(now - last)
-        tokens.append(n_tokens)
-        sentences.append(batch.size)
-        skipped += loss is None
-        last = now
+    with GpuMonitor.for_device(device) as gpu:
+        last = time.perf_counter()
+        for _ in range(steps):
+            batch = next(batches)  # batch fetching and collation count as training time
+            loss, n_tokens, _ = trainer._train_step(batch)
+            sync(device)  # _train_step already reads the loss (.item()), but the optimizer step runs after it
+            now = time.perf_counter()
+            seconds.append(now - last)
+            tokens.append(n_tokens)
+            sentences.append(batch.size)
+            skipped += loss is None
+            last = now
     total_seconds = sum(seconds)
     return {
         "steps": steps,
@@ -154,6 +161,9 @@ def measure_training(trainer: Trainer, steps: int | None, warmup_steps: int) -> 
         "sentences_per_batch_mean": sum(sentences) / steps,
         "parameters": count_parameters(trainer.model),
         "amp_bf16": trainer.use_amp,
+        "gpu_utilisation": gpu.summary(),
+        "cuda_peak_memory_allocated_mib": (torch.cuda.max_memory_allocated(device) / 2**20
+                                           if device.type == "cuda" else None),
     }
 
 
@@ -167,13 +177,16 @@ def write_split(split: EncodedSplit, folder: Path, limit: int | None) -> tuple[P
 
 
 def measure_translation(checkpoint: str | Path, src: Path, ref: Path, device: torch.device,
-                        args: argparse.Namespace, work_dir: Path) -> list[dict[str, Any]]:
-    """Sentences/s per beam size, measured by ``scripts/benchmark_translate.py`` (its rows)."""
+                        args: argparse.Namespace, work_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Sentences/s per beam size, measured by ``scripts/benchmark_translate.py`` (its rows), and the GPU's
+    utilisation over all of it (every beam size and rep together; model loading included)."""
     argv = ["--checkpoint", str(checkpoint), "--input", str(src), "--reference", str(ref),
             "--reps", str(args.reps), "--beam-sizes", *map(str, args.beam_sizes),
             "--batch-tokens", str(args.batch_tokens), "--device", str(device),
             "--out", str(work_dir / "translate_benchmark.json")]
-    return benchmark_translate.main(argv)["results"]
+    with GpuMonitor.for_device(device) as gpu:
+        rows = benchmark_translate.main(argv)["results"]
+    return rows, gpu.summary()
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -199,6 +212,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 checkpoint = work_dir / "run"
             split = next(iter(trainer.data.tests.values()), trainer.data.valid)
             src, ref = write_split(split, work_dir, args.translate_limit)
+            rows, gpu_utilisation = measure_translation(checkpoint, src, ref, device, args, work_dir)
             translation = {
                 "checkpoint": str(args.checkpoint) if args.checkpoint else None,
                 "bleu_meaningful": args.checkpoint is not None,
@@ -207,7 +221,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "sentences": len(split.src_text[: args.translate_limit]),
                 "batch_tokens": args.batch_tokens,
                 "reps": args.reps,
-                "results": measure_translation(checkpoint, src, ref, device, args, work_dir),
+                "results": rows,
+                "gpu_utilisation": gpu_utilisation,
             }
         trainer.logger.close()
 

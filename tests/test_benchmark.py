@@ -45,9 +45,12 @@ def test_benchmark_writes_the_report(tmp_path: Path) -> None:
     training = saved["training"]
     assert training["steps"] == 3 and training["warmup_steps"] == 1 and training["target_tokens"] > 0
     assert training["target_tokens_per_s_median"] > 0 and training["target_tokens_per_s_total"] > 0
+    assert training["gpu_utilisation"] == {"available": False, "reason": "device is cpu, not a GPU"}
+    assert training["cuda_peak_memory_allocated_mib"] is None
     translation = saved["translation"]
     assert translation["bleu_meaningful"] is False and "meaningless" in translation["note"]
     assert translation["split"] == "test" and translation["sentences"] == 12
+    assert translation["gpu_utilisation"]["available"] is False
     assert [row["mode"] for row in translation["results"]] == ["greedy", "beam5"]
     assert all(row["sentences_per_s"] > 0 and "bleu" in row for row in translation["results"])
 

@@ -94,6 +94,15 @@ def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
     straight = (tmp_path / "straight" / "train_log.jsonl").read_text().splitlines()
     resumed = (tmp_path / "resumed" / "train_log.jsonl").read_text().splitlines()
     assert len(straight) == 24 and resumed == straight  # bit-identical losses, lrs and grad norms
+    # The validation record carries over the interruption: the same steps and scores, a clock that goes on.
+    straight_validations = json.loads((tmp_path / "straight" / "results.json").read_text())["validations"]
+    resumed_results = json.loads((tmp_path / "resumed" / "results.json").read_text())
+    resumed_validations = resumed_results["validations"]
+    scores = [(v["step"], v["bleu"]) for v in resumed_validations]
+    assert scores == [(v["step"], v["bleu"]) for v in straight_validations]
+    assert [v["step"] for v in resumed_validations] == [8, 16, 24]
+    clock = [v["wall_seconds"] for v in resumed_validations]
+    assert clock == sorted(clock) and clock[-1] <= resumed_results["wall_seconds"]
     a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")["model"]
     b = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -115,6 +124,11 @@ def test_checkpoints_events_and_results_are_complete(tmp_path: Path) -> None:
     saved = json.loads((run / "results.json").read_text())
     assert saved["test"]["test"]["bleu"] == results["test"]["test"]["bleu"]
     assert {"valid", "test", "parameters", "device", "train_seconds", "averaged"} <= set(saved)
+    assert [v["step"] for v in saved["validations"]] == [10, 20]
+    assert 0 < saved["train_seconds"] < saved["wall_seconds"]  # wall clock adds the validations
+    assert max(v["bleu"] for v in saved["validations"]) == saved["best_val_bleu_greedy"]
+    assert saved["final_evaluation_seconds"] > 0 and saved["setup_seconds"] > 0
+    assert saved["gpu_utilisation"] == {"available": False, "reason": "device is cpu, not a GPU"}
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -1,0 +1,126 @@
+"""How busy the GPU is while something runs: ``nvidia-smi`` sampled in the background.
+
+    with GpuMonitor.for_device(device) as monitor:   # None-safe: on CPU the monitor records nothing
+        train_for_a_while()
+    monitor.summary()   # {"utilisation_percent_median": 93.0, ..., "samples": 150} or {"available": False, ...}
+
+Why ``nvidia-smi`` and not ``torch.cuda.utilization``: the latter needs the optional ``pynvml``
+package, and reads one instant; ``nvidia-smi --loop-ms`` reports the driver's own utilisation (the
+share of time a kernel was running) at a fixed interval for as long as the work runs, with no extra
+dependency. The figure is per GPU, so other processes on the same GPU count too.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import subprocess
+import threading
+from types import TracebackType
+from typing import Any
+
+import torch
+
+QUERY = "utilization.gpu,memory.used"
+
+
+def parse_sample(line: str) -> tuple[float, float] | None:
+    """``"87, 10240"`` -> (87.0, 10240.0): utilisation in percent, memory used in MiB; None when unreadable."""
+    fields = [field.strip() for field in line.split(",")]
+    if len(fields) != 2:
+        return None
+    try:
+        return float(fields[0]), float(fields[1])
+    except ValueError:  # "[N/A]", "[Not Supported]", a warning line
+        return None
+
+
+def gpu_id(device: torch.device) -> str:
+    """What ``nvidia-smi -i`` calls ``device``: its UUID (right under CUDA_VISIBLE_DEVICES), else its index."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    if uuid:
+        text = str(uuid)
+        return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+    return str(index)
+
+
+class GpuMonitor:
+    """Samples one GPU's utilisation and memory every ``interval_ms`` between ``__enter__`` and ``__exit__``.
+
+    Args:
+        gpu: an ``nvidia-smi -i`` id (index or UUID); None = record nothing (CPU runs).
+        interval_ms: sampling period.
+        unavailable_reason: why nothing is recorded, for the summary (set by ``for_device``).
+    """
+
+    def __init__(self, gpu: str | None, interval_ms: int = 200, unavailable_reason: str | None = None) -> None:
+        self.gpu = gpu
+        self.interval_ms = interval_ms
+        self.unavailable_reason = unavailable_reason
+        self.samples: list[tuple[float, float]] = []
+        self._process: subprocess.Popen[str] | None = None
+        self._reader: threading.Thread | None = None
+
+    @classmethod
+    def for_device(cls, device: torch.device, interval_ms: int = 200) -> GpuMonitor:
+        if device.type != "cuda":
+            return cls(None, interval_ms, f"device is {device.type}, not a GPU")
+        if shutil.which("nvidia-smi") is None:
+            return cls(None, interval_ms, "nvidia-smi not found on PATH")
+        return cls(gpu_id(device), interval_ms)
+
+    def __enter__(self) -> GpuMonitor:
+        if self.gpu is None:
+            return self
+        command = ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
+                   "-i", self.gpu, f"--loop-ms={self.interval_ms}"]
+        try:
+            self._process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError as error:
+            self.unavailable_reason = f"nvidia-smi failed to start: {error}"
+            return self
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        return self
+
+    def _read(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        for line in self._process.stdout:
+            sample = parse_sample(line)
+            if sample is not None:
+                self.samples.append(sample)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if self._process is None:
+            return
+        exit_code = self._process.poll()  # None while it still samples, as it should
+        if exit_code is not None:
+            self.unavailable_reason = f"nvidia-smi -i {self.gpu} stopped early with exit code {exit_code}"
+        self._process.terminate()
+        try:
+            self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        self._process = None
+
+    def summary(self) -> dict[str, Any]:
+        """Median / mean / min utilisation (percent) and peak memory used (MiB) over the samples."""
+        if not self.samples:
+            reason = self.unavailable_reason or "no samples (the work ended before nvidia-smi's first reading)"
+            return {"available": False, "reason": reason}
+        utilisation = [u for u, _ in self.samples]
+        return {
+            "available": True,
+            "gpu": self.gpu,
+            "interval_ms": self.interval_ms,
+            "samples": len(self.samples),
+            "utilisation_percent_median": statistics.median(utilisation),
+            "utilisation_percent_mean": statistics.fmean(utilisation),
+            "utilisation_percent_min": min(utilisation),
+            "memory_used_mib_max": max(m for _, m in self.samples),
+        }
