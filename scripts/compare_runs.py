@@ -3,6 +3,8 @@
     python train.py -m attention=none,additive,dot,scaled_dot,general,multihead    # the sweep
     python scripts/compare_runs.py --sweep-dir multirun/2026-11-21/10-00-00
     python scripts/compare_runs.py outputs/A outputs/B --out docs/results/attention_comparison
+    python scripts/compare_runs.py outputs/C --from-report docs/results/attention_comparison.json \
+        --out docs/results/attention_comparison    # add a run to an earlier comparison
 
 For each run dir (one with ``results.json``, as ``train.py`` writes it): test BLEU and chrF
 (sacreBLEU, cased, detokenized, each with its signature), validation BLEU, parameters, training time,
@@ -19,6 +21,11 @@ existed is translated now with its best checkpoint (beam ``trainer.test_beam_siz
 length settings) and the file is saved, so the next call reads it. Sources and references come from
 ``prepare_data`` on the run's saved data config (cached, so near-instant); run this from the folder
 ``train.py`` ran in, since the config's ``data.cache_dir`` is relative to it.
+
+Run dirs do not always outlive the machine they were trained on. ``--from-report`` takes the rows of an
+earlier comparison's ``.json`` as they were recorded there (scores, length buckets, attention
+sharpness), so a new run can join them; the table says which rows came from a report. A run dir given
+as well is analysed afresh instead.
 
 Writes ``<out>.md`` (printed too), ``<out>.json``, ``<out>.png`` (test BLEU and chrF per run) and
 ``<out>_length.png`` (BLEU per source-length bucket, one line per run). Works with a single run.
@@ -57,6 +64,11 @@ ATTENTION_ORDER = ("none", "additive", "dot", "scaled_dot", "general", "multihea
 # sentences; Bahdanau et al.'s WMT buckets (10-word steps up to 60) would leave most of them empty.
 DEFAULT_BUCKETS = (8, 12, 16, 20)
 
+# What a run from an earlier report must hold to stand in a table beside freshly analysed ones.
+RECORDED_FIELDS = ("run_dir", "attention", "split", "hypotheses", "sentences", "test", "test_in_results_json",
+                   "tutorial_bleu", "by_length", "attention_sharpness", "beam_size", "valid_bleu", "parameters",
+                   "train_seconds", "device", "world_size", "steps", "epochs")
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -64,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("run_dirs", nargs="*", type=Path, help="run dirs with results.json")
     parser.add_argument("--sweep-dir", type=Path, default=None,
                         help="also every folder below this one that holds a results.json (a Hydra multirun)")
+    parser.add_argument("--from-report", type=Path, action="append", default=[], metavar="REPORT_JSON",
+                        help="also the runs recorded in an earlier compare_runs .json (repeatable)")
     parser.add_argument("--split", default=None, help="test split (default: the first one in results.json)")
     parser.add_argument("--buckets", type=int, nargs="+", default=list(DEFAULT_BUCKETS),
                         help="upper bounds (words, inclusive) of the source-length buckets; the last is open")
@@ -71,8 +85,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "results" / "attention_comparison",
                         help="output path without extension")
     args = parser.parse_args(argv)
-    if not args.run_dirs and args.sweep_dir is None:
-        parser.error("give at least one RUN_DIR or --sweep-dir")
+    if not args.run_dirs and args.sweep_dir is None and not args.from_report:
+        parser.error("give at least one RUN_DIR, --sweep-dir or --from-report")
     return args
 
 
@@ -81,13 +95,41 @@ def find_run_dirs(run_dirs: Sequence[Path], sweep_dir: Path | None) -> list[Path
     found = list(run_dirs)
     if sweep_dir is not None:
         found += sorted(path.parent for path in sweep_dir.rglob("results.json"))
+        if not found:
+            raise SystemExit(f"no results.json found under {sweep_dir}")
     unique = list(dict.fromkeys(path.resolve() for path in found))
     for path in unique:
         if not (path / "results.json").is_file():
             raise SystemExit(f"{path} has no results.json: pass run dirs of finished train.py runs")
-    if not unique:
-        raise SystemExit(f"no results.json found under {sweep_dir}")
     return unique
+
+
+def load_report_runs(report_paths: Sequence[Path], buckets: Sequence[int]) -> list[dict[str, Any]]:
+    """The runs recorded in earlier comparison reports, each marked with the report it came from.
+
+    A run keeps the ``from_report`` it already had, so a row carried through several reports still
+    names the one it was measured for.
+    """
+    runs = []
+    for path in report_paths:
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+            recorded, report_buckets, date = report["runs"], report["buckets"], report["date"]
+        except FileNotFoundError:
+            raise SystemExit(f"--from-report {path}: no such file; pass a .json that compare_runs.py wrote") from None
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            raise SystemExit(f"--from-report {path} is not a compare_runs.py report ({type(error).__name__}: "
+                             f"{error}); pass a .json that compare_runs.py wrote") from None
+        if list(report_buckets) != list(buckets):
+            raise SystemExit(f"--from-report {path} has length buckets {report_buckets}, this comparison "
+                             f"{list(buckets)}; pass --buckets {' '.join(map(str, report_buckets))}")
+        for index, run in enumerate(recorded):
+            missing = [key for key in RECORDED_FIELDS if key not in run]
+            if missing:
+                raise SystemExit(f"--from-report {path}: run {index} ({run.get('run_dir', '?')}) lacks {missing}; "
+                                 "run compare_runs.py on that run dir again, or leave the report out")
+        runs += [{"from_report": f"{path.name}, {date[:10]}", **run} for run in recorded]
+    return runs
 
 
 def attention_rank(name: str) -> int:
@@ -212,6 +254,9 @@ def render_markdown(runs: list[dict[str, Any]]) -> str:
             lines.append(f"- {'BLEU' if key == 'bleu_signature' else 'chrF'}: `{signature}`")
     if any(r["device"] == "cpu" for r in runs):
         lines += ["", "Runs whose device reads *cpu (no GPU)* were trained, and timed, without a GPU."]
+    recorded = [f"{r['label']} ({r['from_report']})" for r in runs if r.get("from_report")]
+    if recorded:
+        lines += ["", f"As recorded in an earlier comparison (run dir not read again): {', '.join(recorded)}."]
     translated = [r["label"] for r in runs if r["hypotheses"] != "saved"]
     if translated:
         lines += ["", f"Translated by this script (no saved translations in the run): {', '.join(translated)}."]
@@ -325,7 +370,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     run_dirs = find_run_dirs(args.run_dirs, args.sweep_dir)
     runs = [analyse_run(run_dir, args.split, args.buckets, args.device) for run_dir in run_dirs]
-    splits = {r["split"] for r in runs}
+    analysed = {r["run_dir"] for r in runs}
+    recorded = {r["run_dir"]: r for r in load_report_runs(args.from_report, args.buckets)}  # a later report wins
+    runs += [r for run_dir, r in recorded.items() if run_dir not in analysed]
+    splits = {r["split"] for r in runs} | ({args.split} if args.split else set())
     if len(splits) > 1:
         raise SystemExit(f"the runs test on different splits {sorted(splits)}; pick one with --split")
     runs.sort(key=lambda r: (attention_rank(r["attention"]), r["run_dir"]))

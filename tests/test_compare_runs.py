@@ -135,3 +135,45 @@ def test_single_run(sweep: tuple[Path, list[str], list[str]], tmp_path: Path) ->
 def test_not_a_run_dir_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="no results.json"):
         compare_runs.main([str(tmp_path), "--out", str(tmp_path / "x")])
+
+
+def test_from_report_joins_recorded_runs_to_new_ones(sweep: tuple[Path, list[str], list[str]], tmp_path: Path) -> None:
+    root, _, _ = sweep
+    first = compare_runs.main([str(root / "attention=additive"), str(root / "attention=none"),
+                               "--out", str(tmp_path / "first")])
+    recorded = {r["attention"]: r for r in first["runs"]}
+    # the additive run dir is gone from this machine: only the report remembers it
+    second = compare_runs.main([str(root / "attention=none"), "--from-report", str(tmp_path / "first.json"),
+                                "--out", str(tmp_path / "second")])
+    runs = {r["attention"]: r for r in second["runs"]}
+    assert [r["attention"] for r in second["runs"]] == ["none", "additive"]
+    assert runs["additive"]["test"] == recorded["additive"]["test"]
+    assert runs["additive"]["by_length"] == recorded["additive"]["by_length"]
+    assert runs["additive"]["from_report"].startswith("first.json, 20")
+    assert "from_report" not in runs["none"]  # analysed afresh, not taken from the report
+    markdown = Path(tmp_path / "second.md").read_text()
+    assert "As recorded in an earlier comparison (run dir not read again): additive (first.json, 20" in markdown
+    # carried through a second report, a row still names the report it was measured for
+    third = compare_runs.main(["--from-report", str(tmp_path / "second.json"), "--out", str(tmp_path / "third")])
+    assert {r["attention"]: r["from_report"][:10] for r in third["runs"]} == {"none": "second.jso",
+                                                                             "additive": "first.json"}
+
+
+def test_from_report_refuses_what_does_not_fit(sweep: tuple[Path, list[str], list[str]], tmp_path: Path) -> None:
+    root, _, _ = sweep
+    compare_runs.main([str(root / "attention=additive"), "--out", str(tmp_path / "report")])
+    report = tmp_path / "report.json"
+    with pytest.raises(SystemExit, match=r"has length buckets \[8, 12, 16, 20\].*pass --buckets 8 12 16 20"):
+        compare_runs.main(["--from-report", str(report), "--buckets", "4", "--out", str(tmp_path / "x")])
+    with pytest.raises(SystemExit, match="different splits"):
+        compare_runs.main(["--from-report", str(report), "--split", "valid", "--out", str(tmp_path / "x")])
+    with pytest.raises(SystemExit, match="no such file"):
+        compare_runs.main(["--from-report", str(tmp_path / "missing.json"), "--out", str(tmp_path / "x")])
+    (tmp_path / "results.json").write_text('{"bleu": 1}')
+    with pytest.raises(SystemExit, match="is not a compare_runs.py report"):
+        compare_runs.main(["--from-report", str(tmp_path / "results.json"), "--out", str(tmp_path / "x")])
+    broken = json.loads(report.read_text())
+    del broken["runs"][0]["by_length"]
+    (tmp_path / "broken.json").write_text(json.dumps(broken))
+    with pytest.raises(SystemExit, match=r"lacks \['by_length'\]"):
+        compare_runs.main(["--from-report", str(tmp_path / "broken.json"), "--out", str(tmp_path / "x")])
