@@ -21,6 +21,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nmt.attention import attention_names, attention_options
+from nmt.precision import PRECISIONS
 
 
 class ConfigError(ValueError):
@@ -75,7 +76,7 @@ class ModelSchema:
 class TrainerSchema:
     seed: int = MISSING
     device: str = MISSING
-    amp: bool = MISSING
+    precision: str = MISSING
     max_epochs: int = MISSING
     max_steps: int | None = None
     lr: float = MISSING
@@ -106,6 +107,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.tokenizer.model_type": ("unigram", "bpe", "word"),
     "data.invalid_utf8": ("error", "replace"),
     "trainer.lr_schedule": ("cosine", "inverse_sqrt", "constant"),
+    "trainer.precision": PRECISIONS,
 }
 POSITIVE: tuple[str, ...] = (
     "data.max_tokens", "data.valid_max_tokens", "data.tokenizer.vocab_size", "model.emb_size",
@@ -180,6 +182,19 @@ def validate_config(cfg: DictConfig) -> None:
     betas = cfg.trainer.betas
     if not isinstance(betas, ListConfig) or len(betas) != 2:
         raise ConfigError(f"trainer.betas={betas} must be a list of two numbers, e.g. [0.9, 0.98]")
+
+
+def upgrade_saved_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A config saved by an earlier nmt, with renamed keys brought up to date (for resuming its run).
+
+    ``trainer.amp`` (true: bf16 autocast on CUDA) became ``trainer.precision`` (``auto`` does the same).
+    """
+    trainer = dict(config.get("trainer") or {})
+    if "amp" in trainer:
+        amp = trainer.pop("amp")
+        trainer.setdefault("precision", "auto" if amp else "fp32")
+        config = {**config, "trainer": trainer}
+    return config
 
 
 def to_plain_dict(cfg: DictConfig) -> dict[str, Any]:

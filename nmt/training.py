@@ -1,7 +1,7 @@
 """The training job behind ``python train.py``: setup, the loop, validation, checkpoints, the final test.
 
 The loop reads top to bottom, one optimizer step per batch:
-    forward (bf16 autocast on CUDA) -> label-smoothed cross-entropy per target token -> backward
+    forward (bf16 autocast as ``trainer.precision`` says) -> label-smoothed cross-entropy per target token -> backward
     -> clip -> AdamW step -> learning-rate schedule -> log -> validate + checkpoint when due
 
 Validation reports teacher-forced loss and perplexity (labelled as such), and BLEU / chrF from
@@ -44,11 +44,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from nmt import __version__
 from nmt.checkpoint import CHECKPOINT_DIR, load_checkpoint, save_checkpoint
-from nmt.config import to_plain_dict, validate_config
+from nmt.config import to_plain_dict, upgrade_saved_config, validate_config
 from nmt.data import EOS_ID, PAD_ID, Batch, EncodedSplit, PreparedData, Tokenizer, build_loader, prepare_data
 from nmt.evaluation import corpus_scores
 from nmt.gpu_monitor import GpuMonitor
 from nmt.model import Seq2Seq, count_parameters
+from nmt.precision import autocast, configure_matmul, slow_bf16_warning, uses_bf16
 from nmt.search import greedy_search
 from nmt.tensorboard import RunLogger
 from nmt.translation import translate_ids
@@ -168,7 +169,7 @@ def resume_config(cfg: DictConfig, state: dict[str, Any]) -> DictConfig:
     Under Hydra, only the dotted overrides typed on the command line are applied (so a run started
     with ``experiment=smoke`` keeps its settings when resumed with a bare ``trainer.resume=DIR``).
     """
-    saved = OmegaConf.create(state["config"])
+    saved = OmegaConf.create(upgrade_saved_config(state["config"]))
     try:
         from hydra.core.hydra_config import HydraConfig
 
@@ -206,10 +207,11 @@ class Trainer:
         setup_start = time.perf_counter()
         self.cfg, self.tcfg, self.run_dir, self.info = cfg, cfg.trainer, run_dir, info
         self.device = choose_device(self.tcfg.device, info)
-        self.use_amp = self.tcfg.amp and self.device.type == "cuda"
-        if self.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+        self.precision = self.tcfg.precision
+        self.use_bf16 = uses_bf16(self.precision, self.device)
+        configure_matmul(self.precision, self.device)
+        if info.is_main and (warning := slow_bf16_warning(self.precision, self.device)):
+            log.warning("trainer.%s", warning)
         self.interrupt_at_step = interrupt_at_step
         self.stop_signal: str | None = None
         seed_everything(self.tcfg.seed)
@@ -402,7 +404,7 @@ class Trainer:
         self.model.train()
         batch = batch.to(self.device, non_blocking=True)
         tokens = batch.num_tgt_tokens
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_amp):
+        with autocast(self.precision, self.device):
             logits, _ = self.ddp_model(batch.src, batch.src_lengths, batch.tgt_in)  # [B, T, V]
         loss_sum = sequence_loss(logits, batch.tgt_out, self.tcfg.label_smoothing)
         loss_value = loss_sum.item()
@@ -509,7 +511,7 @@ class Trainer:
         total, tokens = 0.0, 0
         for batch in build_loader(split, self.cfg.data.valid_max_tokens, shuffle=False):
             batch = batch.to(self.device)
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_amp):
+            with autocast(self.precision, self.device):
                 logits, _ = self.model(batch.src, batch.src_lengths, batch.tgt_in)
             total += sequence_loss(logits, batch.tgt_out).item()
             tokens += batch.num_tgt_tokens
@@ -519,10 +521,9 @@ class Trainer:
         """Detokenized translations of ``split``'s sources, in its order (the translate job's batching)."""
         t = self.tcfg
         self.model.eval()
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_amp):
-            nbest = translate_ids(self.model, split.src_ids, beam_size=beam_size, length_penalty=t.length_penalty,
-                                  max_len=t.max_len, max_len_ratio=t.max_len_ratio,
-                                  batch_tokens=self.cfg.data.valid_max_tokens)
+        nbest = translate_ids(self.model, split.src_ids, beam_size=beam_size, length_penalty=t.length_penalty,
+                              max_len=t.max_len, max_len_ratio=t.max_len_ratio,
+                              batch_tokens=self.cfg.data.valid_max_tokens, precision=self.precision)
         return [self.data.tokenizer.decode_tgt(hyps[0].tokens) for hyps in nbest]
 
     def validate(self) -> dict[str, float]:
@@ -630,6 +631,8 @@ class Trainer:
             "gpu_utilisation": self.gpu_utilisation,
             "validations": p.validations,
             "device": device_name,
+            "precision": self.precision,
+            "bf16_autocast": self.use_bf16,
             "world_size": self.info.world_size,
             "torch": torch.__version__,
             "nmt": __version__,

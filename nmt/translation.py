@@ -44,6 +44,7 @@ from nmt.data.corpora import decode_lines
 from nmt.evaluation import corpus_scores
 from nmt.model import Seq2Seq
 from nmt.plotting import merge_subword_attention, save_attention_png
+from nmt.precision import autocast, check_precision, configure_matmul, slow_bf16_warning
 from nmt.search import Hypothesis, beam_search, greedy_search
 
 log = logging.getLogger(__name__)
@@ -168,6 +169,7 @@ def translate_ids(
     n_best: int = 1,
     batch_tokens: int = 4096,
     progress: bool = False,
+    precision: str = "auto",
 ) -> list[list[Hypothesis]]:
     """Decode encoded sentences in length-sorted batches on the model's device, in input order.
 
@@ -182,6 +184,8 @@ def translate_ids(
         n_best: hypotheses per sentence (at most ``beam_size``).
         batch_tokens: padded source tokens per batch (the beam multiplies the rows by K).
         progress: show a tqdm bar on stderr.
+        precision: ``auto`` (bf16 autocast on CUDA, float32 on the CPU), ``bf16`` or ``fp32``
+            (``nmt.precision``).
 
     Returns:
         Per sentence, up to ``n_best`` hypotheses, best first.
@@ -191,11 +195,16 @@ def translate_ids(
                                f"n_best={n_best}")
     if batch_tokens < 1:
         raise TranslationError(f"batch_tokens must be positive, got {batch_tokens}")
+    try:
+        check_precision(precision)
+    except ValueError as error:
+        raise TranslationError(str(error)) from None
     device = _model_device(model)
     results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, None)] for _ in src_ids]
     todo = [i for i, ids in enumerate(src_ids) if ids]
     lengths = [len(src_ids[i]) + 1 for i in todo]  # + EOS
-    with tqdm(total=len(src_ids), disable=not progress, file=sys.stderr, unit="sent", desc="translating") as bar:
+    with tqdm(total=len(src_ids), disable=not progress, file=sys.stderr, unit="sent", desc="translating") as bar, \
+            autocast(precision, device):
         bar.update(len(src_ids) - len(todo))
         for batch in token_batches(lengths, batch_tokens):
             rows = [todo[k] for k in batch]
@@ -227,6 +236,7 @@ def translate_lines(
     device: str | torch.device | None = None,
     progress: bool = False,
     max_input_words: int | None = None,
+    precision: str = "auto",
 ) -> list[list[Hypothesis]]:
     """Translate sentences; results come back in input order, one n-best list per line.
 
@@ -243,6 +253,7 @@ def translate_lines(
         device: move the model here first (``auto``, ``cpu``, ``cuda``); None = where it is.
         progress: show a tqdm bar on stderr.
         max_input_words: truncate longer lines to this many words (one warning), None = no limit.
+        precision: ``auto``, ``bf16`` or ``fp32`` (see ``translate_ids``).
 
     Returns:
         Per line, up to ``n_best`` hypotheses, best first; decode with ``tokenizer.decode_tgt``.
@@ -260,6 +271,7 @@ def translate_lines(
         n_best=n_best,
         batch_tokens=batch_tokens,
         progress=progress,
+        precision=precision,
     )
 
 
@@ -351,6 +363,14 @@ def translate_main(cfg: DictConfig) -> dict[str, Any]:
     if OmegaConf.is_missing(cfg, "checkpoint") or not cfg.checkpoint:
         raise TranslationError("no checkpoint given; pass checkpoint=PATH (a run dir or a .pt file from train.py)")
     device = resolve_device(cfg.get("device", "auto"))
+    options = search_options(cfg)
+    try:
+        check_precision(options["precision"])
+    except ValueError as error:
+        raise TranslationError(str(error)) from None
+    if warning := slow_bf16_warning(options["precision"], device):
+        log.warning(warning)
+    configure_matmul(options["precision"], device)
     model, tokenizer, train_cfg = load_for_inference(cfg.checkpoint, device=device)
     wants_attention = bool(cfg.get("attention_dir") or cfg.get("alignments"))
     if wants_attention and not model.has_attention:
@@ -373,12 +393,7 @@ def translate_main(cfg: DictConfig) -> dict[str, Any]:
 
     start = time.perf_counter()
     src_ids = encode_lines(tokenizer, lines, _max_input_words(cfg, train_cfg))
-    results = translate_ids(
-        model,
-        src_ids,
-        **search_options(cfg),
-        progress=show_bar,
-    )
+    results = translate_ids(model, src_ids, **options, progress=show_bar)
     seconds = time.perf_counter() - start
     with _open_output(str(cfg.get("output", STDIO))) as out:
         for ids, nbest in zip(src_ids, results):
@@ -405,7 +420,7 @@ def translate_main(cfg: DictConfig) -> dict[str, Any]:
 
 
 def search_options(cfg: DictConfig) -> dict[str, Any]:
-    """The search settings of a translate config, as ``translate_ids`` keyword arguments."""
+    """The search settings and precision of a translate config, as ``translate_ids`` keyword arguments."""
     return {
         "beam_size": int(cfg.get("beam_size", 5)),
         "length_penalty": float(cfg.get("length_penalty", 1.0)),
@@ -413,6 +428,7 @@ def search_options(cfg: DictConfig) -> dict[str, Any]:
         "max_len_ratio": cfg.get("max_len_ratio", 2.0),
         "n_best": int(cfg.get("n_best", 1)),
         "batch_tokens": int(cfg.get("batch_tokens", 4096)),
+        "precision": str(cfg.get("precision", "auto")),
     }
 
 

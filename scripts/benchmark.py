@@ -6,7 +6,8 @@
 
 Positional arguments are Hydra overrides of ``configs/train.yaml``, exactly as ``train.py`` takes them;
 the model, data and optimizer are built by the project's own ``nmt.training.Trainer``, so the step
-timed here is the step ``train.py`` runs (bf16 autocast on CUDA, clipping, AdamW, schedule).
+timed here is the step ``train.py`` runs (``trainer.precision``: bf16 autocast on CUDA by default; clipping,
+AdamW, schedule). The translation part decodes in the same precision.
 
 Training: ``--warmup-steps`` untimed optimizer steps (allocator, kernels, caches), then
 ``--train-steps`` timed steps over real batches of the configured corpus, in the training order. A
@@ -160,7 +161,8 @@ def measure_training(trainer: Trainer, steps: int | None, warmup_steps: int) -> 
         "target_tokens_per_batch_mean": sum(tokens) / steps,
         "sentences_per_batch_mean": sum(sentences) / steps,
         "parameters": count_parameters(trainer.model),
-        "amp_bf16": trainer.use_amp,
+        "precision": trainer.precision,
+        "bf16_autocast": trainer.use_bf16,
         "gpu_utilisation": gpu.summary(),
         "cuda_peak_memory_allocated_mib": (torch.cuda.max_memory_allocated(device) / 2**20
                                            if device.type == "cuda" else None),
@@ -176,13 +178,13 @@ def write_split(split: EncodedSplit, folder: Path, limit: int | None) -> tuple[P
     return src_path, ref_path
 
 
-def measure_translation(checkpoint: str | Path, src: Path, ref: Path, device: torch.device,
+def measure_translation(checkpoint: str | Path, src: Path, ref: Path, device: torch.device, precision: str,
                         args: argparse.Namespace, work_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Sentences/s per beam size, measured by ``scripts/benchmark_translate.py`` (its rows), and the GPU's
     utilisation over all of it (every beam size and rep together; model loading included)."""
     argv = ["--checkpoint", str(checkpoint), "--input", str(src), "--reference", str(ref),
             "--reps", str(args.reps), "--beam-sizes", *map(str, args.beam_sizes),
-            "--batch-tokens", str(args.batch_tokens), "--device", str(device),
+            "--batch-tokens", str(args.batch_tokens), "--device", str(device), "--precision", precision,
             "--out", str(work_dir / "translate_benchmark.json")]
     with GpuMonitor.for_device(device) as gpu:
         rows = benchmark_translate.main(argv)["results"]
@@ -212,7 +214,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 checkpoint = work_dir / "run"
             split = next(iter(trainer.data.tests.values()), trainer.data.valid)
             src, ref = write_split(split, work_dir, args.translate_limit)
-            rows, gpu_utilisation = measure_translation(checkpoint, src, ref, device, args, work_dir)
+            rows, gpu_utilisation = measure_translation(checkpoint, src, ref, device, trainer.precision, args,
+                                                         work_dir)
             translation = {
                 "checkpoint": str(args.checkpoint) if args.checkpoint else None,
                 "bleu_meaningful": args.checkpoint is not None,

@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO_ROOT))  # run as a script from anywhere, without ins
 from nmt import __version__  # noqa: E402
 from nmt.checkpoint import load_for_inference  # noqa: E402
 from nmt.evaluation import corpus_scores  # noqa: E402
+from nmt.precision import PRECISIONS, configure_matmul, uses_bf16  # noqa: E402
 from nmt.translation import read_input_lines, resolve_device, translate_lines  # noqa: E402
 
 SPLIT = "test_2016_flickr"
@@ -60,6 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-len-ratio", type=float, default=2.0)
     parser.add_argument("--length-penalty", type=float, default=1.0)
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    parser.add_argument("--precision", default="auto", choices=PRECISIONS,
+                        help="auto (bf16 autocast on CUDA, fp32 on CPU) | bf16 | fp32 (translate.py's precision)")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N sentences (smoke runs)")
     parser.add_argument("--out", default=None,
                         help="JSON path (default: docs/results/translate_benchmark_<device>.json)")
@@ -93,6 +96,7 @@ def sync(device: torch.device) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     device = resolve_device(args.device)
+    configure_matmul(args.precision, device)
     model, tokenizer, train_cfg = load_for_inference(args.checkpoint, device=device)
     if args.input:
         src_path, ref_path = Path(args.input), None
@@ -110,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results = []
     for beam in args.beam_sizes:
         options = dict(beam_size=beam, length_penalty=args.length_penalty, max_len=args.max_len,
-                       max_len_ratio=args.max_len_ratio, batch_tokens=args.batch_tokens)
+                       max_len_ratio=args.max_len_ratio, batch_tokens=args.batch_tokens, precision=args.precision)
         translate_lines(model, tokenizer, lines[:64], **options)  # warm-up: allocator, kernels, caches
         times, hyps = [], []
         for _ in range(args.reps):
@@ -161,6 +165,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "max_len": args.max_len,
             "max_len_ratio": args.max_len_ratio,
             "length_penalty": args.length_penalty,
+            "precision": args.precision,
+            "bf16_autocast": uses_bf16(args.precision, device),
             "model": train_cfg.get("model"),
             "attention": train_cfg.get("attention"),
             "direction": "{src_lang}-{tgt_lang}".format_map(

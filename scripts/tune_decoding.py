@@ -44,6 +44,7 @@ from nmt.checkpoint import CheckpointError, load_for_inference, resolve_checkpoi
 from nmt.data import DataError, prepare_data  # noqa: E402
 from nmt.evaluation import corpus_scores  # noqa: E402
 from nmt.model import Seq2Seq  # noqa: E402
+from nmt.precision import PRECISIONS, uses_bf16  # noqa: E402
 from nmt.translation import encode_lines, resolve_device, translate_ids  # noqa: E402
 
 
@@ -61,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="GNMT alpha values (beam only; 0 = raw log-probability)")
     parser.add_argument("--batch-tokens", type=int, default=4096, help="padded source tokens per batch")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    parser.add_argument("--precision", default="auto", choices=PRECISIONS,
+                        help="auto (bf16 autocast on CUDA, as train.py's final test; fp32 on CPU) | bf16 | fp32")
     parser.add_argument("--out", type=Path, default=None,
                         help="output path without extension (default: <run_dir>/decoding_grid)")
     args = parser.parse_args(argv)
@@ -78,13 +81,13 @@ def grid(beam_sizes: Sequence[int], length_penalties: Sequence[float]) -> list[t
 
 
 def score_setting(model: Seq2Seq, src_ids: list[list[int]], refs: list[str], tokenizer: Any, train_cfg: dict,
-                  beam: int, alpha: float, batch_tokens: int) -> dict[str, Any]:
+                  beam: int, alpha: float, batch_tokens: int, precision: str = "auto") -> dict[str, Any]:
     """Translate one split with one (beam, α) and score it."""
     start = time.perf_counter()
     with torch.inference_mode():
         nbest = translate_ids(model, src_ids, beam_size=beam, length_penalty=alpha,
                               max_len=train_cfg["max_len"], max_len_ratio=train_cfg["max_len_ratio"],
-                              batch_tokens=batch_tokens)
+                              batch_tokens=batch_tokens, precision=precision)
     hyps = [tokenizer.decode_tgt(best[0].tokens) for best in nbest]
     seconds = time.perf_counter() - start
     return {"beam_size": beam, "length_penalty": alpha, **corpus_scores(hyps, refs),
@@ -96,7 +99,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"# Decoding settings: {report['run_dir']}",
         "",
         f"Checkpoint `{report['checkpoint']}`, tuned on `{report['split']}` ({report['sentences']} sentences), "
-        f"device {report['device']}, {report['date']}.",
+        f"device {report['device']} ({'bf16 autocast' if report['bf16_autocast'] else 'float32'}), {report['date']}.",
         f"BLEU: `{report['bleu_signature']}`; chrF: `{report['chrf_signature']}`.",
         "Length ratio: output / reference length (13a tokens); below 1 the brevity penalty applies.",
         "",
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     def run(name: str, beam: int, alpha: float) -> dict[str, Any]:
         row = score_setting(model, src_ids[name], list(splits[name].tgt_text), tokenizer, cfg["trainer"], beam,
-                            alpha, args.batch_tokens)
+                            alpha, args.batch_tokens, args.precision)
         print(f"{name}: beam {beam:2d}  α {alpha:<4g} BLEU {row['bleu']:6.2f}  chrF {row['chrf']:6.2f}  "
               f"length ratio {row['length_ratio']:.3f}  {row['sentences_per_s']:.1f} sent/s", flush=True)
         return row
@@ -173,6 +176,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "chrf_signature": rows[0]["chrf_signature"],
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",  # as in results.json
         "threads": torch.get_num_threads(),
+        "precision": args.precision,
+        "bf16_autocast": uses_bf16(args.precision, device),
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "sacrebleu": sacrebleu.__version__, "nmt": __version__},
         "date": dt.datetime.now().isoformat(timespec="seconds"),

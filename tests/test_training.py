@@ -211,3 +211,33 @@ def test_ddp_two_cpu_processes(tmp_path: Path) -> None:
     results = json.loads((run_dir / "results.json").read_text())
     assert results["world_size"] == 2 and results["steps"] == 6
     assert len((run_dir / "train_log.jsonl").read_text().splitlines()) == 6  # rank 0 alone writes
+
+
+def test_bf16_training_learns_and_is_recorded(tmp_path: Path) -> None:
+    """trainer.precision=bf16 on the CPU: the matmuls run in bf16, and the reversal task is still learnt."""
+    from nmt.training import DistInfo, Trainer
+
+    cfg = tiny_config(tmp_path, ["trainer.precision=bf16", "trainer.max_steps=300", "trainer.validate_every=150"])
+    probe = Trainer(cfg, tmp_path / "probe", DistInfo())
+    seen: set[torch.dtype] = set()
+    probe.model.decoder.output.register_forward_hook(lambda _m, _i, out: seen.add(out.dtype))
+    probe._train_step(next(iter(probe.train_loader)))
+    probe.logger.close()
+    assert seen == {torch.bfloat16}
+
+    results = train(cfg, run_dir=tmp_path / "run")
+    assert results["precision"] == "bf16" and results["bf16_autocast"] is True
+    assert exact_match(tmp_path / "run", cfg) >= 0.8
+
+
+def test_resuming_a_run_saved_with_the_old_amp_key(tmp_path: Path) -> None:
+    from nmt.training import resume_config
+
+    cfg = tiny_config(tmp_path, [])
+    legacy = OmegaConf.to_container(cfg, resolve=True)
+    legacy["trainer"]["amp"] = legacy["trainer"].pop("precision") == "auto"
+    with pytest.raises(ConfigError, match=r"unknown config key trainer\.amp"):
+        validate_config(OmegaConf.create(legacy))
+    merged = resume_config(cfg, {"config": legacy})
+    validate_config(merged)
+    assert merged.trainer.precision == "auto" and "amp" not in merged.trainer

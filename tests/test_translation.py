@@ -213,6 +213,8 @@ def test_user_errors_say_what_is_wrong(run_dir: Path, no_attention_ckpt: Path, t
     ref = write_lines(tmp_path / "short.en", TGT[:1])
     with pytest.raises(TranslationError, match="has 1 lines but the input has 2"):
         translate_main(translate_cfg(f"checkpoint={run_dir}", f"input={src}", f"reference={ref}"))
+    with pytest.raises(TranslationError, match="precision='fp16' is not one of auto, bf16, fp32"):
+        translate_main(translate_cfg(f"checkpoint={run_dir}", f"input={src}", "precision=fp16"))
     old = torch.load(run_dir / "checkpoints" / "best.pt", weights_only=True)
     old["format_version"] = 999
     torch.save(old, tmp_path / "old.pt")

@@ -1,0 +1,75 @@
+"""Numeric precision: when the model runs under bf16 autocast, and when matmuls may use TF32.
+
+One setting, ``trainer.precision`` for training and ``precision`` for ``translate.py``:
+
+    auto   bf16 autocast + TF32 matmuls on CUDA; float32 on the CPU (the default)
+    bf16   bf16 autocast on any device. On a CPU it pays only where the CPU has native bf16
+           instructions (AVX512-BF16 or AMX; speed and BLEU measured in docs/results.md); elsewhere
+           it is emulated and slower than float32
+    fp32   float32 throughout: no autocast, and TF32 off on CUDA
+
+bf16 keeps float32's exponent range, so no loss scaling is needed (the trainer's ``GradScaler`` stays
+disabled). Under autocast the matmuls (``nn.Linear``, ``bmm``, the GRU's input and hidden projections)
+take bf16 operands and accumulate in float32; the recurrent state then carries bf16 values between
+steps. The loss (``nmt.training.sequence_loss``) and search (``nmt.search``) upcast the logits to float32.
+
+Deliberately not here: fp16 (it needs loss scaling and buys nothing over bf16 on the GPUs this
+project targets), and choosing bf16 on a CPU automatically (its numerics would then depend on the machine).
+"""
+
+from __future__ import annotations
+
+import functools
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import torch
+
+PRECISIONS = ("auto", "bf16", "fp32")
+
+
+def check_precision(precision: str, key: str = "precision") -> str:
+    """``precision`` if it is one of ``PRECISIONS``; else a ValueError that names ``key`` and the choices."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"{key}={precision!r} is not one of {', '.join(PRECISIONS)}")
+    return precision
+
+
+def uses_bf16(precision: str, device: torch.device) -> bool:
+    """Whether ``precision`` means bf16 autocast on ``device``."""
+    check_precision(precision)
+    return precision == "bf16" or (precision == "auto" and device.type == "cuda")
+
+
+def autocast(precision: str, device: torch.device) -> AbstractContextManager[None]:
+    """The autocast context for ``precision`` on ``device`` (a no-op for float32)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=uses_bf16(precision, device))
+
+
+def configure_matmul(precision: str, device: torch.device) -> None:
+    """TF32 matmuls and cuDNN convolutions/RNNs on CUDA unless ``precision`` is ``fp32`` (no-op on the CPU)."""
+    if device.type == "cuda":
+        tf32 = check_precision(precision) != "fp32"
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+
+
+@functools.cache
+def cpu_has_native_bf16() -> bool | None:
+    """True if the CPU has bf16 instructions (AVX512-BF16 or AMX-BF16), False if not, None if unknown."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), None)
+    if flags is None:
+        return None
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def slow_bf16_warning(precision: str, device: torch.device) -> str | None:
+    """A warning when bf16 is asked for on a CPU known to lack bf16 instructions; else None."""
+    if device.type == "cpu" and uses_bf16(precision, device) and cpu_has_native_bf16() is False:
+        return ("precision=bf16 on a CPU without bf16 instructions (avx512_bf16 / amx_bf16): bf16 is emulated "
+                "there and slower than float32; use precision=auto or fp32")
+    return None

@@ -1,0 +1,66 @@
+"""Precision settings: which device/setting pairs mean bf16 autocast, and that they reach the model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nmt import precision as precision_module
+from nmt.attention import build_attention
+from nmt.config import upgrade_saved_config
+from nmt.model import Seq2Seq
+from nmt.precision import autocast, check_precision, slow_bf16_warning, uses_bf16
+from nmt.translation import TranslationError, translate_ids
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+def test_which_settings_mean_bf16() -> None:
+    assert uses_bf16("auto", CUDA) and not uses_bf16("auto", CPU)  # the default: bf16 on GPUs only
+    assert uses_bf16("bf16", CPU) and uses_bf16("bf16", CUDA)
+    assert not uses_bf16("fp32", CPU) and not uses_bf16("fp32", CUDA)
+    with pytest.raises(ValueError, match=r"trainer\.precision='fp16' is not one of auto, bf16, fp32"):
+        check_precision("fp16", key="trainer.precision")
+
+
+def _tiny_model() -> Seq2Seq:
+    torch.manual_seed(0)
+    attention = build_attention("additive", query_size=7, key_size=10, hidden_size=6)
+    return Seq2Seq(13, 11, attention, emb_size=4, enc_hidden_size=5, dec_hidden_size=7, dropout=0.0).eval()
+
+
+@pytest.mark.parametrize(("setting", "expected"), [("auto", torch.float32), ("fp32", torch.float32),
+                                                   ("bf16", torch.bfloat16)])
+def test_translate_ids_decodes_in_the_precision_asked_for(setting: str, expected: torch.dtype) -> None:
+    model = _tiny_model()
+    seen: set[torch.dtype] = set()
+    model.decoder.output.register_forward_hook(lambda _m, _i, out: seen.add(out.dtype))
+    src = [[4, 5, 6, 7], [8, 9], [10, 11, 12, 4, 5]]
+    for beam in (1, 3):
+        nbest = translate_ids(model, src, beam_size=beam, max_len=6, precision=setting)
+        assert len(nbest) == 3 and all(torch.isfinite(torch.tensor(h[0].score)) for h in nbest)
+    assert seen == {expected}
+    with autocast("fp32", CPU):  # the context itself: no autocast for float32
+        assert not torch.is_autocast_enabled("cpu")
+
+
+def test_unknown_precision_is_a_translation_error() -> None:
+    with pytest.raises(TranslationError, match="precision='half' is not one of auto, bf16, fp32"):
+        translate_ids(_tiny_model(), [[4, 5]], beam_size=1, precision="half")
+
+
+def test_bf16_on_a_cpu_without_bf16_instructions_warns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(precision_module, "cpu_has_native_bf16", lambda: False)
+    assert "slower than float32" in slow_bf16_warning("bf16", CPU)
+    assert slow_bf16_warning("auto", CPU) is None and slow_bf16_warning("bf16", CUDA) is None
+    monkeypatch.setattr(precision_module, "cpu_has_native_bf16", lambda: True)
+    assert slow_bf16_warning("bf16", CPU) is None
+
+
+def test_configs_saved_with_the_old_amp_key_are_upgraded() -> None:
+    old = {"model": {"emb_size": 8}, "trainer": {"amp": True, "lr": 0.1}}
+    assert upgrade_saved_config(old) == {"model": {"emb_size": 8}, "trainer": {"precision": "auto", "lr": 0.1}}
+    assert upgrade_saved_config({"trainer": {"amp": False}})["trainer"] == {"precision": "fp32"}
+    assert old["trainer"]["amp"] is True  # the caller's dict is left as it was
+    current = {"trainer": {"precision": "bf16"}}
+    assert upgrade_saved_config(current) == current
