@@ -203,6 +203,7 @@ def analyse_run(run_dir: Path, split: str | None, buckets: Sequence[int], device
         "parameters": results["parameters"],
         "train_seconds": results["train_seconds"],
         "device": results["device"],
+        "bf16_autocast": results.get("bf16_autocast"),  # None: a run from before trainer.precision
         "world_size": results.get("world_size", 1),
         "steps": results["steps"],
         "epochs": results["epochs"],
@@ -225,6 +226,7 @@ def format_duration(seconds: float) -> str:
 
 def format_device(run: dict[str, Any]) -> str:
     name = run["device"] + (f" x{run['world_size']}" if run["world_size"] > 1 else "")
+    name += ", bf16" if run.get("bf16_autocast") else ""
     return name + " (no GPU)" if run["device"] == "cpu" else name
 
 

@@ -177,3 +177,12 @@ def test_from_report_refuses_what_does_not_fit(sweep: tuple[Path, list[str], lis
     (tmp_path / "broken.json").write_text(json.dumps(broken))
     with pytest.raises(SystemExit, match=r"lacks \['by_length'\]"):
         compare_runs.main(["--from-report", str(tmp_path / "broken.json"), "--out", str(tmp_path / "x")])
+
+
+def test_device_column_names_bf16_runs() -> None:
+    run = {"device": "cpu", "world_size": 1}
+    assert compare_runs.format_device(run) == "cpu (no GPU)"  # runs from before trainer.precision
+    assert compare_runs.format_device({**run, "bf16_autocast": False}) == "cpu (no GPU)"
+    assert compare_runs.format_device({**run, "bf16_autocast": True}) == "cpu, bf16 (no GPU)"
+    gpu = {"device": "NVIDIA H100 80GB HBM3", "world_size": 2, "bf16_autocast": True}
+    assert compare_runs.format_device(gpu) == "NVIDIA H100 80GB HBM3 x2, bf16"
