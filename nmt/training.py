@@ -42,7 +42,6 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from nmt import __version__
 from nmt.checkpoint import CHECKPOINT_DIR, load_checkpoint, save_checkpoint
 from nmt.config import to_plain_dict, upgrade_saved_config, validate_config
 from nmt.data import EOS_ID, PAD_ID, Batch, EncodedSplit, PreparedData, Tokenizer, build_loader, prepare_data
@@ -50,6 +49,7 @@ from nmt.evaluation import corpus_scores
 from nmt.gpu_monitor import GpuMonitor
 from nmt.model import Seq2Seq, count_parameters
 from nmt.precision import autocast, configure_matmul, slow_bf16_warning, uses_bf16
+from nmt.provenance import device_name, host, library_versions
 from nmt.search import greedy_search
 from nmt.tensorboard import RunLogger
 from nmt.translation import translate_ids
@@ -615,7 +615,6 @@ class Trainer:
 
     def _run_summary(self, stopped_early: bool) -> dict[str, Any]:
         p = self.progress
-        device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         return {
             "attention": self.cfg.attention.name,
             "parameters": count_parameters(self.model),
@@ -630,12 +629,12 @@ class Trainer:
             "wall_seconds": p.wall_seconds,
             "gpu_utilisation": self.gpu_utilisation,
             "validations": p.validations,
-            "device": device_name,
+            "device": device_name(self.device),
             "precision": self.precision,
             "bf16_autocast": self.use_bf16,
             "world_size": self.info.world_size,
-            "torch": torch.__version__,
-            "nmt": __version__,
+            "versions": library_versions(),
+            "host": host(),
             "src_lang": self.cfg.data.src_lang,
             "tgt_lang": self.cfg.data.tgt_lang,
             "run_dir": str(self.run_dir),

@@ -32,11 +32,7 @@ it asserts nothing, and timings never go into the test suite.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
-import platform
-import shlex
 import statistics
 import sys
 import tempfile
@@ -51,17 +47,15 @@ sys.path.insert(0, str(REPO_ROOT))  # run as a script from anywhere, without ins
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for benchmark_translate
 
 import benchmark_translate  # noqa: E402
-import sacrebleu  # noqa: E402
-import sentencepiece  # noqa: E402
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from nmt import __version__  # noqa: E402
 from nmt.config import to_plain_dict, validate_config  # noqa: E402
 from nmt.data import Batch, EncodedSplit  # noqa: E402
 from nmt.gpu_monitor import GpuMonitor  # noqa: E402
 from nmt.model import count_parameters  # noqa: E402
+from nmt.provenance import device_name, device_slug, provenance  # noqa: E402
 from nmt.training import DistInfo, Trainer  # noqa: E402
 
 MEANINGLESS_BLEU_NOTE = (
@@ -199,8 +193,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # The Trainer writes its TensorBoard events (none here) and checkpoints into this scratch dir.
         trainer = Trainer(cfg, work_dir / "run", DistInfo())
         device = trainer.device
-        slug, device_name = benchmark_translate.device_label(device)
-        print(f"training {cfg.attention.name} ({count_parameters(trainer.model)} parameters) on {device_name}: "
+        print(f"training {cfg.attention.name} ({count_parameters(trainer.model)} parameters) on {device_name(device)}: "
               f"{args.warmup_steps} warm-up + {args.train_steps} timed steps", flush=True)
         training = measure_training(trainer, args.train_steps, args.warmup_steps)
         print(f"training: {training['target_tokens_per_s_median']:.0f} target tokens/s (median of steps), "
@@ -231,25 +224,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     report = {
         "benchmark": "train+translate",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
-        "host": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                 "processor": platform.processor() or platform.machine()},
-        "device": {"type": device.type, "name": device_name, "torch_threads": torch.get_num_threads()},
+        **provenance("scripts/benchmark.py", argv),
+        "device": {"type": device.type, "name": device_name(device)},
         "measured_without_gpu": device.type != "cuda",
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "nmt": __version__,
-            "sacrebleu": sacrebleu.__version__,
-            "sentencepiece": sentencepiece.__version__,
-        },
         "config": {"overrides": list(args.overrides), **to_plain_dict(cfg)},
         "training": training,
         "translation": translation,
     }
-    out = Path(args.out) if args.out else REPO_ROOT / "docs" / "results" / f"benchmark_{slug}.json"
+    out = Path(args.out) if args.out else REPO_ROOT / "docs" / "results" / f"benchmark_{device_slug(device)}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {out}")

@@ -18,13 +18,10 @@ docs/results/data_benchmark.json. A benchmark, not a test: it asserts nothing.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import logging
 import os
-import platform
 import random
-import shlex
 import sys
 import tempfile
 import time
@@ -34,13 +31,11 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-import sacrebleu  # noqa: E402
-import sentencepiece  # noqa: E402
-import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from nmt.data import EncodedSplit, TokenBucketSampler, prepare_data  # noqa: E402
 from nmt.data.batching import pack_batches  # noqa: E402
+from nmt.provenance import provenance  # noqa: E402
 
 
 def padding_stats(split: EncodedSplit, batches: list[list[int]], max_tokens: int) -> dict[str, float]:
@@ -117,15 +112,7 @@ def main() -> None:
     valid_stats = padding_stats(valid, valid_batches, args.valid_max_tokens)
 
     results: dict[str, Any] = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "sentencepiece": sentencepiece.__version__,
-            "sacrebleu": sacrebleu.__version__,
-        },
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
+        **provenance("scripts/benchmark_data.py"),
         "corpus": f"multi30k {args.src_lang}-{args.tgt_lang} from mirror",
         "tokenizer": f"{cfg.tokenizer.model_type} joint={cfg.tokenizer.joint} vocab={data.tokenizer.src_vocab_size}",
         "pairs": {"train": len(train), "valid": len(valid), **{k: len(v) for k, v in data.tests.items()}},

@@ -18,29 +18,23 @@ Not a test: timings never go into the test suite.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
-import re
-import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import sacrebleu
-import sentencepiece
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # run as a script from anywhere, without installing the package
 
-from nmt import __version__  # noqa: E402
 from nmt.checkpoint import load_for_inference  # noqa: E402
 from nmt.evaluation import corpus_scores  # noqa: E402
 from nmt.precision import PRECISIONS, configure_matmul, uses_bf16  # noqa: E402
+from nmt.provenance import device_name, device_slug, provenance  # noqa: E402
 from nmt.translation import read_input_lines, resolve_device, translate_lines  # noqa: E402
 
 SPLIT = "test_2016_flickr"
@@ -67,14 +61,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default=None,
                         help="JSON path (default: docs/results/translate_benchmark_<device>.json)")
     return parser.parse_args(argv)
-
-
-def device_label(device: torch.device) -> tuple[str, str]:
-    """``(slug for file names, human-readable name)`` of a device."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        return "cuda-" + re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-"), name
-    return device.type, platform.processor() or platform.machine()
 
 
 def default_paths(train_cfg: dict[str, Any]) -> tuple[Path, Path | None]:
@@ -109,7 +95,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.limit:
         lines = lines[: args.limit]
         refs = refs[: args.limit] if refs else None
-    slug, device_name = device_label(device)
 
     results = []
     for beam in args.beam_sizes:
@@ -143,18 +128,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     report = {
         "benchmark": "translate",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
-        "device": {"type": device.type, "name": device_name, "torch_threads": torch.get_num_threads()},
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-            "nmt": __version__,
-            "sacrebleu": sacrebleu.__version__,
-            "sentencepiece": sentencepiece.__version__,
-        },
+        **provenance("scripts/benchmark_translate.py", argv),
+        "device": {"type": device.type, "name": device_name(device)},
         "config": {
             "checkpoint": str(args.checkpoint),
             "input": str(src_path),
@@ -175,7 +150,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "results": results,
     }
-    out_path = Path(args.out) if args.out else REPO_ROOT / "docs" / "results" / f"translate_benchmark_{slug}.json"
+    default_out = REPO_ROOT / "docs" / "results" / f"translate_benchmark_{device_slug(device)}.json"
+    out_path = Path(args.out) if args.out else default_out
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {out_path}")

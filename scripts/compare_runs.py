@@ -36,10 +36,8 @@ Not done here: training, significance tests, or any timing (``scripts/benchmark.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import logging
-import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,6 +52,7 @@ from nmt.alignment import attention_sharpness  # noqa: E402
 from nmt.checkpoint import CheckpointError, load_for_inference, resolve_checkpoint  # noqa: E402
 from nmt.data import prepare_data  # noqa: E402
 from nmt.evaluation import TUTORIAL_BLEU_LABEL, bleu_by_length, corpus_scores, tutorial_bleu  # noqa: E402
+from nmt.provenance import provenance  # noqa: E402
 from nmt.translation import resolve_device, translate_lines  # noqa: E402
 
 log = logging.getLogger("compare_runs")
@@ -383,8 +382,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     markdown = render_markdown(runs)
     report = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        **provenance("scripts/compare_runs.py", argv),
         "split": runs[0]["split"],
         "buckets": list(args.buckets),
         "tutorial_bleu_label": TUTORIAL_BLEU_LABEL,

@@ -32,11 +32,8 @@ Not done here: training the checkpoint (``train.py``), or installing JoeyNMT any
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
-import shlex
 import statistics
 import subprocess
 import sys
@@ -346,7 +343,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         decode_once(argv[1:])
         return {}
     args = parse_args(argv)
-    import torch
+    from nmt.provenance import provenance  # imported here: decode-once's start-up stays lean
 
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="peer_compare_"))
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -371,11 +368,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print("no --checkpoint: translation not measured", flush=True)
 
     report = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
-        "host": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                 "torch_threads": torch.get_num_threads()},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__},
+        **provenance("scripts/peer_compare.py", argv),
         "our_device": our_device,
         "measured_without_gpu": not our_device.startswith("cuda"),
         "checkpoint": str(args.checkpoint) if args.checkpoint else None,

@@ -23,28 +23,24 @@ quoting (``scripts/benchmark_translate.py`` repeats and takes medians; this time
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import platform
-import shlex
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import sacrebleu
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # run as a script from anywhere, without installing the package
 
-from nmt import __version__  # noqa: E402
 from nmt.checkpoint import CheckpointError, load_for_inference, resolve_checkpoint  # noqa: E402
 from nmt.data import DataError, prepare_data  # noqa: E402
 from nmt.evaluation import corpus_scores  # noqa: E402
 from nmt.model import Seq2Seq  # noqa: E402
 from nmt.precision import PRECISIONS, uses_bf16  # noqa: E402
+from nmt.provenance import device_name, provenance  # noqa: E402
 from nmt.translation import encode_lines, resolve_device, translate_ids  # noqa: E402
 
 
@@ -174,14 +170,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "test": test,
         "bleu_signature": rows[0]["bleu_signature"],
         "chrf_signature": rows[0]["chrf_signature"],
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",  # as in results.json
-        "threads": torch.get_num_threads(),
+        "device": device_name(device),
         "precision": args.precision,
         "bf16_autocast": uses_bf16(args.precision, device),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "sacrebleu": sacrebleu.__version__, "nmt": __version__},
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "command": shlex.join(["python", "scripts/tune_decoding.py", *(sys.argv[1:] if argv is None else argv)]),
+        **provenance("scripts/tune_decoding.py", argv),
     }
     out = args.out or run_dir / "decoding_grid"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -124,6 +124,7 @@ def test_checkpoints_events_and_results_are_complete(tmp_path: Path) -> None:
     saved = json.loads((run / "results.json").read_text())
     assert saved["test"]["test"]["bleu"] == results["test"]["test"]["bleu"]
     assert {"valid", "test", "parameters", "device", "train_seconds", "averaged"} <= set(saved)
+    assert saved["device"] == "cpu" and saved["versions"]["torch"] == torch.__version__ and saved["host"]["cpu_count"]
     assert [v["step"] for v in saved["validations"]] == [10, 20]
     assert 0 < saved["train_seconds"] < saved["wall_seconds"]  # wall clock adds the validations
     assert max(v["bleu"] for v in saved["validations"]) == saved["best_val_bleu_greedy"]

@@ -44,6 +44,8 @@ def test_grid_choice_and_test_scores(trained_run: tuple[Path, object], tmp_path:
     assert settings == [(1, 0.0), (3, 0.0), (3, 1.0)]
     assert report["split"] == "valid" and report["sentences"] == len(prepare_data(cfg.data).valid)
     assert report["best"] == max(report["grid"], key=lambda row: row["bleu"])
+    # the arguments main() was given, not pytest's own
+    assert report["command"].startswith(f"python scripts/tune_decoding.py {run_dir} --beam-sizes 1 3")
 
     # each row is what translating the split with that setting scores, computed here independently
     model, tokenizer, _ = load_for_inference(run_dir)

@@ -1,0 +1,85 @@
+"""Where a figure came from: date, command, device, host and library versions, recorded the same way everywhere.
+
+    report = {**provenance("scripts/benchmark.py", argv), "results": ...}
+    device_name(torch.device("cuda"))   # "NVIDIA H100 80GB HBM3"; "cpu" on the CPU
+    device_slug(torch.device("cuda"))   # "cuda-nvidia-h100-80gb-hbm3", for file names
+
+Every script that writes into ``docs/results/`` (and ``train.py``'s ``results.json``) records these
+fields, so a figure can be traced to the machine and versions that made it and no two files spell the
+device differently. Dates are UTC. This module measures nothing and does not decide what a report
+holds beyond these fields.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import re
+import shlex
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import sacrebleu
+import sentencepiece
+import torch
+
+from nmt import __version__
+
+
+def utc_timestamp() -> str:
+    """Now, as ``2026-11-23T15:40:28+00:00``."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def command_line(script: str, argv: Sequence[str] | None = None) -> str:
+    """The shell command that reproduces this run: ``python <script> <args>``.
+
+    Args:
+        script: the script's path from the repository root, e.g. ``scripts/benchmark.py``.
+        argv: the arguments ``main`` was given; None = this process's own (``sys.argv[1:]``), which are
+            the script's only when it was started from the shell.
+    """
+    return shlex.join(["python", script, *(sys.argv[1:] if argv is None else argv)])
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name for a CUDA device (``NVIDIA H100 80GB HBM3``), else the device type (``cpu``)."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def device_slug(device: torch.device) -> str:
+    """``device_name`` fit for a file name: ``cpu``, ``cuda-nvidia-h100-80gb-hbm3``."""
+    if device.type != "cuda":
+        return device.type
+    return "cuda-" + re.sub(r"[^a-z0-9]+", "-", device_name(device).lower()).strip("-")
+
+
+def library_versions() -> dict[str, Any]:
+    """Versions of what can move a figure: Python, torch (with its CUDA and cuDNN), nmt, sacrebleu, SentencePiece."""
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "nmt": __version__,
+        "sacrebleu": sacrebleu.__version__,
+        "sentencepiece": sentencepiece.__version__,
+    }
+
+
+def host() -> dict[str, Any]:
+    """The machine: CPU count, platform string, processor, and the threads torch uses on the CPU."""
+    return {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def provenance(script: str, argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """The fields every results file starts with: ``date``, ``command``, ``host``, ``versions``."""
+    return {"date": utc_timestamp(), "command": command_line(script, argv), "host": host(),
+            "versions": library_versions()}

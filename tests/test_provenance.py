@@ -1,0 +1,33 @@
+"""nmt.provenance: the date, command, device, host and versions block that every results file starts with."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shlex
+
+import sacrebleu
+import torch
+
+from nmt import __version__
+from nmt.provenance import command_line, device_name, device_slug, provenance
+
+
+def test_command_line_quotes_the_arguments_it_was_given() -> None:
+    command = command_line("scripts/benchmark.py", ["model=default", "--out", "/tmp/a b.json"])
+    assert command == "python scripts/benchmark.py model=default --out '/tmp/a b.json'"
+    assert shlex.split(command)[-1] == "/tmp/a b.json"  # pastes back into a shell as the same arguments
+
+
+def test_cpu_device_is_named_and_slugged_cpu() -> None:
+    assert device_name(torch.device("cpu")) == "cpu"
+    assert device_slug(torch.device("cpu")) == "cpu"
+
+
+def test_provenance_block_is_complete_and_true() -> None:
+    block = provenance("scripts/x.py", [])
+    assert set(block) == {"date", "command", "host", "versions"}
+    assert block["command"] == "python scripts/x.py"
+    assert dt.datetime.fromisoformat(block["date"]).utcoffset() == dt.timedelta(0)  # UTC, so runs on any host compare
+    assert block["versions"]["torch"] == torch.__version__ and block["versions"]["nmt"] == __version__
+    assert block["versions"]["sacrebleu"] == sacrebleu.__version__
+    assert block["host"]["cpu_count"] >= 1 and block["host"]["torch_threads"] == torch.get_num_threads()
