@@ -10,7 +10,7 @@ other file:
                             tensors, since the weights-only unpickler refuses raw bytes
     model           dict    the model's state_dict
     optimizer, scheduler, scaler   state_dicts (training checkpoints only)
-    rng             dict    python / torch / cuda RNG states
+    rng             list    per rank (index = rank): python / torch / cuda RNG states
     progress        dict    step, epoch, batches done in the epoch, best score, bad validations, ...
 
 Only tensors and plain Python values go in (no pickled classes), so opening a checkpoint from

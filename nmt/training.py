@@ -123,6 +123,15 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
+def gather_rng_states(info: DistInfo) -> list[dict[str, Any]]:
+    """Every rank's RNG states, indexed by rank. A collective: all ranks call it at the same point."""
+    if info.world_size == 1:
+        return [rng_state()]
+    states: list[Any] = [None] * info.world_size
+    dist.all_gather_object(states, rng_state())
+    return states
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
@@ -214,7 +223,7 @@ class Trainer:
             log.warning("trainer.%s", warning)
         self.interrupt_at_step = interrupt_at_step
         self.stop_signal: str | None = None
-        seed_everything(self.tcfg.seed)
+        seed_everything(self.tcfg.seed + info.rank)  # own dropout stream per rank; DDP copies rank 0's weights
 
         self.data = self._prepare_data(resume_state)
         self.model = Seq2Seq.from_config(
@@ -271,12 +280,16 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
-        set_rng_state(state["rng"])
+        saved_rng = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]  # older checkpoints: one dict
+        if len(saved_rng) != self.info.world_size and self.info.is_main:
+            log.warning("resuming a run saved with %d processes on %d: each rank's data share and dropout stream "
+                        "differ from the uninterrupted run's", len(saved_rng), self.info.world_size)
+        set_rng_state(saved_rng[self.info.rank % len(saved_rng)])
         log.info("resumed at step %d (epoch %d, batch %d of %d)", self.progress.step, self.progress.epoch,
                  self.progress.batches_done, self.batches_per_epoch)
 
     # ------------------------------------------------------------------------------ checkpoints
-    def _checkpoint_state(self) -> dict[str, Any]:
+    def _checkpoint_state(self, rng_states: list[dict[str, Any]]) -> dict[str, Any]:
         return {
             "config": to_plain_dict(self.cfg),
             "tokenizer": self.data.tokenizer.to_state(),
@@ -284,16 +297,23 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "rng": rng_state(),
+            "rng": rng_states,  # one entry per rank
             "progress": asdict(self.progress),
         }
 
-    def save(self, *names: str) -> None:
-        """Write ``checkpoints/<name>.pt`` for each name (rank 0 only)."""
+    def save(self, *names: str, rng_states: list[dict[str, Any]] | None = None) -> None:
+        """Write ``checkpoints/<name>.pt`` for each name (rank 0 writes).
+
+        Args:
+            names: checkpoint names, e.g. ``"last", "best"``.
+            rng_states: ``gather_rng_states`` taken at this point; None = gather them here, which every
+                rank must then call together.
+        """
+        rng_states = gather_rng_states(self.info) if rng_states is None else rng_states
         if not self.info.is_main:
             return
         self._update_wall_clock()
-        state = self._checkpoint_state()
+        state = self._checkpoint_state(rng_states)
         for name in names:
             save_checkpoint(self.run_dir / CHECKPOINT_DIR / f"{name}.pt", state)
 
@@ -473,7 +493,7 @@ class Trainer:
     # ------------------------------------------------------------------------------ validation
     def _validate_and_checkpoint(self) -> bool:
         """Validate (rank 0), save ``last`` (and ``best``), decide early stopping. True = stop early."""
-        stop = False
+        stop, improved = False, False
         if self.info.is_main:
             metrics = self.validate()
             improved = metrics["bleu"] > self.progress.best_bleu
@@ -489,7 +509,9 @@ class Trainer:
                                   "bleu": metrics["bleu"], "chrf": metrics["chrf"], "loss": metrics["loss"]})
             patience = self.tcfg.early_stopping_patience
             stop = patience is not None and self.progress.bad_validations >= patience
-            self.save(*(["last", "best"] if improved else ["last"]))
+        rng_states = gather_rng_states(self.info)  # every rank's, for an exact resume
+        if self.info.is_main:
+            self.save(*(["last", "best"] if improved else ["last"]), rng_states=rng_states)
             self._keep_for_averaging()
             self.logger.message(
                 f"validation at step {self.progress.step}: BLEU {metrics['bleu']:.2f} chrF {metrics['chrf']:.2f} "

@@ -2,7 +2,8 @@
 
 The task: reverse a short sequence of symbols ("c a f" -> "f a c"). Every attention type must learn
 it; resume must reproduce the uninterrupted loss curve exactly; checkpoints, TensorBoard events and
-results.json must be complete; bad configs must fail naming the key; 2-process gloo DDP must run.
+results.json must be complete; bad configs must fail naming the key; 2-process gloo DDP must run and
+resume exactly.
 """
 
 from __future__ import annotations
@@ -192,26 +193,38 @@ def test_command_line_key_check_suggests_and_leaves_the_rest_to_hydra() -> None:
 
 
 @pytest.mark.slow
-def test_ddp_two_cpu_processes(tmp_path: Path) -> None:
+def test_ddp_two_cpu_processes_run_and_resume_exactly(tmp_path: Path) -> None:
+    """2-process gloo DDP: it trains, rank 0 alone writes, and a resumed run continues every rank's dropout stream.
+
+    Dropout is on, so the resumed loss curve equals the uninterrupted one only if each rank gets back its own
+    RNG state (rank 1's masks shape the averaged gradients that rank 0's logged losses follow).
+    """
     cfg = tiny_config(tmp_path, [])
     config_dir = tmp_path / "extra_configs" / "data"
     config_dir.mkdir(parents=True)
     data = OmegaConf.to_container(cfg.data, resolve=True)
     OmegaConf.save(OmegaConf.create(data), config_dir / "reversal.yaml")
     prepare_data(cfg.data)  # warm the cache so the two ranks start together
-    run_dir = tmp_path / "ddp"
     overrides = [o for o in TINY if not o.startswith("data.")][1:] + [
-        "data=reversal", "trainer.max_steps=6", "trainer.validate_every=3", "trainer.test_beam_size=1",
-        "trainer.device=cpu", f"hydra.run.dir={run_dir}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517", "train.py",
-         f"--config-dir={tmp_path / 'extra_configs'}", *overrides],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads((run_dir / "results.json").read_text())
+        "data=reversal", "trainer.validate_every=3", "trainer.test_beam_size=1", "trainer.device=cpu",
+        "model.dropout=0.2", "trainer.log_every=1", "trainer.lr_schedule=constant"]  # constant: max_steps moves no lr
+
+    def torchrun(*extra: str) -> None:
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517", "train.py",
+             f"--config-dir={tmp_path / 'extra_configs'}", *overrides, *extra],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    straight, resumed = tmp_path / "ddp", tmp_path / "ddp_resumed"
+    torchrun("trainer.max_steps=6", f"hydra.run.dir={straight}")
+    results = json.loads((straight / "results.json").read_text())
     assert results["world_size"] == 2 and results["steps"] == 6
-    assert len((run_dir / "train_log.jsonl").read_text().splitlines()) == 6  # rank 0 alone writes
+    assert len((straight / "train_log.jsonl").read_text().splitlines()) == 6  # rank 0 alone writes
+
+    torchrun("trainer.max_steps=3", f"hydra.run.dir={resumed}")
+    torchrun(f"trainer.resume={resumed}", "trainer.max_steps=6")
+    assert (resumed / "train_log.jsonl").read_text() == (straight / "train_log.jsonl").read_text()
 
 
 def test_bf16_training_learns_and_is_recorded(tmp_path: Path) -> None:
@@ -242,3 +255,23 @@ def test_resuming_a_run_saved_with_the_old_amp_key(tmp_path: Path) -> None:
     merged = resume_config(cfg, {"config": legacy})
     validate_config(merged)
     assert merged.trainer.precision == "auto" and "amp" not in merged.trainer
+
+
+def test_resuming_a_checkpoint_with_the_old_single_rng_state(tmp_path: Path) -> None:
+    """Checkpoints written before per-rank RNG states held one dict; they still resume exactly."""
+    from nmt.checkpoint import save_checkpoint
+
+    cfg = tiny_config(tmp_path, ["trainer.max_steps=8", "trainer.validate_every=4", "trainer.log_every=1",
+                                 "model.dropout=0.2", "trainer.test_beam_size=1"])
+    train(cfg, run_dir=tmp_path / "straight")
+    train(cfg, run_dir=tmp_path / "resumed", interrupt_at_step=6)
+    last = tmp_path / "resumed" / "checkpoints" / "last.pt"
+    state = load_checkpoint(last)
+    assert isinstance(state["rng"], list) and len(state["rng"]) == 1
+    state["rng"] = state["rng"][0]  # the old layout
+    save_checkpoint(last, {k: v for k, v in state.items() if k not in ("format_version", "nmt_version")})
+    resume_cfg = cfg.copy()
+    resume_cfg.trainer.resume = str(tmp_path / "resumed")
+    train(resume_cfg)
+    resumed, straight = (tmp_path / name / "train_log.jsonl" for name in ("resumed", "straight"))
+    assert resumed.read_text() == straight.read_text()
