@@ -109,7 +109,12 @@ class Encoder(nn.Module):
         """
         embedded = self.dropout(self.embedding(src))  # [B, S, E]
         packed = pack_padded_sequence(embedded, src_lengths.cpu(), batch_first=True, enforce_sorted=False)
-        packed_out, final = self.rnn(packed)  # final: [layers * 2, B, He]
+        # Outside autocast, in the weights' dtype (float32): PyTorch's autocast wrapper for cuDNN RNNs casts
+        # to float16 whatever dtype autocast asks for (aten/src/ATen/cudnn/AutocastRNN.cpp), so under bf16
+        # autocast the encoder would run in fp16 with no loss scaling. One cuDNN call per batch; TF32 keeps
+        # it fast.
+        with torch.autocast(src.device.type, enabled=False):
+            packed_out, final = self.rnn(packed)  # final: [layers * 2, B, He]
         enc_out, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=src.shape[1])
         last = torch.cat([final[-2], final[-1]], dim=-1)  # [B, 2He]
         return enc_out, last

@@ -9,9 +9,11 @@ One setting, ``trainer.precision`` for training and ``precision`` for ``translat
     fp32   float32 throughout: no autocast, and TF32 off on CUDA
 
 bf16 keeps float32's exponent range, so no loss scaling is needed (the trainer's ``GradScaler`` stays
-disabled). Under autocast the matmuls (``nn.Linear``, ``bmm``, the GRU's input and hidden projections)
-take bf16 operands and accumulate in float32; the recurrent state then carries bf16 values between
-steps. The loss (``nmt.training.sequence_loss``) and search (``nmt.search``) upcast the logits to float32.
+disabled). Under autocast the matmuls (``nn.Linear``, ``bmm``, the decoder GRU's input and hidden
+projections) take bf16 operands and accumulate in float32; the decoder's recurrent state then carries
+bf16 values between steps. The encoder's cuDNN GRU runs outside autocast in float32
+(``nmt.model.Encoder``: PyTorch's autocast rule for cuDNN RNNs would cast it to fp16, not bf16). The
+loss (``nmt.training.sequence_loss``) and search (``nmt.search``) upcast the logits to float32.
 
 Deliberately not here: fp16 (it needs loss scaling and buys nothing over bf16 on the GPUs this
 project targets), and choosing bf16 on a CPU automatically (its numerics would then depend on the machine).

@@ -64,3 +64,30 @@ def test_configs_saved_with_the_old_amp_key_are_upgraded() -> None:
     assert old["trainer"]["amp"] is True  # the caller's dict is left as it was
     current = {"trainer": {"precision": "bf16"}}
     assert upgrade_saved_config(current) == current
+
+
+def test_the_encoder_gru_runs_outside_autocast() -> None:
+    """Under bf16 autocast the cuDNN GRU would be cast to fp16 (PyTorch's RNN autocast rule); ours stays float32."""
+    model = _tiny_model()
+    inside: list[bool] = []
+    model.encoder.rnn.register_forward_pre_hook(lambda _m, _i: inside.append(torch.is_autocast_enabled("cpu")))
+    src, lengths = torch.tensor([[4, 5, 6], [7, 8, 0]]), torch.tensor([3, 2])
+    with autocast("bf16", CPU):
+        enc_out, last = model.encoder(src, lengths)
+        assert torch.is_autocast_enabled("cpu")  # the rest of the model still runs under autocast
+    assert inside == [False]
+    assert enc_out.dtype == last.dtype == torch.float32
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the cuDNN RNN autocast rule needs CUDA")
+def test_bf16_training_step_on_cuda_keeps_the_encoder_in_float32() -> None:
+    model = _tiny_model().to(CUDA).train()
+    src, lengths = torch.tensor([[4, 5, 6], [7, 8, 0]], device=CUDA), torch.tensor([3, 2], device=CUDA)
+    tgt_in = torch.tensor([[2, 4, 5], [2, 6, 0]], device=CUDA)
+    with autocast("auto", CUDA):
+        enc_out, _ = model.encoder(src, lengths)
+        logits, _ = model(src, lengths, tgt_in)
+    assert enc_out.dtype == torch.float32 and logits.dtype == torch.bfloat16
+    logits.float().sum().backward()
+    assert all(p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all() for p in model.encoder.rnn.parameters())
