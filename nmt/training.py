@@ -374,7 +374,7 @@ class Trainer:
             sampler.set_epoch(self.progress.epoch, start=self.progress.batches_done)
             for batch in self.train_loader:
                 step_start = time.perf_counter()
-                loss, tokens, grad_norm = self._train_step(batch)
+                loss, tokens, grad_norm, lr = self._train_step(batch)
                 self.progress.batches_done += 1
                 if loss is None:
                     nonfinite_in_row += 1
@@ -392,12 +392,12 @@ class Trainer:
                 self.progress.train_seconds += time.perf_counter() - step_start
                 window_loss += loss
                 window_tokens += tokens
-                self._record(loss, tokens, grad_norm)
+                self._record(loss, tokens, grad_norm, lr)
 
                 if self.progress.step % self.tcfg.log_every == 0 or self.progress.step == self.total_steps:
                     elapsed = time.perf_counter() - window_start
                     self._log_train(window_loss / max(1, window_tokens), window_tokens * self.info.world_size / elapsed,
-                                    grad_norm)
+                                    grad_norm, lr)
                     window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
                 due = self.tcfg.validate_every and self.progress.step % self.tcfg.validate_every == 0
                 if due or self.progress.step == self.total_steps:
@@ -419,8 +419,14 @@ class Trainer:
                 window_start += time.perf_counter() - validation_start
         return False
 
-    def _train_step(self, batch: Batch) -> tuple[float | None, int, float]:
-        """Forward, backward, clip, step. Returns (summed loss or None when skipped, target tokens, grad norm)."""
+    def _train_step(self, batch: Batch) -> tuple[float | None, int, float, float]:
+        """Forward, backward, clip, step.
+
+        Returns:
+            The summed loss (None when the step was skipped), target tokens, gradient norm, and the
+            learning rate this step used (the scheduler has moved on to the next step's by then).
+        """
+        lr = self.scheduler.get_last_lr()[0]
         self.model.train()
         batch = batch.to(self.device, non_blocking=True)
         tokens = batch.num_tgt_tokens
@@ -430,18 +436,18 @@ class Trainer:
         loss_value = loss_sum.item()
         if not self._all_ranks_finite(loss_value):
             self.optimizer.zero_grad(set_to_none=True)
-            return None, tokens, float("nan")
+            return None, tokens, float("nan"), lr
         # Mean over this rank's tokens; DDP averages the gradients over ranks.
         (loss_sum / max(1, tokens)).backward()
         max_norm = self.tcfg.clip_grad_norm or float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         if not math.isfinite(grad_norm):  # identical on every rank: gradients are already all-reduced
             self.optimizer.zero_grad(set_to_none=True)
-            return None, tokens, grad_norm
+            return None, tokens, grad_norm, lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        return loss_value, tokens, grad_norm
+        return loss_value, tokens, grad_norm, lr
 
     def _all_ranks_finite(self, loss_value: float) -> bool:
         finite = math.isfinite(loss_value)
@@ -466,13 +472,13 @@ class Trainer:
         log.warning("%s received: finishing this step, then saving checkpoints/last.pt", self.stop_signal)
 
     # --------------------------------------------------------------------------------- logging
-    def _record(self, loss: float, tokens: int, grad_norm: float) -> None:
+    def _record(self, loss: float, tokens: int, grad_norm: float, lr: float) -> None:
         """One line per step in train_log.jsonl: the exact loss curve (resume tests compare it)."""
         if not self.info.is_main:
             return
         with self.history_path.open("a") as handle:
             handle.write(json.dumps({"step": self.progress.step, "loss": loss / max(1, tokens),
-                                     "lr": self.scheduler.get_last_lr()[0], "grad_norm": grad_norm}) + "\n")
+                                     "lr": lr, "grad_norm": grad_norm}) + "\n")
 
     def _truncate_history(self) -> None:
         """On resume, drop log lines written after the checkpoint (by the run that was cut off)."""
@@ -482,8 +488,7 @@ class Trainer:
         kept = [line for line in lines if json.loads(line)["step"] <= self.progress.step]
         self.history_path.write_text("".join(line + "\n" for line in kept))
 
-    def _log_train(self, loss: float, tokens_per_s: float, grad_norm: float) -> None:
-        lr = self.scheduler.get_last_lr()[0]
+    def _log_train(self, loss: float, tokens_per_s: float, grad_norm: float, lr: float) -> None:
         values = {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "lr": lr, "grad_norm": grad_norm,
                   "tokens_per_s": tokens_per_s, "epoch": float(self.progress.epoch)}
         self.logger.scalars("train", values, self.progress.step)

@@ -131,7 +131,7 @@ def measure_training(trainer: Trainer, steps: int | None, warmup_steps: int) -> 
         last = time.perf_counter()
         for _ in range(steps):
             batch = next(batches)  # batch fetching and collation count as training time
-            loss, n_tokens, _ = trainer._train_step(batch)
+            loss, n_tokens, _, _ = trainer._train_step(batch)
             sync(device)  # _train_step already reads the loss (.item()), but the optimizer step runs after it
             now = time.perf_counter()
             seconds.append(now - last)

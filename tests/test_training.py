@@ -127,6 +127,8 @@ def test_checkpoints_events_and_results_are_complete(tmp_path: Path) -> None:
     assert {"valid", "test", "parameters", "device", "train_seconds", "averaged"} <= set(saved)
     assert saved["device"] == "cpu" and saved["versions"]["torch"] == torch.__version__ and saved["host"]["cpu_count"]
     assert [v["step"] for v in saved["validations"]] == [10, 20]
+    first = json.loads((run / "train_log.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 1 and first["lr"] == pytest.approx(0.01 / 20)  # the rate step 1 used: lr / warmup_steps
     assert 0 < saved["train_seconds"] < saved["wall_seconds"]  # wall clock adds the validations
     assert max(v["bleu"] for v in saved["validations"]) == saved["best_val_bleu_greedy"]
     assert saved["final_evaluation_seconds"] > 0 and saved["setup_seconds"] > 0
