@@ -14,8 +14,8 @@ other file:
     progress        dict    step, epoch, batches done in the epoch, best score, bad validations, ...
 
 Only tensors and plain Python values go in (no pickled classes), so opening a checkpoint from
-elsewhere never runs code. Files are written to ``<name>.tmp`` and renamed, so a crash mid-write
-never leaves a half-written ``last.pt`` or ``best.pt``.
+elsewhere never runs code. Files are written to ``<name>.tmp``, flushed to disk and renamed, so a
+crash mid-write (or a power cut after it) never leaves a half-written ``last.pt`` or ``best.pt``.
 
 Deliberately not here: what to put in ``progress`` (``nmt.training``), training itself.
 """
@@ -50,16 +50,39 @@ def _tensors_to_bytes(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
-    """Write ``state`` (plus format and version stamps) to ``path`` atomically: temp file, then rename."""
+    """Write ``state`` (plus format and version stamps) to ``path`` atomically and durably.
+
+    The bytes go to ``<name>.tmp``, are flushed to disk (fsync), and only then renamed over ``path``: a
+    crash, a full disk or a power cut leaves the previous checkpoint, never a half-written or empty one.
+    A failed write removes its temp file.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     state = {"format_version": CHECKPOINT_FORMAT, "nmt_version": __version__, **state}
     if "tokenizer" in state:
         state["tokenizer"] = _bytes_to_tensors(state["tokenizer"])
-    torch.save(state, tmp)
+    try:
+        with open(tmp, "wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())  # the data is on disk before the rename makes it the checkpoint
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one, never half
+    _fsync_directory(path.parent)  # and the rename itself survives a power cut
     return path
+
+
+def _fsync_directory(folder: Path) -> None:
+    if not hasattr(os, "O_DIRECTORY"):  # Windows: directories cannot be opened for fsync
+        return
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

@@ -1,0 +1,46 @@
+"""nmt.checkpoint: writes are atomic and durable, and a failed write leaves the previous checkpoint."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt import checkpoint
+from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+
+
+def test_a_checkpoint_is_on_disk_before_it_replaces_the_old_one(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(checkpoint.os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(checkpoint.os, "replace", lambda a, b: (events.append("replace"), real_replace(a, b))[1])
+    path = save_checkpoint(tmp_path / "checkpoints" / "last.pt", {"progress": {"step": 3}})
+    assert events == ["fsync", "replace", "fsync"]  # file data, then the rename, then the folder entry
+    assert load_checkpoint(path)["progress"] == {"step": 3}
+    assert [p.name for p in path.parent.iterdir()] == ["last.pt"]
+
+
+def test_a_failed_write_keeps_the_previous_checkpoint_and_no_temp_file(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    path = save_checkpoint(tmp_path / "last.pt", {"progress": {"step": 1}})
+
+    def disk_full(obj: object, handle: object) -> None:
+        handle.write(b"half a checkpoint")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.torch, "save", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(path, {"progress": {"step": 2}})
+    assert load_checkpoint(path)["progress"] == {"step": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_a_truncated_file_is_refused_by_name(tmp_path: Path) -> None:
+    path = save_checkpoint(tmp_path / "best.pt", {"model": {"w": torch.ones(1000)}})
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="cannot read checkpoint .*best.pt"):
+        load_checkpoint(path)
