@@ -23,6 +23,7 @@ Deliberately not here: the model (``nmt.model``), search (``nmt.search``), scori
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import math
@@ -55,6 +56,7 @@ from nmt.tensorboard import RunLogger
 from nmt.translation import translate_ids
 
 log = logging.getLogger(__name__)
+DISTRIBUTED_TIMEOUT = datetime.timedelta(hours=1)  # how long a rank waits in a collective before the run aborts
 
 
 @dataclass
@@ -93,7 +95,9 @@ def setup_distributed(device_name: str) -> DistInfo:
         return DistInfo()
     use_cuda = torch.cuda.is_available() and device_name != "cpu"
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        # Rank 0 validates alone while the others wait in a collective: on a large validation set with beam
+        # search that can take longer than the default 10-minute collective timeout, which would abort the run.
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=DISTRIBUTED_TIMEOUT)
     return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
