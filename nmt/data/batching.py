@@ -405,15 +405,5 @@ def token_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
     Returns:
         Batches of sentence indices.
     """
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        width = lengths[current[0]] if current else lengths[i]  # the first is the longest
-        if current and width * (len(current) + 1) > batch_tokens:
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
+    longest_first = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return pack_batches(longest_first, lengths, lengths, batch_tokens)  # no targets: source lengths on both sides
