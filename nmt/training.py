@@ -45,13 +45,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from nmt.checkpoint import CHECKPOINT_DIR, load_checkpoint, save_checkpoint
 from nmt.config import to_plain_dict, upgrade_saved_config, validate_config
-from nmt.data import EOS_ID, PAD_ID, Batch, EncodedSplit, PreparedData, Tokenizer, build_loader, prepare_data
+from nmt.data import PAD_ID, Batch, EncodedSplit, PreparedData, Tokenizer, build_loader, prepare_data
 from nmt.evaluation import corpus_scores
 from nmt.gpu_monitor import GpuMonitor
 from nmt.model import Seq2Seq, count_parameters
 from nmt.precision import autocast, configure_matmul, slow_bf16_warning, uses_bf16
 from nmt.provenance import device_name, host, library_versions
-from nmt.search import greedy_search
 from nmt.tensorboard import RunLogger
 from nmt.translation import translate_ids
 
@@ -69,7 +68,7 @@ class Progress:
     best_bleu: float = -1.0
     best_step: int = 0
     bad_validations: int = 0  # validations since the last new best
-    train_seconds: float = 0.0  # optimizer steps only (batch fetching included, validation not)
+    train_seconds: float = 0.0  # optimizer steps only: batch fetching and validation not included
     wall_seconds: float = 0.0  # the loop's wall-clock time, validations included, summed over resumes
     target_tokens: int = 0  # real target tokens trained on (this rank)
     # One entry per validation: step, epoch, train/wall seconds so far, greedy BLEU, chrF, loss.
@@ -576,18 +575,18 @@ class Trainer:
         self.logger.text("samples", "\n\n".join(rows), step)
         if not self.model.has_attention:
             return
-        tok = self.data.tokenizer
-        for i in range(min(self.tcfg.num_heatmaps, len(split))):
-            src_ids = split.src_ids[i][: self.tcfg.max_len] + [EOS_ID]  # as the model sees it
-            src = torch.tensor([src_ids], device=self.device)
-            with torch.no_grad():
-                src_lengths = torch.tensor([len(src_ids)], device=self.device)
-                hyp = greedy_search(self.model, src, src_lengths, max_len=self.tcfg.max_len,
-                                    max_len_ratio=self.tcfg.max_len_ratio)[0]
+        tok, t = self.data.tokenizer, self.tcfg
+        # Decoded again, alone, as validation decodes (beam size, length limits, precision): decoding keeps
+        # the attention only for these few.
+        sources = split.src_ids[: t.num_heatmaps]
+        nbest = translate_ids(self.model, sources, beam_size=t.val_beam_size, length_penalty=t.length_penalty,
+                              max_len=t.max_len, max_len_ratio=t.max_len_ratio, precision=self.precision)
+        for i, (src_ids, hyps) in enumerate(zip(sources, nbest)):
+            hyp = hyps[0]
             if hyp.attention is None or hyp.attention.numel() == 0:
                 continue
-            weights = hyp.attention.float().cpu()  # [T_hyp, S]
-            src_labels = (tok.src_pieces(src_ids[:-1]) + ["</s>"])[: weights.shape[1]]
+            weights = hyp.attention.float()  # [T_hyp, S]
+            src_labels = (tok.src_pieces(src_ids) + ["</s>"])[: weights.shape[1]]
             tgt_labels = (tok.tgt_pieces(hyp.tokens) + ["</s>"])[: weights.shape[0]]
             self.logger.attention(f"attention/{i}", weights[: len(tgt_labels), : len(src_labels)],
                                   src_labels, tgt_labels, step)
