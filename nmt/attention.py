@@ -153,11 +153,16 @@ class Attention(nn.Module, metaclass=abc.ABCMeta):
 
     @abc.abstractmethod
     def score(self, query: Tensor, prepared_keys: PreparedKeys) -> Tensor:
-        """Unnormalised scores. query ``[B, T, Dq]``, prepared keys -> ``[B, T, S]``."""
+        """Unnormalised scores. query ``[B, T, Dq]``, prepared keys -> ``[B, T, S]`` (or ``[B, h, T, S]``
+        for a type with h heads: any dimensions between B and S)."""
 
-    def attend(self, weights: Tensor, values: Tensor) -> Tensor:
+    def attend(self, weights: Tensor, values: Tensor, prepared_keys: PreparedKeys) -> Tensor:
         """Weighted sum. weights ``[B, T, S]``, values ``[B, S, Dv]`` -> context ``[B, T, Dv]``."""
         return torch.bmm(weights, values)  # [B, T, Dv]
+
+    def reported_weights(self, weights: Tensor) -> Tensor:
+        """The weights ``forward`` returns (for plots and alignments), ``[B, T, S]``, from ``score``'s shape."""
+        return weights
 
     def forward(
         self,
@@ -184,9 +189,11 @@ class Attention(nn.Module, metaclass=abc.ABCMeta):
             query = query.unsqueeze(1)  # [B, 1, Dq]
         if prepared_keys is None:
             prepared_keys = self.prepare(keys)
-        scores = self.score(query, prepared_keys)  # [B, T, S]
-        weights = masked_softmax(scores, mask.unsqueeze(1))  # [B, T, S]
-        context = self.attend(self.weight_dropout(weights), values)  # [B, T, Dv]
+        scores = self.score(query, prepared_keys)  # [B, T, S] ([B, h, T, S] with heads)
+        mask = mask.view(mask.shape[0], *[1] * (scores.dim() - 2), mask.shape[1])  # [B, 1, S] ([B, 1, 1, S])
+        weights = masked_softmax(scores, mask)  # as scores
+        context = self.attend(self.weight_dropout(weights), values, prepared_keys)  # [B, T, Dv]
+        weights = self.reported_weights(weights)  # [B, T, S]
         if single_step:
             return context.squeeze(1), weights.squeeze(1)  # [B, Dv], [B, S]
         return context, weights
@@ -315,31 +322,19 @@ class MultiHeadAttention(Attention):
         k = self._split_heads(prepared_keys[:, 0])  # [B, h, S, hs]
         return q @ k.transpose(-1, -2) / math.sqrt(self.head_size)  # [B, h, T, S]
 
-    def forward(
-        self,
-        query: Tensor,
-        keys: Tensor,
-        values: Tensor,
-        mask: Tensor,
-        prepared_keys: PreparedKeys | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        """As ``Attention.forward``; the values are taken from the prepared projections of ``keys``."""
-        single_step = query.dim() == 2
-        if single_step:
-            query = query.unsqueeze(1)  # [B, 1, Dq]
-        if prepared_keys is None:
-            prepared_keys = self.prepare(keys)
-        scores = self.score(query, prepared_keys)  # [B, h, T, S]
-        weights = masked_softmax(scores, mask[:, None, None, :])  # [B, h, T, S]
+    def attend(self, weights: Tensor, values: Tensor, prepared_keys: PreparedKeys) -> Tensor:
+        """Per-head weighted sums of the prepared value projections (``values`` itself is not used).
+
+        weights ``[B, h, T, S]`` -> context ``[B, T, Dk]``: the heads concatenated and projected back.
+        """
         v = self._split_heads(prepared_keys[:, 1])  # [B, h, S, hs]
-        heads_context = self.weight_dropout(weights) @ v  # [B, h, T, hs]
+        heads_context = weights @ v  # [B, h, T, hs]
         batch, _, steps, _ = heads_context.shape
         merged = heads_context.transpose(1, 2).reshape(batch, steps, self.hidden_size)  # [B, T, hidden]
-        context = self.out_proj(merged)  # [B, T, Dk]
-        mean_weights = weights.mean(dim=1)  # [B, T, S]
-        if single_step:
-            return context.squeeze(1), mean_weights.squeeze(1)
-        return context, mean_weights
+        return self.out_proj(merged)  # [B, T, Dk]
+
+    def reported_weights(self, weights: Tensor) -> Tensor:
+        return weights.mean(dim=1)  # [B, h, T, S] -> [B, T, S]
 
 
 @register_attention("none")
