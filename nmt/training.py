@@ -51,6 +51,7 @@ from nmt.gpu_monitor import GpuMonitor
 from nmt.model import Seq2Seq, count_parameters
 from nmt.precision import autocast, configure_matmul, slow_bf16_warning, uses_bf16
 from nmt.provenance import device_name, host, library_versions
+from nmt.search import Hypothesis
 from nmt.tensorboard import RunLogger
 from nmt.translation import translate_ids
 
@@ -285,8 +286,9 @@ class Trainer:
         self.progress = Progress(**state["progress"])
         saved_rng = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]  # older checkpoints: one dict
         if len(saved_rng) != self.info.world_size and self.info.is_main:
-            log.warning("resuming a run saved with %d processes on %d: each rank's data share and dropout stream "
-                        "differ from the uninterrupted run's", len(saved_rng), self.info.world_size)
+            log.warning("the checkpoint holds RNG states for %d process(es), this run has %d: the dropout streams "
+                        "(and with another world size, the data shares) differ from the uninterrupted run's",
+                        len(saved_rng), self.info.world_size)
         set_rng_state(saved_rng[self.info.rank % len(saved_rng)])
         log.info("resumed at step %d (epoch %d, batch %d of %d)", self.progress.step, self.progress.epoch,
                  self.progress.batches_done, self.batches_per_epoch)
@@ -547,42 +549,47 @@ class Trainer:
             tokens += batch.num_tgt_tokens
         return total, tokens
 
-    def decode(self, split: EncodedSplit, beam_size: int) -> list[str]:
-        """Detokenized translations of ``split``'s sources, in its order (the translate job's batching)."""
+    def best_hypotheses(self, split: EncodedSplit, beam_size: int) -> list[Hypothesis]:
+        """The best translation (ids and attention) of each of ``split``'s sources, in its order.
+
+        Decoded as the translate job decodes: length-sorted token batches, the run's length limits and precision.
+        """
         t = self.tcfg
         self.model.eval()
         nbest = translate_ids(self.model, split.src_ids, beam_size=beam_size, length_penalty=t.length_penalty,
                               max_len=t.max_len, max_len_ratio=t.max_len_ratio,
                               batch_tokens=self.cfg.data.valid_max_tokens, precision=self.precision)
-        return [self.data.tokenizer.decode_tgt(hyps[0].tokens) for hyps in nbest]
+        return [hyps[0] for hyps in nbest]
+
+    def decode(self, split: EncodedSplit, beam_size: int) -> list[str]:
+        """Detokenized translations of ``split``'s sources, in its order."""
+        return [self.data.tokenizer.decode_tgt(h.tokens) for h in self.best_hypotheses(split, beam_size)]
 
     def validate(self) -> dict[str, float]:
         """Validation metrics at the current step, logged to TensorBoard (rank 0 only)."""
         split, step = self.data.valid, self.progress.step
         loss_sum, tokens = self.teacher_forced_loss(split)
-        hypotheses = self.decode(split, self.tcfg.val_beam_size)
+        best = self.best_hypotheses(split, self.tcfg.val_beam_size)
+        hypotheses = [self.data.tokenizer.decode_tgt(h.tokens) for h in best]
         scores = corpus_scores(hypotheses, split.tgt_text)
         loss = loss_sum / max(1, tokens)
         metrics = {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "bleu": scores["bleu"], "chrf": scores["chrf"]}
         self.logger.scalars("val", metrics, step)
-        self._log_examples(split, hypotheses, step)
+        self._log_examples(split, hypotheses, best, step)
         return metrics
 
-    def _log_examples(self, split: EncodedSplit, hypotheses: list[str], step: int) -> None:
-        """Sample translations as text, and attention heatmaps of a fixed handful of sentences."""
+    def _log_examples(self, split: EncodedSplit, hypotheses: list[str], best: list[Hypothesis], step: int) -> None:
+        """Sample translations as text, and attention heatmaps of a fixed handful of sentences.
+
+        ``best`` are validation's own hypotheses (their attention included), ``hypotheses`` their text.
+        """
         rows = [f"**src:** {split.src_text[i]}  \n**ref:** {split.tgt_text[i]}  \n**hyp:** {hypotheses[i]}"
                 for i in range(min(self.tcfg.num_samples, len(split)))]
         self.logger.text("samples", "\n\n".join(rows), step)
         if not self.model.has_attention:
             return
-        tok, t = self.data.tokenizer, self.tcfg
-        # Decoded again, alone, as validation decodes (beam size, length limits, precision): decoding keeps
-        # the attention only for these few.
-        sources = split.src_ids[: t.num_heatmaps]
-        nbest = translate_ids(self.model, sources, beam_size=t.val_beam_size, length_penalty=t.length_penalty,
-                              max_len=t.max_len, max_len_ratio=t.max_len_ratio, precision=self.precision)
-        for i, (src_ids, hyps) in enumerate(zip(sources, nbest)):
-            hyp = hyps[0]
+        tok = self.data.tokenizer
+        for i, (src_ids, hyp) in enumerate(zip(split.src_ids[: self.tcfg.num_heatmaps], best)):
             if hyp.attention is None or hyp.attention.numel() == 0:
                 continue
             weights = hyp.attention.float()  # [T_hyp, S]
