@@ -96,3 +96,49 @@ def multi30k_data(mirror_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     cfg = OmegaConf.load(CONFIG_DIR / "data" / "multi30k.yaml")
     cfg.mirror = str(mirror_dir)
     return prepare_data(cfg, cache_dir=tmp_path_factory.mktemp("multi30k_cache"))
+
+
+# --- a tiny trained-looking checkpoint for the translate and serve tests ------------------------
+
+TINY_SRC = [
+    "Ein Hund läuft über die Wiese.",
+    "Zwei Männer spielen Fußball.",
+    "Eine Frau liest ein Buch im Park.",
+    "Ein kleines Mädchen isst einen Apfel.",
+    "Die Kinder spielen am Strand.",
+]
+TINY_TGT = [
+    "A dog runs across the meadow.",
+    "Two men play football.",
+    "A woman reads a book in the park.",
+    "A little girl eats an apple.",
+    "The children play on the beach.",
+]
+
+
+def save_tiny_checkpoint(path: Path, attention: str = "additive", max_words: int = 9) -> Path:
+    """A seconds-to-build de->en checkpoint (untrained weights, made peaky so sentences differ).
+
+    Args:
+        path: the ``.pt`` file to write (e.g. ``RUN/checkpoints/best.pt`` for a run dir).
+        attention: the attention type.
+        max_words: the training config's ``data.clean.max_len`` (longer inputs get truncated).
+    """
+    from nmt.checkpoint import save_checkpoint
+    from nmt.data import TokenizerSettings, train_tokenizer
+    from nmt.model import Seq2Seq
+
+    tokenizer = train_tokenizer(TINY_SRC * 3, TINY_TGT * 3, TokenizerSettings(vocab_size=60), cache_dir=None)
+    config = {
+        "model": {"emb_size": 8, "enc_hidden_size": 5, "dec_hidden_size": 7, "enc_layers": 1, "dec_layers": 1,
+                  "dropout": 0.0, "tie_embeddings": True},
+        "attention": {"name": attention, "hidden_size": None, "dropout": 0.0},
+        "data": {"src_lang": "de", "tgt_lang": "en", "clean": {"max_len": max_words, "max_ratio": 3.0}},
+    }
+    torch.manual_seed(0)
+    model = Seq2Seq.from_config(config["model"], config["attention"], tokenizer.src_vocab_size,
+                                tokenizer.tgt_vocab_size)
+    with torch.no_grad():  # peakier than the init, so outputs differ between sentences
+        for p in model.parameters():
+            p.mul_(3.0)
+    return save_checkpoint(path, {"config": config, "tokenizer": tokenizer.to_state(), "model": model.state_dict()})

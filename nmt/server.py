@@ -1,0 +1,449 @@
+"""Serving: a trained model (``nmt.translator.Translator``) behind an HTTP API and a page, with micro-batching.
+
+The one concept here is the *translation server* behind ``serve.py``: an ASGI app (Starlette, run by
+uvicorn) whose endpoints are
+
+- ``POST /v1/translate``: ``{"text": str | [str], "beam_size", "n_best", "length_penalty", "attention"}``
+  (all but ``text`` optional) -> ``{"translations": [Translation.to_dict(), ...]}`` in input order;
+- ``GET /health``: ``{"status": "ok"}`` plus counters (requests, sentences, batches, search calls);
+- ``GET /v1/model``: ``Translator.info()`` plus this server's request defaults and limits;
+- ``GET /``: one self-contained HTML page (``nmt/static/translate.html``) with the attention heatmap.
+
+Micro-batching: requests that arrive within ``batch_wait_ms`` of the first waiting one and ask for the
+same search options are decoded together, in one ``Translator.translate`` call, on one worker thread
+(the Translator is not thread-safe; the event loop never waits on it). The Translator sorts and batches
+sentences itself, and a sentence's translation does not depend on its batch-mates, so each sentence gets
+the translation it would get alone. While the worker decodes, new requests queue and form the next batch.
+
+Bad requests get a JSON ``{"error": "..."}`` naming the problem (413 over a size limit, 422 for a wrong
+type or an option the Translator refuses, 404/405 for a wrong path or method) and the server goes on.
+
+Not done here: batching by tokens, option checks, device and precision choice (all the Translator's),
+TLS, authentication and rate limiting (put a reverse proxy in front for anything public).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import signal
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import uvicorn
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from nmt.config import ConfigError
+from nmt.translator import TranslationError, Translator
+
+log = logging.getLogger(__name__)
+
+REQUEST_OPTIONS: dict[str, tuple[type, ...]] = {
+    "beam_size": (int,),
+    "n_best": (int,),
+    "length_penalty": (int, float),
+    "attention": (bool,),
+}
+"""The search options a request may set, with the JSON types each accepts."""
+
+ENDPOINTS = "GET /, GET /health, GET /v1/model, POST /v1/translate"
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What ``configs/serve.yaml`` sets beyond the model (types only; the defaults live in the YAML)."""
+
+    host: str
+    port: int
+    beam_size: int
+    length_penalty: float
+    n_best: int
+    max_len: int
+    max_len_ratio: float | None
+    batch_tokens: int
+    max_body_bytes: int
+    max_sentences: int
+    max_words: int
+    max_beam_size: int
+    batch_wait_ms: float
+    batch_sentences: int
+    shutdown_timeout_s: float
+    log_level: str
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> ServerSettings:
+        """The settings of a composed ``serve`` config, type-checked.
+
+        Raises:
+            ConfigError: a value of the wrong type, or a limit that is not positive.
+        """
+        names = [f.name for f in dataclasses.fields(cls)]
+        try:
+            typed = OmegaConf.merge(OmegaConf.structured(cls), {name: cfg[name] for name in names})
+        except OmegaConfBaseException as error:
+            key = getattr(error, "full_key", None) or "?"
+            raise ConfigError(f"bad value for {key}: {getattr(error, 'msg', str(error)).strip()}") from None
+        settings = cls(**{name: typed[name] for name in names})
+        for name in ("max_body_bytes", "max_sentences", "max_words", "max_beam_size", "batch_sentences"):
+            if getattr(settings, name) < 1:
+                raise ConfigError(f"{name}={getattr(settings, name)} must be positive")
+        if settings.beam_size > settings.max_beam_size:
+            raise ConfigError(f"beam_size={settings.beam_size} is over max_beam_size={settings.max_beam_size}; "
+                              "raise max_beam_size or lower beam_size")
+        if settings.batch_wait_ms < 0 or settings.shutdown_timeout_s < 0:
+            raise ConfigError("batch_wait_ms and shutdown_timeout_s must be >= 0")
+        return settings
+
+    def search_defaults(self) -> dict[str, Any]:
+        """Keyword arguments of ``Translator.translate`` before a request's overrides."""
+        return {"beam_size": self.beam_size, "length_penalty": self.length_penalty, "n_best": self.n_best,
+                "max_len": self.max_len, "max_len_ratio": self.max_len_ratio, "batch_tokens": self.batch_tokens,
+                "attention": False}
+
+    def limits(self) -> dict[str, int]:
+        return {"max_body_bytes": self.max_body_bytes, "max_sentences": self.max_sentences,
+                "max_words": self.max_words, "max_beam_size": self.max_beam_size}
+
+
+class RequestError(Exception):
+    """A request the server refuses: the HTTP status and a one-line message for the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# --------------------------------------------------------------------------------------------------
+# Requests in: size limits, JSON types
+# --------------------------------------------------------------------------------------------------
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The request body, refused with 413 as soon as it passes ``max_bytes`` (declared or streamed)."""
+    declared = request.headers.get("content-length", "")
+    too_big = RequestError(413, f"the request body is over the limit max_body_bytes={max_bytes}; "
+                                "send fewer or shorter sentences per request")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():  # a chunked body has no length to check in advance
+        size += len(chunk)
+        if size > max_bytes:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_translate_request(body: bytes, settings: ServerSettings) -> tuple[list[str], dict[str, Any]]:
+    """Sentences and ``Translator.translate`` options from a ``/v1/translate`` body.
+
+    Checks JSON types and the server's limits only; the Translator checks the option values.
+
+    Returns:
+        The sentences and the full keyword arguments (the config's defaults, then the request's).
+
+    Raises:
+        RequestError: 422 for invalid JSON or a wrong type, 413 for a limit.
+    """
+    try:
+        payload = json.loads(body)
+    except ValueError as error:  # UnicodeDecodeError is a ValueError too
+        raise RequestError(422, f"the request body is not valid JSON ({error})") from None
+    if not isinstance(payload, dict) or "text" not in payload:
+        raise RequestError(422, 'the body must be a JSON object with "text": a string or a list of strings')
+    unknown = sorted(set(payload) - {"text", *REQUEST_OPTIONS})
+    if unknown:
+        raise RequestError(422, f"unknown field {unknown[0]!r}; valid fields: text, {', '.join(REQUEST_OPTIONS)}")
+    text = payload["text"]
+    sentences = [text] if isinstance(text, str) else text
+    if not isinstance(sentences, list) or not all(isinstance(s, str) for s in sentences):
+        raise RequestError(422, '"text" must be a string or a list of strings')
+    if len(sentences) > settings.max_sentences:
+        raise RequestError(413, f"the request has {len(sentences)} sentences; the limit is "
+                                f"max_sentences={settings.max_sentences}")
+    for number, sentence in enumerate(sentences, start=1):
+        words = len(sentence.split())
+        if words > settings.max_words:
+            raise RequestError(413, f"sentence {number} has {words} words; the limit is max_words={settings.max_words}")
+    options = settings.search_defaults()
+    for name, types in REQUEST_OPTIONS.items():
+        if name not in payload:
+            continue
+        value = payload[name]
+        # bool is an int in Python, but "beam_size": true is a mistake worth naming
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise RequestError(422, f'"{name}" must be {" or ".join(t.__name__ for t in types)}, got {value!r}')
+        if isinstance(value, float) and not math.isfinite(value):
+            raise RequestError(422, f'"{name}" must be a finite number, got {value!r}')
+        options[name] = value
+    if options["beam_size"] > settings.max_beam_size:
+        raise RequestError(422, f"beam_size={options['beam_size']} is over the limit "
+                                f"max_beam_size={settings.max_beam_size}")
+    return sentences, options
+
+
+# --------------------------------------------------------------------------------------------------
+# Micro-batching: one worker thread, batches of requests that share their options
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Job:
+    sentences: list[str]
+    options: dict[str, Any]
+    key: tuple[tuple[str, Any], ...]  # the options as a hashable batch key
+    future: asyncio.Future[list[dict[str, Any]]]
+    arrived: float  # event-loop time
+
+
+class MicroBatcher:
+    """Collects requests on the event loop and decodes each batch in one worker thread.
+
+    Args:
+        translator: the engine; only the worker thread calls it.
+        wait_s: how long the oldest waiting request holds its batch open for others.
+        batch_sentences: at most this many sentences per batch (a larger request goes alone).
+    """
+
+    def __init__(self, translator: Translator, wait_s: float, batch_sentences: int) -> None:
+        self.translator = translator
+        self.wait_s = wait_s
+        self.batch_sentences = batch_sentences
+        self.batches = 0
+        self.sentences = 0
+        self._pending: collections.deque[_Job] = collections.deque()
+        self._arrival = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="translator")
+
+    async def translate(self, sentences: list[str], options: dict[str, Any]) -> list[dict[str, Any]]:
+        """The translations of ``sentences`` (``Translation.to_dict()`` each), decoded with other requests."""
+        loop = asyncio.get_running_loop()
+        job = _Job(sentences, options, tuple(sorted(options.items())), loop.create_future(), loop.time())
+        self._pending.append(job)
+        self._arrival.set()
+        return await job.future
+
+    @property
+    def queued(self) -> int:
+        return len(self._pending)
+
+    async def run(self) -> None:
+        """Forever: wait for a batch to fill (or its window to close), decode it, hand out the results."""
+        while True:
+            jobs = await self._next_batch()
+            await self._decode(jobs)
+
+    async def _next_batch(self) -> list[_Job]:
+        loop = asyncio.get_running_loop()
+        while not self._pending:
+            self._arrival.clear()
+            await self._arrival.wait()
+        first = self._pending[0]
+        deadline = first.arrived + self.wait_s  # a job left over from the last round has waited already
+        while self._same_key_sentences(first.key) < self.batch_sentences and loop.time() < deadline:
+            self._arrival.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._arrival.wait(), deadline - loop.time())
+        jobs, count, rest = [], 0, collections.deque()
+        for job in self._pending:  # in arrival order: the first job always, then others that fit
+            if job.key == first.key and (not jobs or count + len(job.sentences) <= self.batch_sentences):
+                jobs.append(job)
+                count += len(job.sentences)
+            else:
+                rest.append(job)
+        self._pending = rest
+        return jobs
+
+    def _same_key_sentences(self, key: tuple[tuple[str, Any], ...]) -> int:
+        return sum(len(job.sentences) for job in self._pending if job.key == key)
+
+    async def _decode(self, jobs: list[_Job]) -> None:
+        sentences = [s for job in jobs for s in job.sentences]
+        loop = asyncio.get_running_loop()
+        try:
+            results = await loop.run_in_executor(self._executor, self._translate, sentences, jobs[0].options)
+        except Exception as error:  # each waiting request answers for itself (422 or 500)
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_exception(error)
+            return
+        self.batches += 1
+        self.sentences += len(sentences)
+        start = 0
+        for job in jobs:
+            if not job.future.done():  # done = the client went away
+                job.future.set_result(results[start:start + len(job.sentences)])
+            start += len(job.sentences)
+
+    def _translate(self, sentences: list[str], options: dict[str, Any]) -> list[dict[str, Any]]:
+        """On the worker thread: decode, and build the JSON-ready dicts there too (off the event loop)."""
+        return [t.to_dict() for t in self.translator.translate(sentences, **options)]
+
+    def close(self) -> None:
+        """Wait for the batch on the worker thread (if any) and stop the thread."""
+        self._executor.shutdown(wait=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# The app
+# --------------------------------------------------------------------------------------------------
+
+
+def create_app(translator: Translator, settings: ServerSettings) -> Starlette:
+    """The ASGI app serving ``translator`` (see the module docstring for the endpoints).
+
+    Args:
+        translator: the engine, used from one worker thread only.
+        settings: request defaults, limits and the batching window.
+    """
+    batcher = MicroBatcher(translator, settings.batch_wait_ms / 1000, settings.batch_sentences)
+    model_info = {**translator.info(), "defaults": settings.search_defaults(), "limits": settings.limits()}
+    page = resources.files("nmt").joinpath("static", "translate.html").read_text(encoding="utf-8")
+    counters = {"requests": 0, "refused": 0}
+    started = time.monotonic()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        worker = asyncio.create_task(batcher.run())
+        yield  # uvicorn lets in-flight requests finish before it gets here on shutdown
+        worker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await worker
+        batcher.close()
+
+    async def translate(request: Request) -> Response:
+        try:
+            body = await read_body(request, settings.max_body_bytes)
+            sentences, options = parse_translate_request(body, settings)
+            translations = await batcher.translate(sentences, options)
+        except (RequestError, TranslationError) as error:
+            counters["refused"] += 1
+            return error_response(getattr(error, "status", 422), str(error))
+        counters["requests"] += 1
+        return JSONResponse({"translations": translations})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({
+            "status": "ok", "requests": counters["requests"], "refused": counters["refused"],
+            "sentences": batcher.sentences, "batches": batcher.batches,
+            "search_calls": translator.search_calls, "queued": batcher.queued,
+            "uptime_s": round(time.monotonic() - started, 3),
+        })
+
+    async def model(request: Request) -> Response:
+        return JSONResponse(model_info)
+
+    async def index(request: Request) -> Response:
+        return HTMLResponse(page)
+
+    routes = [
+        Route("/", index, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/model", model, methods=["GET"]),
+        Route("/v1/translate", translate, methods=["POST"]),
+    ]
+    handlers = {HTTPException: http_error, Exception: internal_error}
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)  # type: ignore[arg-type]
+
+
+def error_response(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+async def http_error(request: Request, error: Exception) -> Response:
+    """Starlette's own errors (404, 405) as JSON, naming the endpoints."""
+    assert isinstance(error, HTTPException)
+    if error.status_code == 404:
+        return error_response(404, f"no endpoint at {request.url.path}; the endpoints are {ENDPOINTS}")
+    if error.status_code == 405:
+        return error_response(405, f"{request.method} is not allowed on {request.url.path}; the endpoints are "
+                                   f"{ENDPOINTS}")
+    return error_response(error.status_code, str(error.detail))
+
+
+async def internal_error(request: Request, error: Exception) -> Response:
+    log.error("%s %s failed: %r", request.method, request.url.path, error)
+    return error_response(500, f"internal error ({type(error).__name__}); see the server log")
+
+
+# --------------------------------------------------------------------------------------------------
+# Running it
+# --------------------------------------------------------------------------------------------------
+
+
+def checkpoint_paths(cfg: DictConfig) -> str | list[str]:
+    """``cfg.checkpoint`` as ``Translator.from_checkpoint`` takes it: one path, or a list (ensemble)."""
+    if OmegaConf.is_missing(cfg, "checkpoint") or not cfg.checkpoint:
+        raise TranslationError("no checkpoint given; pass checkpoint=PATH (a run dir or a .pt file from train.py, "
+                               "or checkpoint=[RUN_A,RUN_B] for an ensemble)")
+    if isinstance(cfg.checkpoint, ListConfig):
+        return [str(path) for path in cfg.checkpoint]
+    return str(cfg.checkpoint)
+
+
+def serve_main(cfg: DictConfig) -> None:
+    """Load the model(s) of ``cfg.checkpoint`` and serve them until SIGTERM or Ctrl-C (``serve.py``).
+
+    Raises:
+        ConfigError, TranslationError, CheckpointError, DataError: user mistakes, found before the
+            server starts (reported in one line by ``serve.py``).
+    """
+    settings = ServerSettings.from_config(cfg)
+    translator = Translator.from_checkpoint(checkpoint_paths(cfg), device=cfg.device, precision=cfg.precision)
+    app = create_app(translator, settings)
+    log.info("serving %s on http://%s:%d/", ", ".join(translator.info()["checkpoints"]), settings.host, settings.port)
+    # uvicorn handles SIGTERM/SIGINT itself (graceful shutdown), then re-raises the signal to the handler
+    # it found; that handler ends the process with status 0 instead of -15 or a KeyboardInterrupt
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _exit_after_shutdown)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                timeout_graceful_shutdown=settings.shutdown_timeout_s or None)
+
+
+def _exit_after_shutdown(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Run ``app`` with uvicorn on a background thread (tests, benchmarks); yields its base URL.
+
+    Args:
+        app: from ``create_app``.
+        host: address to bind.
+        port: 0 = a free port chosen by the system.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="uvicorn")
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server thread did not start; see its log above")
+            time.sleep(0.01)
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()

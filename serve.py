@@ -1,0 +1,41 @@
+"""Serve a trained model over HTTP: ``python serve.py checkpoint=RUN_DIR`` (then open http://127.0.0.1:8000/).
+
+A thin Hydra entry point: composes ``configs/serve.yaml`` and calls ``nmt.server.serve_main``. Mistakes
+found before the server starts (missing checkpoint, unknown key, bad value) are reported in one line on
+stderr with exit status 2. SIGTERM or Ctrl-C lets in-flight requests finish, then exits 0.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from nmt.checkpoint import CheckpointError
+from nmt.config import ConfigError, check_command_line_keys
+from nmt.data import DataError
+from nmt.server import serve_main
+from nmt.translator import TranslationError
+
+USER_ERRORS = (ConfigError, TranslationError, CheckpointError, DataError)
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="serve")
+def main(cfg: DictConfig) -> None:
+    """Run the server (see configs/serve.yaml for the options)."""
+    try:
+        serve_main(cfg)
+    except USER_ERRORS as error:
+        print(f"serve.py: error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    # Hydra would refuse an unknown key too, but without naming the key that was meant
+    problem = check_command_line_keys(Path(__file__).parent / "configs", "serve", sys.argv[1:])
+    if problem:
+        print(f"serve.py: error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    main()

@@ -1,0 +1,276 @@
+"""The translation server over real HTTP on 127.0.0.1: endpoints, bad input, micro-batching, serve.py."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from nmt.server import ServerSettings, create_app, serve_in_thread
+from nmt.translator import Translator
+from tests.conftest import CONFIG_DIR, REPO_ROOT, TINY_SRC, save_tiny_checkpoint
+
+LIMITS = ["max_body_bytes=2048", "max_sentences=6", "max_words=12", "max_beam_size=5"]
+SENTENCES = [*TINY_SRC, "Ein Mann.", "Hund", "Die Frau spielt Fußball im Park."]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    # tiny models gain nothing from threads, and on shared cores OpenMP spin-waits cost seconds
+    torch.set_num_threads(1)
+
+
+def serve_settings(*overrides: str) -> ServerSettings:
+    """The real configs/serve.yaml, with short outputs and the test limits."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("serve", overrides=["max_len=8", *LIMITS, *overrides])
+    return ServerSettings.from_config(cfg)
+
+
+def call(url: str, payload: Any = None, *, data: bytes | None = None, method: str | None = None,
+         timeout: float = 60) -> tuple[int, Any]:
+    """One HTTP request; returns the status and the decoded JSON (or text) body, errors included."""
+    if payload is not None:
+        data = json.dumps(payload).encode()
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Content-Type": "application/json"} if data is not None else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status, body, kind = response.status, response.read(), response.headers.get_content_type()
+    except urllib.error.HTTPError as error:
+        status, body, kind = error.code, error.read(), error.headers.get_content_type()
+    return status, json.loads(body) if kind == "application/json" else body.decode()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("run")
+    save_tiny_checkpoint(root / "checkpoints" / "best.pt", "additive")
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(run_dir: Path) -> Translator:
+    """A Translator of its own, called from the test thread only, for what a sentence gives alone."""
+    return Translator.from_checkpoint(run_dir, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def server(run_dir: Path) -> Iterator[tuple[str, Translator]]:
+    """A server on a free port (with a 40 ms batching window, wide enough for loaded shared cores)."""
+    translator = Translator.from_checkpoint(run_dir, device="cpu")
+    with serve_in_thread(create_app(translator, serve_settings("batch_wait_ms=40"))) as url:
+        yield url, translator
+
+
+def texts(translation: dict[str, Any]) -> list[str]:
+    """The 1-best and n-best texts: what must not change with batching (scores may, by float rounding)."""
+    return [translation["text"], *(hyp["text"] for hyp in translation["nbest"])]
+
+
+def assert_same(got: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert texts(got) == texts(expected)
+    assert [h["score"] for h in got["nbest"]] == pytest.approx([h["score"] for h in expected["nbest"]], abs=1e-4)
+    if expected["attention"] is None:
+        assert got["attention"] is None
+    else:
+        for key in ("source", "target", "alignment"):
+            assert got["attention"][key] == expected["attention"][key]
+        for row, expected_row in zip(got["attention"]["weights"], expected["attention"]["weights"]):
+            assert row == pytest.approx(expected_row, abs=1e-4)
+
+
+def alone(reference: Translator, sentence: str, **options: Any) -> dict[str, Any]:
+    result = reference.translate([sentence], max_len=8, **options)[0].to_dict()
+    return json.loads(json.dumps(result))  # as it comes over JSON
+
+
+def test_translate_list_string_nbest_and_attention(server: tuple[str, Translator], reference: Translator) -> None:
+    url, _ = server
+    status, body = call(f"{url}/v1/translate", {"text": SENTENCES[:4]})
+    assert status == 200
+    assert len(body["translations"]) == 4
+    for got, sentence in zip(body["translations"], SENTENCES[:4]):
+        assert_same(got, alone(reference, sentence, beam_size=5))
+    assert len({t["text"] for t in body["translations"]}) > 1  # the comparison is not vacuous
+
+    status, body = call(f"{url}/v1/translate", {"text": SENTENCES[1], "beam_size": 3, "n_best": 3,
+                                                "attention": True, "length_penalty": 0.5})
+    assert status == 200 and len(body["translations"]) == 1
+    (one,) = body["translations"]
+    assert_same(one, alone(reference, SENTENCES[1], beam_size=3, n_best=3, attention=True, length_penalty=0.5))
+    assert len(one["nbest"]) == 3 and one["nbest"][0]["text"] == one["text"]
+    attention = one["attention"]
+    assert attention["source"][-1] == "</s>" and len(attention["weights"]) == len(attention["target"])
+    assert all(len(row) == len(attention["source"]) for row in attention["weights"])
+
+    status, body = call(f"{url}/v1/translate", {"text": ["", SENTENCES[0]]})
+    assert status == 200
+    assert body["translations"][0] == {"text": "", "score": 0.0, "nbest": [{"text": "", "score": 0.0}],
+                                       "attention": None}
+    assert body["translations"][1]["text"] == alone(reference, SENTENCES[0])["text"]
+
+
+def test_health_model_and_page(server: tuple[str, Translator]) -> None:
+    url, translator = server
+    status, before = call(f"{url}/health")
+    assert status == 200 and before["status"] == "ok"
+    assert call(f"{url}/v1/translate", {"text": ["Hund", "Ein Mann."]})[0] == 200
+    after = call(f"{url}/health")[1]
+    assert after["requests"] == before["requests"] + 1 and after["sentences"] == before["sentences"] + 2
+    assert after["batches"] == before["batches"] + 1
+    assert after["search_calls"] == translator.search_calls > before["search_calls"]
+
+    status, model = call(f"{url}/v1/model")
+    assert status == 200
+    assert {k: model[k] for k in ("src_lang", "tgt_lang", "attention", "models")} == {
+        "src_lang": "de", "tgt_lang": "en", "attention": "additive", "models": 1}
+    assert model["limits"] == {"max_body_bytes": 2048, "max_sentences": 6, "max_words": 12, "max_beam_size": 5}
+    assert model["defaults"]["beam_size"] == 5 and model["parameters"] > 0
+
+    status, page = call(f"{url}/")
+    assert status == 200 and 'id="translate"' in page and 'id="source"' in page
+    assert "http://" not in page and "https://" not in page  # self-contained: nothing fetched from elsewhere
+
+
+BAD_REQUESTS = [
+    # (body, status, words the error must contain)
+    (b"x" * 3000, 413, "max_body_bytes=2048"),
+    (json.dumps({"text": ["Hund"] * 7}).encode(), 413, "7 sentences; the limit is max_sentences=6"),
+    (json.dumps({"text": ["Hund", " ".join(["Hund"] * 13)]}).encode(), 413,
+     "sentence 2 has 13 words; the limit is max_words=12"),
+    (b'{"text": ["Hund"', 422, "not valid JSON"),
+    (b"\xff\xfe", 422, "not valid JSON"),
+    (b'["Hund"]', 422, '"text"'),
+    (b'{"texts": "Hund"}', 422, '"text"'),
+    (b'{"text": "Hund", "beam": 3}', 422, "unknown field 'beam'"),
+    (b'{"text": 5}', 422, "list of strings"),
+    (b'{"text": ["Hund", 3]}', 422, "list of strings"),
+    (b'{"text": "Hund", "beam_size": "5"}', 422, '"beam_size" must be int'),
+    (b'{"text": "Hund", "beam_size": true}', 422, '"beam_size" must be int'),
+    (b'{"text": "Hund", "attention": 1}', 422, '"attention" must be bool'),
+    (b'{"text": "Hund", "length_penalty": NaN}', 422, "finite"),
+    (b'{"text": "Hund", "beam_size": 9}', 422, "beam_size=9 is over the limit max_beam_size=5"),
+    (b'{"text": "Hund", "beam_size": 0}', 422, "beam_size"),  # the Translator's own check
+    (b'{"text": "Hund", "beam_size": 2, "n_best": 3}', 422, "n_best"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "message"), BAD_REQUESTS, ids=[m for _, _, m in BAD_REQUESTS])
+def test_bad_requests_get_an_error_and_the_server_goes_on(server: tuple[str, Translator], body: bytes, status: int,
+                                                           message: str) -> None:
+    url, _ = server
+    got_status, got = call(f"{url}/v1/translate", data=body, method="POST")
+    assert got_status == status and message in got["error"], got
+    assert call(f"{url}/v1/translate", {"text": "Hund"})[0] == 200
+
+
+def test_wrong_paths_methods_and_chunked_bodies(server: tuple[str, Translator]) -> None:
+    url, _ = server
+    status, body = call(f"{url}/v2/translate", {"text": "Hund"})
+    assert status == 404 and "POST /v1/translate" in body["error"]
+    status, body = call(f"{url}/v1/translate")
+    assert status == 405 and "GET is not allowed" in body["error"]
+    # a chunked body has no Content-Length to check up front: the limit applies while it streams
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    chunks = iter([b'{"text": "', b"Hund " * 500, b'"}'])
+    connection.request("POST", "/v1/translate", body=chunks, encode_chunked=True,
+                       headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 413 and "max_body_bytes" in json.loads(response.read())["error"]
+    connection.close()
+    assert call(f"{url}/health")[0] == 200
+
+
+def test_concurrent_requests_share_searches_and_match_one_at_a_time(server: tuple[str, Translator]) -> None:
+    url, translator = server
+    jobs = [({"text": SENTENCES[i % len(SENTENCES)], "beam_size": 2 + i % 2}) for i in range(32)]
+    one_at_a_time = [call(f"{url}/v1/translate", job)[1]["translations"] for job in jobs]
+    calls_before, batches_before = translator.search_calls, call(f"{url}/health")[1]["batches"]
+    start = threading.Barrier(len(jobs))
+
+    def send(job: dict[str, Any]) -> tuple[int, Any]:
+        start.wait()  # all 32 at once
+        return call(f"{url}/v1/translate", job)
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        together = list(pool.map(send, jobs))
+    assert [status for status, _ in together] == [200] * len(jobs)
+    assert [texts(t) for _, body in together for t in body["translations"]] == [
+        texts(t) for translations in one_at_a_time for t in translations]
+    search_calls = translator.search_calls - calls_before
+    batches = call(f"{url}/health")[1]["batches"] - batches_before
+    assert 2 <= batches < len(jobs) and search_calls < len(jobs)  # two option sets: at least two batches
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def serve_cli(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, str(REPO_ROOT / "serve.py"), *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_serve_py_finishes_in_flight_requests_on_sigterm(run_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    # a long batching window keeps the request in flight when SIGTERM arrives
+    process = serve_cli(f"checkpoint={run_dir}", f"port={port}", "batch_wait_ms=1500", "max_len=8", cwd=tmp_path)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if call(f"{url}/health", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                assert process.poll() is None, process.communicate()[1]
+                assert time.monotonic() < deadline, "serve.py did not start in 120 s"
+                time.sleep(0.2)
+        with ThreadPoolExecutor(1) as pool:
+            in_flight = pool.submit(call, f"{url}/v1/translate", {"text": SENTENCES[:3]})
+            time.sleep(0.5)
+            process.send_signal(signal.SIGTERM)
+            status, body = in_flight.result(timeout=60)
+        assert status == 200 and len(body["translations"]) == 3
+        assert process.wait(timeout=60) == 0, process.communicate()[1]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert list(tmp_path.iterdir()) == []  # no Hydra output folder, no log file
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["checkpoint=/no/such/run"], "/no/such/run"),
+    (["beam=3"], "unknown config key beam: did you mean beam_size?"),
+    (["checkpoint=RUN", "max_words=0"], "max_words=0 must be positive"),
+    ([], "no checkpoint given; pass checkpoint=PATH"),
+])
+def test_serve_py_user_errors_are_one_line_exit_2(run_dir: Path, tmp_path: Path, args: list[str],
+                                                  message: str) -> None:
+    args = [a.replace("RUN", str(run_dir)) for a in args]
+    process = serve_cli(*args, cwd=tmp_path)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 2 and stdout == ""
+    assert stderr.startswith("serve.py: error: ") and stderr.count("\n") == 1 and message in stderr, stderr
