@@ -11,8 +11,8 @@ Precision:
 
     auto   bf16 autocast + TF32 matmuls on CUDA; float32 on the CPU (the default)
     bf16   bf16 autocast on any device. On a CPU it pays only where the CPU has native bf16
-           instructions (AVX512-BF16 or AMX; speed and BLEU measured in docs/results.md); elsewhere
-           it is emulated and slower than float32
+           instructions (AVX512-BF16 or AMX; not measured here); elsewhere it is emulated and
+           slower than float32
     fp32   float32 throughout: no autocast, and TF32 off on CUDA
 
 bf16 keeps float32's exponent range, so no loss scaling is needed (the trainer's ``GradScaler`` stays
