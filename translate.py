@@ -14,7 +14,8 @@ import hydra
 from omegaconf import DictConfig
 
 from nmt.config import check_command_line_keys
-from nmt.translation import USER_ERRORS, translate_main
+from nmt.translation import translate_main
+from nmt.translator import USER_ERRORS
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="translate")

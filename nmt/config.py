@@ -21,7 +21,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nmt.attention import attention_names, attention_options
-from nmt.precision import PRECISIONS
+from nmt.device import PRECISIONS
 
 
 class ConfigError(ValueError):

@@ -46,14 +46,14 @@ from torch.nn.parallel import DistributedDataParallel
 from nmt.checkpoint import CHECKPOINT_DIR, load_checkpoint, save_checkpoint
 from nmt.config import to_plain_dict, upgrade_saved_config, validate_config
 from nmt.data import PAD_ID, Batch, EncodedSplit, PreparedData, Tokenizer, build_loader, prepare_data
+from nmt.device import autocast, configure_matmul, resolve_device, slow_bf16_warning, uses_bf16
 from nmt.evaluation import corpus_scores
 from nmt.gpu_monitor import GpuMonitor
 from nmt.model import Seq2Seq, count_parameters
-from nmt.precision import autocast, configure_matmul, slow_bf16_warning, uses_bf16
 from nmt.provenance import device_name, host, library_versions
 from nmt.search import Hypothesis
 from nmt.tensorboard import RunLogger
-from nmt.translation import translate_ids
+from nmt.translator import SearchOptions, Translator
 
 log = logging.getLogger(__name__)
 DISTRIBUTED_TIMEOUT = datetime.timedelta(hours=1)  # how long a rank waits in a collective before the run aborts
@@ -102,15 +102,9 @@ def setup_distributed(device_name: str) -> DistInfo:
 
 
 def choose_device(name: str, info: DistInfo) -> torch.device:
-    """``auto``: CUDA when present (one GPU per local rank), else CPU."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and info.world_size > 1:
-        name = f"cuda:{info.local_rank}"
-    device = torch.device(name)
+    """``trainer.device`` resolved (``nmt.device``); under torchrun each process takes its local rank's GPU."""
+    device = resolve_device(name, "trainer.device", info.local_rank if info.world_size > 1 else None)
     if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError(f"trainer.device={name} but CUDA is not available; use trainer.device=auto or cpu")
         torch.cuda.set_device(device)
     return device
 
@@ -552,14 +546,14 @@ class Trainer:
     def best_hypotheses(self, split: EncodedSplit, beam_size: int) -> list[Hypothesis]:
         """The best translation (ids and attention) of each of ``split``'s sources, in its order.
 
-        Decoded as the translate job decodes: length-sorted token batches, the run's length limits and precision.
+        Decoded by the engine every use of a trained model shares, with the run's length limits and precision.
         """
         t = self.tcfg
         self.model.eval()
-        nbest = translate_ids(self.model, split.src_ids, beam_size=beam_size, length_penalty=t.length_penalty,
-                              max_len=t.max_len, max_len_ratio=t.max_len_ratio,
-                              batch_tokens=self.cfg.data.valid_max_tokens, precision=self.precision)
-        return [hyps[0] for hyps in nbest]
+        options = SearchOptions(beam_size=beam_size, length_penalty=t.length_penalty, max_len=t.max_len,
+                                max_len_ratio=t.max_len_ratio, batch_tokens=self.cfg.data.valid_max_tokens)
+        translator = Translator(self.model, self.data.tokenizer, precision=self.precision)
+        return [nbest[0] for nbest in translator.translate_ids(split.src_ids, options)]
 
     def decode(self, split: EncodedSplit, beam_size: int) -> list[str]:
         """Detokenized translations of ``split``'s sources, in its order."""

@@ -7,7 +7,7 @@ Input: Multi30k test_2016_flickr (1000 sentences) in the checkpoint's source lan
 ``$NMT_DATA_MIRROR/multi30k/test_2016_flickr.<src>.gz`` unless ``--input`` says otherwise; with the
 matching reference next to it, BLEU and chrF are recorded too, so speed and quality sit side by side.
 
-Each rep times ``translate_lines`` (encode, batch, search) plus detokenization of the whole file, after
+Each rep times ``Translator.translate`` (encode, batch, search) plus detokenization of the whole file, after
 one untimed warm-up run per setting; the reported speed is the median over reps. The result is printed
 and written as JSON (device, versions, config, date, command) to
 ``docs/results/translate_benchmark_<device>.json`` (``<device>``: ``cpu`` or ``cuda-<gpu name>``).
@@ -31,11 +31,11 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # run as a script from anywhere, without installing the package
 
-from nmt.checkpoint import load_for_inference  # noqa: E402
+from nmt.device import PRECISIONS, uses_bf16  # noqa: E402
 from nmt.evaluation import corpus_scores  # noqa: E402
-from nmt.precision import PRECISIONS, configure_matmul, uses_bf16  # noqa: E402
 from nmt.provenance import device_name, device_slug, provenance  # noqa: E402
-from nmt.translation import read_input_lines, resolve_device, translate_lines  # noqa: E402
+from nmt.translation import read_input_lines  # noqa: E402
+from nmt.translator import Translator  # noqa: E402
 
 SPLIT = "test_2016_flickr"
 
@@ -81,9 +81,8 @@ def sync(device: torch.device) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    device = resolve_device(args.device)
-    configure_matmul(args.precision, device)
-    model, tokenizer, train_cfg = load_for_inference(args.checkpoint, device=device)
+    translator = Translator.from_checkpoint(args.checkpoint, args.device, args.precision, max_input_words=None)
+    device, train_cfg = translator.device, translator.configs[0]
     if args.input:
         src_path, ref_path = Path(args.input), None
     else:
@@ -99,14 +98,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results = []
     for beam in args.beam_sizes:
         options = dict(beam_size=beam, length_penalty=args.length_penalty, max_len=args.max_len,
-                       max_len_ratio=args.max_len_ratio, batch_tokens=args.batch_tokens, precision=args.precision)
-        translate_lines(model, tokenizer, lines[:64], **options)  # warm-up: allocator, kernels, caches
+                       max_len_ratio=args.max_len_ratio, batch_tokens=args.batch_tokens)
+        translator.translate(lines[:64], **options)  # warm-up: allocator, kernels, caches
         times, hyps = [], []
         for _ in range(args.reps):
             sync(device)
             start = time.perf_counter()
-            out = translate_lines(model, tokenizer, lines, **options)
-            hyps = [tokenizer.decode_tgt(nbest[0].tokens) for nbest in out]
+            hyps = [result.text for result in translator.translate(lines, **options)]
             sync(device)
             times.append(time.perf_counter() - start)
         median = statistics.median(times)

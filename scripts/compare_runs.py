@@ -49,11 +49,11 @@ sys.path.insert(0, str(REPO_ROOT))  # run as a script from anywhere, without ins
 from omegaconf import OmegaConf  # noqa: E402
 
 from nmt.alignment import attention_sharpness  # noqa: E402
-from nmt.checkpoint import CheckpointError, load_for_inference, resolve_checkpoint  # noqa: E402
+from nmt.checkpoint import CheckpointError, resolve_checkpoint  # noqa: E402
 from nmt.data import prepare_data  # noqa: E402
 from nmt.evaluation import TUTORIAL_BLEU_LABEL, bleu_by_length, corpus_scores, tutorial_bleu  # noqa: E402
 from nmt.provenance import provenance  # noqa: E402
-from nmt.translation import resolve_device, translate_lines  # noqa: E402
+from nmt.translator import Translator  # noqa: E402
 
 log = logging.getLogger("compare_runs")
 
@@ -135,18 +135,17 @@ def attention_rank(name: str) -> int:
     return ATTENTION_ORDER.index(name) if name in ATTENTION_ORDER else len(ATTENTION_ORDER)
 
 
-def load_model(run_dir: Path, device: str) -> tuple[Any, Any] | None:
-    """The run's best checkpoint as ``(model, tokenizer)``, or None when the run dir has no checkpoint."""
+def load_model(run_dir: Path, device: str) -> Translator | None:
+    """The run's best checkpoint, ready to translate, or None when the run dir has no checkpoint."""
     try:
         checkpoint = resolve_checkpoint(run_dir)
     except CheckpointError:
         return None
-    model, tokenizer, _ = load_for_inference(checkpoint, device=resolve_device(device))
-    return model, tokenizer
+    return Translator.from_checkpoint(checkpoint, device=device, max_input_words=None)  # as training scores
 
 
 def load_hypotheses(
-    run_dir: Path, cfg: dict[str, Any], split: str, srcs: list[str], loaded: tuple[Any, Any] | None
+    run_dir: Path, cfg: dict[str, Any], split: str, srcs: list[str], loaded: Translator | None
 ) -> tuple[list[str], str]:
     """The best checkpoint's translations of ``split``: read from the run, or made now and saved there.
 
@@ -159,11 +158,10 @@ def load_hypotheses(
     if loaded is None:
         raise SystemExit(f"{run_dir} has neither {path} nor a checkpoint to translate {split} with")
     log.warning("%s has no %s: translating %d sentences with its best checkpoint", run_dir, path.name, len(srcs))
-    model, tokenizer = loaded
     t = cfg["trainer"]  # the settings train.py used for the test scores
-    nbest = translate_lines(model, tokenizer, srcs, beam_size=t["test_beam_size"], length_penalty=t["length_penalty"],
-                            max_len=t["max_len"], max_len_ratio=t["max_len_ratio"])
-    hyps = [tokenizer.decode_tgt(best[0].tokens) for best in nbest]
+    results = loaded.translate(srcs, beam_size=t["test_beam_size"], length_penalty=t["length_penalty"],
+                               max_len=t["max_len"], max_len_ratio=t["max_len_ratio"])
+    hyps = [result.text for result in results]
     path.parent.mkdir(exist_ok=True)
     path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     return hyps, "translated now"

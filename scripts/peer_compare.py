@@ -205,23 +205,22 @@ def decode_once(argv: list[str]) -> None:
 
     import torch
 
-    from nmt.checkpoint import load_for_inference
-    from nmt.translation import encode_lines, read_input_lines, resolve_device, translate_ids
+    from nmt.translation import read_input_lines
+    from nmt.translator import SearchOptions, Translator
 
-    device = resolve_device(args.device)
-    model, tokenizer, train_cfg = load_for_inference(args.checkpoint, device=device)
-    t = train_cfg["trainer"]
+    translator = Translator.from_checkpoint(args.checkpoint, device=args.device, max_input_words=None)
+    device, tokenizer, t = translator.device, translator.tokenizer, translator.configs[0]["trainer"]
     lines = read_input_lines(args.input)
     start = time.perf_counter()
-    src_ids = encode_lines(tokenizer, lines)
+    src_ids = translator.encode(lines)
     order = sorted(range(len(src_ids)), key=lambda i: -len(src_ids[i]))  # length-sorted, as translate.py
     hyps = [""] * len(lines)
     for first in range(0, len(order), args.batch_sentences):
         rows = order[first : first + args.batch_sentences]
         # an unlimited token budget makes each call exactly one batch of these sentences
-        nbest = translate_ids(model, [src_ids[i] for i in rows], beam_size=args.beam_size,
-                              length_penalty=t["length_penalty"], max_len=t["max_len"],
-                              max_len_ratio=t["max_len_ratio"], batch_tokens=sys.maxsize)
+        options = SearchOptions(beam_size=args.beam_size, length_penalty=t["length_penalty"], max_len=t["max_len"],
+                                max_len_ratio=t["max_len_ratio"], batch_tokens=sys.maxsize)
+        nbest = translator.translate_ids([src_ids[i] for i in rows], options)
         for i, best in zip(rows, nbest):
             hyps[i] = tokenizer.decode_tgt(best[0].tokens)
     if device.type == "cuda":

@@ -35,13 +35,12 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # run as a script from anywhere, without installing the package
 
-from nmt.checkpoint import CheckpointError, load_for_inference, resolve_checkpoint  # noqa: E402
+from nmt.checkpoint import CheckpointError, resolve_checkpoint  # noqa: E402
 from nmt.data import DataError, prepare_data  # noqa: E402
+from nmt.device import PRECISIONS, uses_bf16  # noqa: E402
 from nmt.evaluation import corpus_scores  # noqa: E402
-from nmt.model import Seq2Seq  # noqa: E402
-from nmt.precision import PRECISIONS, uses_bf16  # noqa: E402
 from nmt.provenance import device_name, provenance  # noqa: E402
-from nmt.translation import encode_lines, resolve_device, translate_ids  # noqa: E402
+from nmt.translator import USER_ERRORS, SearchOptions, Translator  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -76,15 +75,15 @@ def grid(beam_sizes: Sequence[int], length_penalties: Sequence[float]) -> list[t
     return list(dict.fromkeys(settings))
 
 
-def score_setting(model: Seq2Seq, src_ids: list[list[int]], refs: list[str], tokenizer: Any, train_cfg: dict,
-                  beam: int, alpha: float, batch_tokens: int, precision: str = "auto") -> dict[str, Any]:
+def score_setting(translator: Translator, src_ids: list[list[int]], refs: list[str], train_cfg: dict,
+                  beam: int, alpha: float, batch_tokens: int) -> dict[str, Any]:
     """Translate one split with one (beam, α) and score it."""
     start = time.perf_counter()
+    options = SearchOptions(beam_size=beam, length_penalty=alpha, max_len=train_cfg["max_len"],
+                            max_len_ratio=train_cfg["max_len_ratio"], batch_tokens=batch_tokens)
     with torch.inference_mode():
-        nbest = translate_ids(model, src_ids, beam_size=beam, length_penalty=alpha,
-                              max_len=train_cfg["max_len"], max_len_ratio=train_cfg["max_len_ratio"],
-                              batch_tokens=batch_tokens, precision=precision)
-    hyps = [tokenizer.decode_tgt(best[0].tokens) for best in nbest]
+        nbest = translator.translate_ids(src_ids, options)
+    hyps = [translator.tokenizer.decode_tgt(best[0].tokens) for best in nbest]
     seconds = time.perf_counter() - start
     return {"beam_size": beam, "length_penalty": alpha, **corpus_scores(hyps, refs),
             "seconds": seconds, "sentences_per_s": len(refs) / seconds}
@@ -124,8 +123,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     run_dir = args.run_dir.resolve()
     checkpoint = resolve_checkpoint(args.checkpoint or run_dir)
-    device = resolve_device(args.device)
-    model, tokenizer, cfg = load_for_inference(checkpoint, device=device)
+    # no input-length cut: the scores are comparable to those train.py reports
+    translator = Translator.from_checkpoint(checkpoint, args.device, args.precision, max_input_words=None)
+    device, cfg = translator.device, translator.configs[0]
     data_cfg = dict(cfg["data"])
     split = args.split or data_cfg["valid_split"]
     if split == args.test_split:
@@ -139,11 +139,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     splits = {data_cfg["valid_split"]: data.valid, **data.tests}
 
     # Encoded with the checkpoint's own tokenizer (prepare_data's cache could hold another one), once per split.
-    src_ids = {name: encode_lines(tokenizer, list(splits[name].src_text)) for name in (split, args.test_split) if name}
+    src_ids = {name: translator.encode(list(splits[name].src_text)) for name in (split, args.test_split) if name}
 
     def run(name: str, beam: int, alpha: float) -> dict[str, Any]:
-        row = score_setting(model, src_ids[name], list(splits[name].tgt_text), tokenizer, cfg["trainer"], beam,
-                            alpha, args.batch_tokens, args.precision)
+        row = score_setting(translator, src_ids[name], list(splits[name].tgt_text), cfg["trainer"], beam,
+                            alpha, args.batch_tokens)
         print(f"{name}: beam {beam:2d}  α {alpha:<4g} BLEU {row['bleu']:6.2f}  chrF {row['chrf']:6.2f}  "
               f"length ratio {row['length_ratio']:.3f}  {row['sentences_per_s']:.1f} sent/s", flush=True)
         return row
@@ -187,5 +187,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 if __name__ == "__main__":
     try:
         main()
-    except (CheckpointError, DataError) as error:  # a wrong path or split name: one line, no traceback
-        raise SystemExit(f"tune_decoding.py: {error}") from None
+    except (*USER_ERRORS, CheckpointError, DataError) as error:  # a wrong path, split or device: one line
+        print(f"tune_decoding.py: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None

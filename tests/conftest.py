@@ -98,44 +98,44 @@ def multi30k_data(mirror_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     return prepare_data(cfg, cache_dir=tmp_path_factory.mktemp("multi30k_cache"))
 
 
-# --- a tiny trained-looking checkpoint for the translate and serve tests ------------------------
+# --- tiny trained-format checkpoints: translate.py, the Translator engine and the server ------------
 
-TINY_SRC = [
+SRC = [
     "Ein Hund läuft über die Wiese.",
     "Zwei Männer spielen Fußball.",
     "Eine Frau liest ein Buch im Park.",
     "Ein kleines Mädchen isst einen Apfel.",
     "Die Kinder spielen am Strand.",
 ]
-TINY_TGT = [
+TGT = [
     "A dog runs across the meadow.",
     "Two men play football.",
     "A woman reads a book in the park.",
     "A little girl eats an apple.",
     "The children play on the beach.",
 ]
+TINY_MAX_WORDS = 9  # the tiny checkpoints' data.clean.max_len: translate.py cuts longer input lines to this
 
 
-def save_tiny_checkpoint(path: Path, attention: str = "additive", max_words: int = 9) -> Path:
-    """A seconds-to-build de->en checkpoint (untrained weights, made peaky so sentences differ).
+def save_tiny_checkpoint(path: Path, attention: str, seed: int = 0, vocab_size: int = 60,
+                         src_lang: str = "de", tgt_lang: str = "en") -> Path:
+    """A checkpoint of a tiny untrained model (odd sizes) with a SentencePiece model trained on SRC/TGT.
 
-    Args:
-        path: the ``.pt`` file to write (e.g. ``RUN/checkpoints/best.pt`` for a run dir).
-        attention: the attention type.
-        max_words: the training config's ``data.clean.max_len`` (longer inputs get truncated).
+    Its weights are scaled up so that outputs differ between sentences; ``seed`` gives another model
+    with the same tokenizer, ``vocab_size`` another tokenizer.
     """
     from nmt.checkpoint import save_checkpoint
     from nmt.data import TokenizerSettings, train_tokenizer
     from nmt.model import Seq2Seq
 
-    tokenizer = train_tokenizer(TINY_SRC * 3, TINY_TGT * 3, TokenizerSettings(vocab_size=60), cache_dir=None)
+    tokenizer = train_tokenizer(SRC * 3, TGT * 3, TokenizerSettings(vocab_size=vocab_size), cache_dir=None)
     config = {
         "model": {"emb_size": 8, "enc_hidden_size": 5, "dec_hidden_size": 7, "enc_layers": 1, "dec_layers": 1,
                   "dropout": 0.0, "tie_embeddings": True},
         "attention": {"name": attention, "hidden_size": None, "dropout": 0.0},
-        "data": {"src_lang": "de", "tgt_lang": "en", "clean": {"max_len": max_words, "max_ratio": 3.0}},
+        "data": {"src_lang": src_lang, "tgt_lang": tgt_lang, "clean": {"max_len": TINY_MAX_WORDS, "max_ratio": 3.0}},
     }
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = Seq2Seq.from_config(config["model"], config["attention"], tokenizer.src_vocab_size,
                                 tokenizer.tgt_vocab_size)
     with torch.no_grad():  # peakier than the init, so outputs differ between sentences

@@ -17,7 +17,7 @@ from nmt.checkpoint import save_checkpoint
 from nmt.config import to_plain_dict
 from nmt.data import prepare_data
 from nmt.model import Seq2Seq
-from nmt.translation import translate_lines
+from nmt.translator import Translator
 from tests.conftest import load_script
 from tests.test_training import TINY, tiny_config, write_reversal_corpus
 
@@ -147,6 +147,6 @@ def test_decode_once_batches_by_sentences_in_input_order(tmp_path: Path, capsys:
     timing = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert timing["sentences"] == len(lines) and timing["decode_seconds"] > 0
     t = cfg.trainer
-    expected = [data.tokenizer.decode_tgt(nbest[0].tokens) for nbest in translate_lines(
-        model, data.tokenizer, lines, beam_size=1, max_len=t.max_len, max_len_ratio=t.max_len_ratio)]
+    expected = [r.text for r in Translator(model, data.tokenizer).translate(
+        lines, beam_size=1, max_len=t.max_len, max_len_ratio=t.max_len_ratio)]
     assert (tmp_path / "out.txt").read_text().splitlines() == expected  # batched as 7s equals translate.py's batches

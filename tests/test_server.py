@@ -24,10 +24,10 @@ from hydra import compose, initialize_config_dir
 
 from nmt.server import ServerSettings, create_app, serve_in_thread
 from nmt.translator import Translator
-from tests.conftest import CONFIG_DIR, REPO_ROOT, TINY_SRC, save_tiny_checkpoint
+from tests.conftest import CONFIG_DIR, REPO_ROOT, SRC, save_tiny_checkpoint
 
 LIMITS = ["max_body_bytes=2048", "max_sentences=6", "max_words=12", "max_beam_size=5"]
-SENTENCES = [*TINY_SRC, "Ein Mann.", "Hund", "Die Frau spielt Fußball im Park."]
+SENTENCES = [*SRC, "Ein Mann.", "Hund", "Die Frau spielt Fußball im Park."]
 
 
 @pytest.fixture(autouse=True)

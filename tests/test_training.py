@@ -20,11 +20,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-from nmt.checkpoint import load_checkpoint, load_for_inference
+from nmt.checkpoint import load_checkpoint
 from nmt.config import ConfigError, check_command_line_keys, validate_config
 from nmt.data import prepare_data
 from nmt.training import train
-from nmt.translation import translate_lines
+from nmt.translator import Translator
 from tests.conftest import CONFIG_DIR, REPO_ROOT
 
 SYMBOLS = "a b c d e f".split()
@@ -61,10 +61,9 @@ def tiny_config(tmp_path: Path, overrides: list[str]) -> DictConfig:
 
 
 def exact_match(run_dir: Path, cfg: DictConfig) -> float:
-    model, tokenizer, _ = load_for_inference(run_dir)
+    translator = Translator.from_checkpoint(run_dir, device="cpu", max_input_words=None)
     valid = prepare_data(cfg.data).valid
-    nbest = translate_lines(model, tokenizer, valid.src_text, beam_size=1, max_len=50, max_len_ratio=2.0)
-    hyps = [tokenizer.decode_tgt(h[0].tokens) for h in nbest]
+    hyps = [r.text for r in translator.translate(valid.src_text, beam_size=1, max_len=50, max_len_ratio=2.0)]
     return sum(h == r for h, r in zip(hyps, valid.tgt_text)) / len(hyps)
 
 

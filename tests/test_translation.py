@@ -12,35 +12,27 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import SRC, TGT, TINY_MAX_WORDS, save_tiny_checkpoint
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from nmt.checkpoint import load_for_inference, save_checkpoint
-from nmt.data import TokenizerSettings, train_tokenizer
+from nmt.checkpoint import load_for_inference
 from nmt.data.batching import token_batches
 from nmt.model import Seq2Seq
 from nmt.search import beam_search, greedy_search
-from nmt.translation import TranslationError, translate_lines, translate_main
+from nmt.translation import translate_main
+from nmt.translator import TranslationError, Translator
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
-SRC = [
-    "Ein Hund läuft über die Wiese.",
-    "Zwei Männer spielen Fußball.",
-    "Eine Frau liest ein Buch im Park.",
-    "Ein kleines Mädchen isst einen Apfel.",
-    "Die Kinder spielen am Strand.",
-]
-TGT = [
-    "A dog runs across the meadow.",
-    "Two men play football.",
-    "A woman reads a book in the park.",
-    "A little girl eats an apple.",
-    "The children play on the beach.",
-]
-MAX_WORDS = 9  # the training config's data.clean.max_len: longer input lines are cut to this
+MAX_WORDS = TINY_MAX_WORDS  # the training config's data.clean.max_len: longer input lines are cut to this
+
+
+def translate_lines(model: Seq2Seq, tokenizer, lines: list[str], **options) -> list:
+    """The engine's raw n-best hypotheses per line."""
+    return [result.hypotheses for result in Translator(model, tokenizer).translate(lines, **options)]
 
 
 @pytest.fixture(autouse=True)
@@ -49,34 +41,17 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
-def _save_tiny(path: Path, attention: str) -> Path:
-    tokenizer = train_tokenizer(SRC * 3, TGT * 3, TokenizerSettings(vocab_size=60), cache_dir=None)
-    config = {
-        "model": {"emb_size": 8, "enc_hidden_size": 5, "dec_hidden_size": 7, "enc_layers": 1, "dec_layers": 1,
-                  "dropout": 0.0, "tie_embeddings": True},
-        "attention": {"name": attention, "hidden_size": None, "dropout": 0.0},
-        "data": {"src_lang": "de", "tgt_lang": "en", "clean": {"max_len": MAX_WORDS, "max_ratio": 3.0}},
-    }
-    torch.manual_seed(0)
-    model = Seq2Seq.from_config(config["model"], config["attention"], tokenizer.src_vocab_size,
-                                tokenizer.tgt_vocab_size)
-    with torch.no_grad():  # peakier than the init, so outputs differ between sentences
-        for p in model.parameters():
-            p.mul_(3.0)
-    return save_checkpoint(path, {"config": config, "tokenizer": tokenizer.to_state(), "model": model.state_dict()})
-
-
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run dir holding checkpoints/best.pt of a tiny additive-attention model."""
     root = tmp_path_factory.mktemp("run")
-    _save_tiny(root / "checkpoints" / "best.pt", "additive")
+    save_tiny_checkpoint(root / "checkpoints" / "best.pt", "additive")
     return root
 
 
 @pytest.fixture(scope="module")
 def no_attention_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _save_tiny(tmp_path_factory.mktemp("none") / "none.pt", "none")
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("none") / "none.pt", "none")
 
 
 def translate_cfg(*overrides: str) -> DictConfig:
@@ -234,5 +209,6 @@ def test_cli_stdout_has_only_translations(run_dir: Path, tmp_path: Path) -> None
     missing = cli()
     assert missing.returncode == 2 and missing.stdout == ""
     assert missing.stderr.strip() == (
-        "translate.py: error: no checkpoint given; pass checkpoint=PATH (a run dir or a .pt file from train.py)"
+        "translate.py: error: no checkpoint given; pass checkpoint=PATH (a run dir or a .pt file from train.py), "
+        "or checkpoint=[RUN_A,RUN_B] for an ensemble"
     )

@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt.checkpoint import load_for_inference
 from nmt.data import prepare_data
 from nmt.evaluation import corpus_scores
 from nmt.training import train
-from nmt.translation import translate_lines
+from nmt.translator import Translator
 from tests.conftest import load_script
 from tests.test_training import tiny_config
 
@@ -48,13 +47,13 @@ def test_grid_choice_and_test_scores(trained_run: tuple[Path, object], tmp_path:
     assert report["command"].startswith(f"python scripts/tune_decoding.py {run_dir} --beam-sizes 1 3")
 
     # each row is what translating the split with that setting scores, computed here independently
-    model, tokenizer, _ = load_for_inference(run_dir)
+    translator = Translator.from_checkpoint(run_dir, device="cpu", max_input_words=None)
     valid = prepare_data(cfg.data).valid
     for row in report["grid"]:
-        nbest = translate_lines(model, tokenizer, valid.src_text, beam_size=row["beam_size"],
-                                length_penalty=row["length_penalty"], max_len=cfg.trainer.max_len,
-                                max_len_ratio=cfg.trainer.max_len_ratio)
-        expected = corpus_scores([tokenizer.decode_tgt(h[0].tokens) for h in nbest], valid.tgt_text)
+        results = translator.translate(valid.src_text, beam_size=row["beam_size"],
+                                       length_penalty=row["length_penalty"], max_len=cfg.trainer.max_len,
+                                       max_len_ratio=cfg.trainer.max_len_ratio)
+        expected = corpus_scores([r.text for r in results], valid.tgt_text)
         assert row["bleu"] == pytest.approx(expected["bleu"]) and row["length_ratio"] == pytest.approx(
             expected["length_ratio"])
     assert report["best"]["bleu"] > 20  # 150 steps learn some of the reversal task

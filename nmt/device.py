@@ -1,11 +1,18 @@
-"""Numeric precision: when the model runs under bf16 autocast, and when matmuls may use TF32.
+"""Where the model runs and in what precision: the device choice and the precision setting, in one place.
 
-One setting, ``trainer.precision`` for training and ``precision`` for ``translate.py``:
+Training (``trainer.device``, ``trainer.precision``) and every use of a trained model (the
+``Translator`` engine under ``translate.py``, ``serve.py`` and the scripts) choose both here, with the
+same rules and the same errors.
+
+Device: ``auto`` (CUDA when PyTorch sees a GPU, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``. Under
+``torchrun`` each process takes the GPU of its local rank.
+
+Precision:
 
     auto   bf16 autocast + TF32 matmuls on CUDA; float32 on the CPU (the default)
     bf16   bf16 autocast on any device. On a CPU it pays only where the CPU has native bf16
-           instructions (AVX512-BF16 or AMX; speed and BLEU measured in docs/results.md); elsewhere
-           it is emulated and slower than float32
+           instructions (AVX512-BF16 or AMX; not measured here); elsewhere it is emulated and
+           slower than float32
     fp32   float32 throughout: no autocast, and TF32 off on CUDA
 
 bf16 keeps float32's exponent range, so no loss scaling is needed (the trainer's ``GradScaler`` stays
@@ -28,12 +35,43 @@ from pathlib import Path
 import torch
 
 PRECISIONS = ("auto", "bf16", "fp32")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class DeviceError(ValueError):
+    """A device or precision that is not valid here (reported in one line, naming the setting)."""
+
+
+def resolve_device(name: str | torch.device, key: str = "device", local_rank: int | None = None) -> torch.device:
+    """The device a setting names.
+
+    Args:
+        name: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``; a torch.device
+            is returned as it is.
+        key: the setting's name, for the error message (``trainer.device``, ``device``).
+        local_rank: under ``torchrun``, the process's local rank: ``cuda`` becomes ``cuda:<local_rank>``.
+
+    Raises:
+        DeviceError: an unknown name, or CUDA asked for without a GPU.
+    """
+    if isinstance(name, torch.device):
+        return name
+    name = str(name)
+    if name not in DEVICES and not name.startswith("cuda:"):
+        raise DeviceError(f"{key}={name!r} is not valid; use one of {', '.join(DEVICES)} (or cuda:N)")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise DeviceError(f"{key}={name} was asked for, but no CUDA GPU is available; use {key}=auto or cpu")
+    if name == "cuda" and local_rank is not None:
+        name = f"cuda:{local_rank}"
+    return torch.device(name)
 
 
 def check_precision(precision: str, key: str = "precision") -> str:
-    """``precision`` if it is one of ``PRECISIONS``; else a ValueError that names ``key`` and the choices."""
+    """``precision`` if it is one of ``PRECISIONS``; else a DeviceError that names ``key`` and the choices."""
     if precision not in PRECISIONS:
-        raise ValueError(f"{key}={precision!r} is not one of {', '.join(PRECISIONS)}")
+        raise DeviceError(f"{key}={precision!r} is not one of {', '.join(PRECISIONS)}")
     return precision
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nmt import precision as precision_module
+from nmt import device as device_module
 from nmt.attention import build_attention
 from nmt.config import upgrade_saved_config
+from nmt.device import autocast, check_precision, slow_bf16_warning, uses_bf16
 from nmt.model import Seq2Seq
-from nmt.precision import autocast, check_precision, slow_bf16_warning, uses_bf16
-from nmt.translation import TranslationError, translate_ids
+from nmt.translator import SearchOptions, TranslationError, Translator
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -31,13 +31,14 @@ def _tiny_model() -> Seq2Seq:
 
 @pytest.mark.parametrize(("setting", "expected"), [("auto", torch.float32), ("fp32", torch.float32),
                                                    ("bf16", torch.bfloat16)])
-def test_translate_ids_decodes_in_the_precision_asked_for(setting: str, expected: torch.dtype) -> None:
+def test_the_translator_decodes_in_the_precision_asked_for(setting: str, expected: torch.dtype) -> None:
     model = _tiny_model()
     seen: set[torch.dtype] = set()
     model.decoder.output.register_forward_hook(lambda _m, _i, out: seen.add(out.dtype))
     src = [[4, 5, 6, 7], [8, 9], [10, 11, 12, 4, 5]]
     for beam in (1, 3):
-        nbest = translate_ids(model, src, beam_size=beam, max_len=6, precision=setting)
+        translator = Translator(model, tokenizer=None, precision=setting)  # ids in, ids out: no text
+        nbest = translator.translate_ids(src, SearchOptions(beam_size=beam, max_len=6))
         assert len(nbest) == 3 and all(torch.isfinite(torch.tensor(h[0].score)) for h in nbest)
     assert seen == {expected}
     with autocast("fp32", CPU):  # the context itself: no autocast for float32
@@ -46,14 +47,14 @@ def test_translate_ids_decodes_in_the_precision_asked_for(setting: str, expected
 
 def test_unknown_precision_is_a_translation_error() -> None:
     with pytest.raises(TranslationError, match="precision='half' is not one of auto, bf16, fp32"):
-        translate_ids(_tiny_model(), [[4, 5]], beam_size=1, precision="half")
+        Translator(_tiny_model(), tokenizer=None, precision="half")
 
 
 def test_bf16_on_a_cpu_without_bf16_instructions_warns(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(precision_module, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(device_module, "cpu_has_native_bf16", lambda: False)
     assert "slower than float32" in slow_bf16_warning("bf16", CPU)
     assert slow_bf16_warning("auto", CPU) is None and slow_bf16_warning("bf16", CUDA) is None
-    monkeypatch.setattr(precision_module, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(device_module, "cpu_has_native_bf16", lambda: True)
     assert slow_bf16_warning("bf16", CPU) is None
 
 

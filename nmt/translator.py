@@ -1,0 +1,401 @@
+"""The inference engine: ``Translator`` turns sentences into translations with one or more trained models.
+
+Every use of a trained model goes through it: validation during training, ``translate.py`` (files and
+stdin, ``nmt.translation``), ``serve.py`` (HTTP, ``nmt.server``), the analysis scripts, and Python users::
+
+    from nmt import Translator
+    translator = Translator.from_checkpoint("outputs/RUN_DIR")            # or a list: an ensemble
+    [result] = translator.translate(["Ein Hund läuft durch den Schnee."], beam_size=5, attention=True)
+    result.text, result.score, result.nbest, result.attention.alignment
+
+It owns what those uses share: loading checkpoints (and checking that an ensemble's members fit
+together), the device and precision setup (``nmt.device``), the search options and their checks (one
+place, one error type), the cleaning and encoding of input lines as in training, length-sorted
+token-budget batching, and turning subword attention into words and Pharaoh alignments.
+
+Shapes: B sentences in a batch, S source length (subwords, EOS included), T output length.
+
+Not done here: the search itself (``nmt.search``), files, stdin, HTTP and plots (the layers above).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from nmt.alignment import pharaoh_alignment
+from nmt.checkpoint import CheckpointError, load_for_inference, resolve_checkpoint
+from nmt.data import EOS_ID, PAD_ID, DataError, Tokenizer
+from nmt.data.batching import token_batches
+from nmt.device import DeviceError, autocast, check_precision, configure_matmul, resolve_device, slow_bf16_warning
+from nmt.ensemble import Ensemble
+from nmt.model import Seq2Seq, count_parameters
+from nmt.plotting import merge_subword_attention
+from nmt.search import Hypothesis, beam_search, greedy_search
+
+log = logging.getLogger(__name__)
+
+
+class TranslationError(ValueError):
+    """A mistake in a translation request (bad option, bad input, models that do not fit): one line."""
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How to search; the one home of these defaults (translate.py, serve.py and validation use them).
+
+    Attributes:
+        beam_size: hypotheses kept per sentence; 1 = greedy search.
+        length_penalty: GNMT alpha (beam only): score / ((5 + length) / 6) ** alpha; 0 = raw log-probability.
+        n_best: hypotheses returned per sentence, at most ``beam_size``.
+        max_len: at most this many output subwords per sentence.
+        max_len_ratio: and at most ``ceil(ratio * source subwords) + 5``; None = ``max_len`` only.
+        batch_tokens: padded source subwords per batch (the beam multiplies the rows by ``beam_size``).
+    """
+
+    beam_size: int = 5
+    length_penalty: float = 1.0
+    n_best: int = 1
+    max_len: int = 200
+    max_len_ratio: float | None = 2.0
+    batch_tokens: int = 4096
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any]) -> SearchOptions:
+        """Options from keyword values, refusing unknown names (naming the nearest) and wrong types."""
+        known = [f.name for f in fields(cls)]
+        for name in values:
+            if name not in known:
+                near = difflib.get_close_matches(name, known, n=1)
+                hint = f"did you mean {near[0]}? " if near else ""
+                raise TranslationError(f"unknown search option {name!r}: {hint}valid options are {', '.join(known)}")
+        return cls(**values).checked()
+
+    def checked(self) -> SearchOptions:
+        """These options if they are valid; else a TranslationError naming the option and its range."""
+        for name in ("beam_size", "n_best", "max_len", "batch_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise TranslationError(f"{name} must be a whole number >= 1, got {value!r}")
+        if self.n_best > self.beam_size:
+            raise TranslationError(f"n_best ({self.n_best}) cannot exceed beam_size ({self.beam_size})")
+        for name in ("length_penalty", "max_len_ratio"):
+            value = getattr(self, name)
+            if value is None and name == "max_len_ratio":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise TranslationError(f"{name} must be a number >= 0, got {value!r}")
+        return self
+
+
+@dataclass
+class Candidate:
+    """One entry of an n-best list: detokenized text and its search score."""
+
+    text: str
+    score: float
+
+
+@dataclass
+class WordAttention:
+    """The attention of a 1-best translation, in words.
+
+    Attributes:
+        source: the source words, then ``</s>`` (the end-of-sentence column the model can attend to).
+        target: the words of the translation.
+        weights: ``[len(target)][len(source)]``: row j is where target word j looked (the mean of its
+            subwords' rows; a source word's column sums its subwords' weights), so each row sums to 1.
+        alignment: Pharaoh ``i-j`` pairs (source word i, target word j, 0-based, ``</s>`` left out):
+            each target word linked to the source word it attended to most.
+    """
+
+    source: list[str]
+    target: list[str]
+    weights: list[list[float]]
+    alignment: str
+
+
+@dataclass
+class Translation:
+    """The result for one input sentence.
+
+    Attributes:
+        text: the best translation, detokenized ("" for an empty input).
+        score: its search score (log-probability, length-normalised under beam search).
+        nbest: up to ``n_best`` candidates, best first (the first is ``text``).
+        attention: word attention of the best translation, when asked for and the model attends.
+        src_ids: the source subword ids the model read (no EOS; [] for an empty input).
+        hypotheses: the raw hypotheses (subword ids, subword attention ``[T, S]``), best first.
+    """
+
+    text: str
+    score: float
+    nbest: list[Candidate]
+    attention: WordAttention | None = None
+    src_ids: list[int] = field(default_factory=list, repr=False)
+    hypotheses: list[Hypothesis] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``{"text", "score", "nbest": [{"text", "score"}], "attention": {...} | None}``."""
+        return {
+            "text": self.text,
+            "score": self.score,
+            "nbest": [asdict(c) for c in self.nbest],
+            "attention": asdict(self.attention) if self.attention is not None else None,
+        }
+
+
+class Translator:
+    """One or more trained models with their tokenizer, ready to translate.
+
+    Args:
+        models: the model, or an ensemble's members (same tokenizer and language pair), in eval mode
+            and on one device. The Translator does not change their mode or device.
+        tokenizer: the models' tokenizer.
+        precision: ``auto``, ``bf16`` or ``fp32`` (``nmt.device``).
+        max_input_words: longer input lines are cut to this many words (one warning); None = no limit.
+        configs: the models' resolved training configs (for ``info``), if known.
+        checkpoints: the checkpoint files the models came from, if any.
+
+    Not thread-safe: call it from one thread at a time.
+    """
+
+    def __init__(
+        self,
+        models: Seq2Seq | Sequence[Seq2Seq],
+        tokenizer: Tokenizer,
+        *,
+        precision: str = "auto",
+        max_input_words: int | None = None,
+        configs: Sequence[dict[str, Any]] = (),
+        checkpoints: Sequence[Path] = (),
+    ) -> None:
+        self.models = [models] if isinstance(models, Seq2Seq) else list(models)
+        self.model: Seq2Seq | Ensemble = self.models[0] if len(self.models) == 1 else Ensemble(self.models)
+        self.tokenizer = tokenizer
+        self.precision = _checked_precision(precision)
+        self.max_input_words = max_input_words
+        self.configs = list(configs)
+        self.checkpoints = list(checkpoints)
+        self.device = next(self.models[0].parameters()).device
+        self.search_calls = 0  # one per decoded batch: lets a server show how well it batches
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        path: str | Path | Sequence[str | Path],
+        device: str | torch.device = "auto",
+        precision: str = "auto",
+        max_input_words: int | str | None = "auto",
+    ) -> Translator:
+        """Load a run dir or ``.pt`` file, or a list of them (an ensemble).
+
+        Args:
+            path: a run dir (its ``checkpoints/best.pt``, else ``last.pt``), a checkpoint file, or a list.
+            device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+            precision: ``auto``, ``bf16`` or ``fp32``.
+            max_input_words: ``auto`` = the training config's ``data.clean.max_len``; a number; None.
+
+        Raises:
+            CheckpointError: a missing or unreadable checkpoint.
+            TranslationError: an empty list, members whose tokenizers or language pairs differ, or a bad
+                device or precision.
+        """
+        paths = [path] if isinstance(path, (str, Path)) else list(path)
+        if not paths:
+            raise TranslationError("no checkpoint given; pass a run dir or a .pt file written by train.py")
+        try:
+            device = resolve_device(device)
+        except DeviceError as error:
+            raise TranslationError(str(error)) from None
+        precision = _checked_precision(precision)
+        if warning := slow_bf16_warning(precision, device):
+            log.warning(warning)
+        configure_matmul(precision, device)
+        files = [resolve_checkpoint(p) for p in paths]
+        loaded = [load_for_inference(f, device=device) for f in files]
+        _check_members(files, [tok for _, tok, _ in loaded], [cfg for _, _, cfg in loaded])
+        configs = [cfg for _, _, cfg in loaded]
+        if max_input_words == "auto":
+            limits = [((cfg.get("data") or {}).get("clean") or {}).get("max_len") for cfg in configs]
+            max_input_words = max((n for n in limits if n is not None), default=None)
+        return cls([model for model, _, _ in loaded], loaded[0][1], precision=precision,
+                   max_input_words=max_input_words, configs=configs, checkpoints=files)
+
+    @property
+    def has_attention(self) -> bool:
+        return self.model.has_attention
+
+    def encode(self, sentences: Sequence[str]) -> list[list[int]]:
+        """Source subword ids (no EOS) of each sentence, stripped and cut to ``max_input_words`` as in training."""
+        lines, cut = truncate_words([sentence.strip() for sentence in sentences], self.max_input_words)
+        if cut:
+            log.warning("%d line(s) longer than %d words were truncated to %d words (the model never saw longer "
+                        "sentences in training; set max_input_words to change the limit)",
+                        cut, self.max_input_words, self.max_input_words)
+        return [self.tokenizer.encode_src(line) if line else [] for line in lines]
+
+    def translate(
+        self, sentences: Sequence[str], *, attention: bool = False, progress: bool = False, **options: Any
+    ) -> list[Translation]:
+        """Translate sentences; one result per sentence, in input order.
+
+        Args:
+            sentences: source sentences (an empty one gives an empty translation).
+            attention: also return each best translation's word attention and alignment.
+            progress: show a tqdm bar on stderr.
+            **options: ``SearchOptions`` fields (beam_size, length_penalty, n_best, max_len,
+                max_len_ratio, batch_tokens); unset ones take their defaults.
+
+        Raises:
+            TranslationError: an unknown or invalid option, or attention asked of a model without it.
+        """
+        search = SearchOptions.from_mapping(options)
+        if attention and not self.has_attention:
+            raise TranslationError(f"attention was asked for, but this model was trained with "
+                                   f"attention={self.attention_name}, which has none")
+        src_ids = self.encode(sentences)
+        results = self.translate_ids(src_ids, search, progress=progress)
+        return [self._result(ids, nbest, attention) for ids, nbest in zip(src_ids, results)]
+
+    def translate_ids(
+        self, src_ids: Sequence[Sequence[int]], options: SearchOptions | None = None, progress: bool = False
+    ) -> list[list[Hypothesis]]:
+        """Decode encoded sentences in length-sorted token batches, in input order.
+
+        Args:
+            src_ids: subword ids per sentence, without EOS; an empty list gives one empty hypothesis.
+            options: the search options (defaults if None).
+            progress: show a tqdm bar on stderr.
+
+        Returns:
+            Per sentence, up to ``n_best`` hypotheses, best first.
+        """
+        opts = (options or SearchOptions()).checked()
+        results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, None)] for _ in src_ids]
+        todo = [i for i, ids in enumerate(src_ids) if ids]
+        lengths = [len(src_ids[i]) + 1 for i in todo]  # + EOS
+        with tqdm(total=len(src_ids), disable=not progress, file=sys.stderr, unit="sent", desc="translating") as bar, \
+                autocast(self.precision, self.device):
+            bar.update(len(src_ids) - len(todo))
+            for batch in token_batches(lengths, opts.batch_tokens):
+                rows = [todo[k] for k in batch]
+                for i, nbest in zip(rows, self._search([src_ids[i] for i in rows], opts)):
+                    results[i] = nbest
+                bar.update(len(rows))
+        return results
+
+    def _search(self, batch_ids: list[Sequence[int]], opts: SearchOptions) -> list[list[Hypothesis]]:
+        """One search call on one padded batch: src ``[B, S]``."""
+        lengths = [len(ids) + 1 for ids in batch_ids]
+        width = max(lengths)
+        padded = [[*ids, EOS_ID] + [PAD_ID] * (width - 1 - len(ids)) for ids in batch_ids]
+        src = torch.tensor(padded, dtype=torch.long).to(self.device)  # [B, S]
+        src_lengths = torch.tensor(lengths, dtype=torch.long)  # [B]
+        self.search_calls += 1
+        if opts.beam_size == 1:
+            return [[h] for h in greedy_search(self.model, src, src_lengths, opts.max_len, opts.max_len_ratio)]
+        return beam_search(self.model, src, src_lengths, opts.beam_size, opts.length_penalty, opts.max_len,
+                           opts.max_len_ratio, opts.n_best)
+
+    def _result(self, src_ids: list[int], nbest: list[Hypothesis], attention: bool) -> Translation:
+        candidates = [Candidate(self.tokenizer.decode_tgt(h.tokens), h.score) for h in nbest]
+        best = nbest[0]
+        words = None
+        if attention and src_ids and best.attention is not None:
+            words = self.word_attention(src_ids, best)
+        return Translation(candidates[0].text, candidates[0].score, candidates, words, list(src_ids), nbest)
+
+    def word_attention(self, src_ids: Sequence[int], hypothesis: Hypothesis) -> WordAttention:
+        """A hypothesis' subword attention ``[T, S]`` as words, with its Pharaoh alignment."""
+        src_pieces = self.tokenizer.src_pieces(src_ids) + ["</s>"]  # the EOS column the model attended to
+        tgt_pieces = self.tokenizer.tgt_pieces(hypothesis.tokens)
+        weights, src_words, tgt_words = merge_subword_attention(hypothesis.attention, src_pieces, tgt_pieces)
+        alignment = pharaoh_alignment(hypothesis.attention, src_pieces, tgt_pieces)
+        return WordAttention(src_words, tgt_words, weights.round(5).tolist(), alignment)
+
+    @property
+    def attention_name(self) -> str:
+        names = {(cfg.get("attention") or {}).get("name", "?") for cfg in self.configs} or {"?"}
+        return "+".join(sorted(names))
+
+    def info(self) -> dict[str, Any]:
+        """What a client may want to know: attention type, languages, size, and the run's test BLEU if recorded."""
+        data = (self.configs[0].get("data") or {}) if self.configs else {}
+        return {
+            "attention": self.attention_name,
+            "src_lang": data.get("src_lang"),
+            "tgt_lang": data.get("tgt_lang"),
+            "parameters": sum(count_parameters(model) for model in self.models),
+            "models": len(self.models),
+            "checkpoints": [str(path) for path in self.checkpoints],
+            "bleu": _recorded_bleu(self.checkpoints),  # {test set: BLEU} or None
+            "device": str(self.device),
+            "precision": self.precision,
+        }
+
+
+def truncate_words(lines: Sequence[str], max_words: int | None) -> tuple[list[str], int]:
+    """Lines cut to at most ``max_words`` whitespace words (None = no limit), and how many were cut."""
+    if max_words is None:
+        return list(lines), 0
+    out, cut = [], 0
+    for line in lines:
+        words = line.split()
+        cut += len(words) > max_words
+        out.append(" ".join(words[:max_words]) if len(words) > max_words else line)
+    return out, cut
+
+
+def _checked_precision(precision: str) -> str:
+    try:
+        return check_precision(precision)
+    except DeviceError as error:
+        raise TranslationError(str(error)) from None
+
+
+def _check_members(files: list[Path], tokenizers: list[Tokenizer], configs: list[dict[str, Any]]) -> None:
+    """Refuse an ensemble whose members would not read and write the same subwords and languages."""
+    for path, tokenizer, config in zip(files[1:], tokenizers[1:], configs[1:]):
+        if tokenizer.fingerprint != tokenizers[0].fingerprint:
+            raise TranslationError(
+                f"cannot ensemble {files[0]} and {path}: their SentencePiece models differ "
+                f"({tokenizers[0].fingerprint[:12]} vs {tokenizer.fingerprint[:12]}); train the members on "
+                "the same data and tokenizer settings")
+        pair, first = _language_pair(config), _language_pair(configs[0])
+        if pair != first:
+            raise TranslationError(f"cannot ensemble {files[0]} ({first}) and {path} ({pair}): "
+                                   "they translate different language pairs")
+
+
+def _language_pair(config: dict[str, Any]) -> str:
+    data = config.get("data") or {}
+    return f"{data.get('src_lang', '?')}-{data.get('tgt_lang', '?')}"
+
+
+def _recorded_bleu(checkpoints: Sequence[Path]) -> dict[str, float] | None:
+    """Test BLEU per test set from the run dir's results.json (a single model's; None for ensembles or when absent)."""
+    if len(checkpoints) != 1:
+        return None
+    results = checkpoints[0].parent.parent / "results.json"  # RUN_DIR/checkpoints/best.pt
+    try:
+        test = json.loads(results.read_text(encoding="utf-8")).get("test")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(test, dict):
+        return None
+    scores = {name: entry.get("bleu") for name, entry in test.items() if isinstance(entry, dict)}
+    return {name: float(bleu) for name, bleu in scores.items() if isinstance(bleu, (int, float))} or None
+
+
+USER_ERRORS: tuple[type[Exception], ...] = (TranslationError, CheckpointError, DataError)
+"""Errors the entry points report in one line without a traceback."""
