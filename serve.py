@@ -13,13 +13,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from nmt.checkpoint import CheckpointError
 from nmt.config import ConfigError, check_command_line_keys
-from nmt.data import DataError
 from nmt.server import serve_main
-from nmt.translator import TranslationError
-
-USER_ERRORS = (ConfigError, TranslationError, CheckpointError, DataError)
+from nmt.translator import USER_ERRORS
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="serve")
@@ -27,7 +23,7 @@ def main(cfg: DictConfig) -> None:
     """Run the server (see configs/serve.yaml for the options)."""
     try:
         serve_main(cfg)
-    except USER_ERRORS as error:
+    except (*USER_ERRORS, ConfigError) as error:
         print(f"serve.py: error: {error}", file=sys.stderr)
         sys.exit(2)
 

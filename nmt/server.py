@@ -30,19 +30,18 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 import signal
 import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
 import uvicorn
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -51,71 +50,62 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from nmt.config import ConfigError
-from nmt.translator import TranslationError, Translator
+from nmt.translation import load_translator, search_options
+from nmt.translator import SearchOptions, TranslationError, Translator
 
 log = logging.getLogger(__name__)
 
-REQUEST_OPTIONS: dict[str, tuple[type, ...]] = {
-    "beam_size": (int,),
-    "n_best": (int,),
-    "length_penalty": (int, float),
-    "attention": (bool,),
-}
-"""The search options a request may set, with the JSON types each accepts."""
+SEARCH_OVERRIDES = ("beam_size", "n_best", "length_penalty")
+"""The search options a request may set (the others are the server's, from its config)."""
 
 ENDPOINTS = "GET /, GET /health, GET /v1/model, POST /v1/translate"
 
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """What ``configs/serve.yaml`` sets beyond the model (types only; the defaults live in the YAML)."""
+    """What ``configs/serve.yaml`` sets beyond the model (types only; the defaults live in the YAML).
 
-    host: str
-    port: int
-    beam_size: int
-    length_penalty: float
-    n_best: int
-    max_len: int
-    max_len_ratio: float | None
-    batch_tokens: int
-    max_body_bytes: int
-    max_sentences: int
-    max_words: int
-    max_beam_size: int
-    batch_wait_ms: float
-    batch_sentences: int
-    shutdown_timeout_s: float
-    log_level: str
+    Attributes:
+        search: every request's search options before its overrides (the Translator's ``SearchOptions``).
+        The others: as commented in ``configs/serve.yaml``.
+    """
+
+    host: str = MISSING
+    port: int = MISSING
+    max_body_bytes: int = MISSING
+    max_sentences: int = MISSING
+    max_words: int = MISSING
+    max_beam_size: int = MISSING
+    batch_wait_ms: float = MISSING
+    batch_sentences: int = MISSING
+    shutdown_timeout_s: float = MISSING
+    log_level: str = MISSING
+    search: SearchOptions = field(default_factory=SearchOptions)  # replaced by the config's in from_config
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> ServerSettings:
-        """The settings of a composed ``serve`` config, type-checked.
+        """The settings of a composed ``serve`` config, checked before the server starts.
 
         Raises:
             ConfigError: a value of the wrong type, or a limit that is not positive.
+            TranslationError: a search option the Translator refuses.
         """
-        names = [f.name for f in dataclasses.fields(cls)]
-        try:
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "search"]
+        try:  # types: OmegaConf names the key and the expected type
             typed = OmegaConf.merge(OmegaConf.structured(cls), {name: cfg[name] for name in names})
         except OmegaConfBaseException as error:
             key = getattr(error, "full_key", None) or "?"
             raise ConfigError(f"bad value for {key}: {getattr(error, 'msg', str(error)).strip()}") from None
-        settings = cls(**{name: typed[name] for name in names})
+        settings = dataclasses.replace(OmegaConf.to_object(typed), search=search_options(cfg))
         for name in ("max_body_bytes", "max_sentences", "max_words", "max_beam_size", "batch_sentences"):
             if getattr(settings, name) < 1:
                 raise ConfigError(f"{name}={getattr(settings, name)} must be positive")
-        if settings.beam_size > settings.max_beam_size:
-            raise ConfigError(f"beam_size={settings.beam_size} is over max_beam_size={settings.max_beam_size}; "
+        if settings.search.beam_size > settings.max_beam_size:
+            raise ConfigError(f"beam_size={settings.search.beam_size} is over max_beam_size={settings.max_beam_size}; "
                               "raise max_beam_size or lower beam_size")
         if settings.batch_wait_ms < 0 or settings.shutdown_timeout_s < 0:
             raise ConfigError("batch_wait_ms and shutdown_timeout_s must be >= 0")
         return settings
-
-    def search_defaults(self) -> dict[str, Any]:
-        """Keyword arguments of ``Translator.translate`` before a request's overrides."""
-        return {"beam_size": self.beam_size, "length_penalty": self.length_penalty, "n_best": self.n_best,
-                "max_len": self.max_len, "max_len_ratio": self.max_len_ratio, "batch_tokens": self.batch_tokens,
-                "attention": False}
 
     def limits(self) -> dict[str, int]:
         return {"max_body_bytes": self.max_body_bytes, "max_sentences": self.max_sentences,
@@ -151,26 +141,28 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-def parse_translate_request(body: bytes, settings: ServerSettings) -> tuple[list[str], dict[str, Any]]:
-    """Sentences and ``Translator.translate`` options from a ``/v1/translate`` body.
+def parse_translate_request(body: bytes, settings: ServerSettings) -> tuple[list[str], SearchOptions, bool]:
+    """Sentences, search options and the attention flag of a ``/v1/translate`` body.
 
-    Checks JSON types and the server's limits only; the Translator checks the option values.
+    The server checks the JSON and its own limits; ``SearchOptions`` (the engine) checks the options.
 
     Returns:
-        The sentences and the full keyword arguments (the config's defaults, then the request's).
+        The sentences, the options (the config's, then the request's overrides) and whether to return attention.
 
     Raises:
         RequestError: 422 for invalid JSON or a wrong type, 413 for a limit.
+        TranslationError: a search option the Translator refuses (422).
     """
     try:
-        payload = json.loads(body)
+        payload = json.loads(body, parse_constant=_refuse_constant)
     except ValueError as error:  # UnicodeDecodeError is a ValueError too
         raise RequestError(422, f"the request body is not valid JSON ({error})") from None
     if not isinstance(payload, dict) or "text" not in payload:
         raise RequestError(422, 'the body must be a JSON object with "text": a string or a list of strings')
-    unknown = sorted(set(payload) - {"text", *REQUEST_OPTIONS})
+    unknown = sorted(set(payload) - {"text", "attention", *SEARCH_OVERRIDES})
     if unknown:
-        raise RequestError(422, f"unknown field {unknown[0]!r}; valid fields: text, {', '.join(REQUEST_OPTIONS)}")
+        raise RequestError(422, f"unknown field {unknown[0]!r}; valid fields: text, {', '.join(SEARCH_OVERRIDES)}, "
+                                "attention")
     text = payload["text"]
     sentences = [text] if isinstance(text, str) else text
     if not isinstance(sentences, list) or not all(isinstance(s, str) for s in sentences):
@@ -182,21 +174,19 @@ def parse_translate_request(body: bytes, settings: ServerSettings) -> tuple[list
         words = len(sentence.split())
         if words > settings.max_words:
             raise RequestError(413, f"sentence {number} has {words} words; the limit is max_words={settings.max_words}")
-    options = settings.search_defaults()
-    for name, types in REQUEST_OPTIONS.items():
-        if name not in payload:
-            continue
-        value = payload[name]
-        # bool is an int in Python, but "beam_size": true is a mistake worth naming
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            raise RequestError(422, f'"{name}" must be {" or ".join(t.__name__ for t in types)}, got {value!r}')
-        if isinstance(value, float) and not math.isfinite(value):
-            raise RequestError(422, f'"{name}" must be a finite number, got {value!r}')
-        options[name] = value
-    if options["beam_size"] > settings.max_beam_size:
-        raise RequestError(422, f"beam_size={options['beam_size']} is over the limit "
+    attention = payload.get("attention", False)
+    if not isinstance(attention, bool):
+        raise RequestError(422, f'"attention" must be true or false, got {attention!r}')
+    overrides = {name: payload[name] for name in SEARCH_OVERRIDES if name in payload}
+    options = SearchOptions.from_mapping({**dataclasses.asdict(settings.search), **overrides})  # the engine's checks
+    if options.beam_size > settings.max_beam_size:
+        raise RequestError(422, f"beam_size={options.beam_size} is over the limit "
                                 f"max_beam_size={settings.max_beam_size}")
-    return sentences, options
+    return sentences, options, attention
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -207,8 +197,7 @@ def parse_translate_request(body: bytes, settings: ServerSettings) -> tuple[list
 @dataclass
 class _Job:
     sentences: list[str]
-    options: dict[str, Any]
-    key: tuple[tuple[str, Any], ...]  # the options as a hashable batch key
+    key: tuple[SearchOptions, bool]  # the search options and the attention flag: jobs batch only with equals
     future: asyncio.Future[list[dict[str, Any]]]
     arrived: float  # event-loop time
 
@@ -232,10 +221,10 @@ class MicroBatcher:
         self._arrival = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="translator")
 
-    async def translate(self, sentences: list[str], options: dict[str, Any]) -> list[dict[str, Any]]:
+    async def translate(self, sentences: list[str], options: SearchOptions, attention: bool) -> list[dict[str, Any]]:
         """The translations of ``sentences`` (``Translation.to_dict()`` each), decoded with other requests."""
         loop = asyncio.get_running_loop()
-        job = _Job(sentences, options, tuple(sorted(options.items())), loop.create_future(), loop.time())
+        job = _Job(sentences, (options, attention), loop.create_future(), loop.time())
         self._pending.append(job)
         self._arrival.set()
         return await job.future
@@ -271,14 +260,14 @@ class MicroBatcher:
         self._pending = rest
         return jobs
 
-    def _same_key_sentences(self, key: tuple[tuple[str, Any], ...]) -> int:
+    def _same_key_sentences(self, key: tuple[SearchOptions, bool]) -> int:
         return sum(len(job.sentences) for job in self._pending if job.key == key)
 
     async def _decode(self, jobs: list[_Job]) -> None:
         sentences = [s for job in jobs for s in job.sentences]
         loop = asyncio.get_running_loop()
         try:
-            results = await loop.run_in_executor(self._executor, self._translate, sentences, jobs[0].options)
+            results = await loop.run_in_executor(self._executor, self._translate, sentences, *jobs[0].key)
         except Exception as error:  # each waiting request answers for itself (422 or 500)
             for job in jobs:
                 if not job.future.done():
@@ -292,9 +281,10 @@ class MicroBatcher:
                 job.future.set_result(results[start:start + len(job.sentences)])
             start += len(job.sentences)
 
-    def _translate(self, sentences: list[str], options: dict[str, Any]) -> list[dict[str, Any]]:
+    def _translate(self, sentences: list[str], options: SearchOptions, attention: bool) -> list[dict[str, Any]]:
         """On the worker thread: decode, and build the JSON-ready dicts there too (off the event loop)."""
-        return [t.to_dict() for t in self.translator.translate(sentences, **options)]
+        results = self.translator.translate(sentences, attention=attention, **dataclasses.asdict(options))
+        return [t.to_dict() for t in results]
 
     def close(self) -> None:
         """Wait for the batch on the worker thread (if any) and stop the thread."""
@@ -314,7 +304,8 @@ def create_app(translator: Translator, settings: ServerSettings) -> Starlette:
         settings: request defaults, limits and the batching window.
     """
     batcher = MicroBatcher(translator, settings.batch_wait_ms / 1000, settings.batch_sentences)
-    model_info = {**translator.info(), "defaults": settings.search_defaults(), "limits": settings.limits()}
+    model_info = {**translator.info(), "has_attention": translator.has_attention,
+                  "defaults": dataclasses.asdict(settings.search), "limits": settings.limits()}
     page = resources.files("nmt").joinpath("static", "translate.html").read_text(encoding="utf-8")
     counters = {"requests": 0, "refused": 0}
     started = time.monotonic()
@@ -331,8 +322,8 @@ def create_app(translator: Translator, settings: ServerSettings) -> Starlette:
     async def translate(request: Request) -> Response:
         try:
             body = await read_body(request, settings.max_body_bytes)
-            sentences, options = parse_translate_request(body, settings)
-            translations = await batcher.translate(sentences, options)
+            sentences, options, attention = parse_translate_request(body, settings)
+            translations = await batcher.translate(sentences, options, attention)
         except (RequestError, TranslationError) as error:
             counters["refused"] += 1
             return error_response(getattr(error, "status", 422), str(error))
@@ -388,16 +379,6 @@ async def internal_error(request: Request, error: Exception) -> Response:
 # --------------------------------------------------------------------------------------------------
 
 
-def checkpoint_paths(cfg: DictConfig) -> str | list[str]:
-    """``cfg.checkpoint`` as ``Translator.from_checkpoint`` takes it: one path, or a list (ensemble)."""
-    if OmegaConf.is_missing(cfg, "checkpoint") or not cfg.checkpoint:
-        raise TranslationError("no checkpoint given; pass checkpoint=PATH (a run dir or a .pt file from train.py, "
-                               "or checkpoint=[RUN_A,RUN_B] for an ensemble)")
-    if isinstance(cfg.checkpoint, ListConfig):
-        return [str(path) for path in cfg.checkpoint]
-    return str(cfg.checkpoint)
-
-
 def serve_main(cfg: DictConfig) -> None:
     """Load the model(s) of ``cfg.checkpoint`` and serve them until SIGTERM or Ctrl-C (``serve.py``).
 
@@ -406,7 +387,7 @@ def serve_main(cfg: DictConfig) -> None:
             server starts (reported in one line by ``serve.py``).
     """
     settings = ServerSettings.from_config(cfg)
-    translator = Translator.from_checkpoint(checkpoint_paths(cfg), device=cfg.device, precision=cfg.precision)
+    translator = load_translator(cfg)  # checkpoint(s), device, precision, input limit: as translate.py reads them
     app = create_app(translator, settings)
     log.info("serving %s on http://%s:%d/", ", ".join(translator.info()["checkpoints"]), settings.host, settings.port)
     # uvicorn handles SIGTERM/SIGINT itself (graceful shutdown), then re-raises the signal to the handler

@@ -142,11 +142,29 @@ def test_health_model_and_page(server: tuple[str, Translator]) -> None:
     assert {k: model[k] for k in ("src_lang", "tgt_lang", "attention", "models")} == {
         "src_lang": "de", "tgt_lang": "en", "attention": "additive", "models": 1}
     assert model["limits"] == {"max_body_bytes": 2048, "max_sentences": 6, "max_words": 12, "max_beam_size": 5}
-    assert model["defaults"]["beam_size"] == 5 and model["parameters"] > 0
+    assert model["defaults"]["beam_size"] == 5 and model["defaults"]["max_len"] == 8
+    assert model["parameters"] > 0 and model["has_attention"] is True
 
     status, page = call(f"{url}/")
     assert status == 200 and 'id="translate"' in page and 'id="source"' in page
     assert "http://" not in page and "https://" not in page  # self-contained: nothing fetched from elsewhere
+
+
+def test_model_without_attention_and_an_ensemble(tmp_path: Path) -> None:
+    none_ckpt = save_tiny_checkpoint(tmp_path / "none.pt", "none")
+    with serve_in_thread(create_app(Translator.from_checkpoint(none_ckpt, device="cpu"), serve_settings())) as url:
+        assert call(f"{url}/v1/model")[1]["has_attention"] is False
+        status, body = call(f"{url}/v1/translate", {"text": "Hund", "attention": True})
+        assert status == 422 and "attention=none" in body["error"]
+        assert call(f"{url}/v1/translate", {"text": "Hund"})[0] == 200
+
+    members = [save_tiny_checkpoint(tmp_path / f"m{seed}.pt", "additive", seed=seed) for seed in (0, 1)]
+    ensemble = Translator.from_checkpoint(members, device="cpu")
+    expected = [t.to_dict()["text"] for t in ensemble.translate(SENTENCES[:3], max_len=8)]
+    with serve_in_thread(create_app(Translator.from_checkpoint(members, device="cpu"), serve_settings())) as url:
+        assert call(f"{url}/v1/model")[1]["models"] == 2
+        status, body = call(f"{url}/v1/translate", {"text": SENTENCES[:3]})
+        assert status == 200 and [t["text"] for t in body["translations"]] == expected
 
 
 BAD_REQUESTS = [
@@ -162,13 +180,14 @@ BAD_REQUESTS = [
     (b'{"text": "Hund", "beam": 3}', 422, "unknown field 'beam'"),
     (b'{"text": 5}', 422, "list of strings"),
     (b'{"text": ["Hund", 3]}', 422, "list of strings"),
-    (b'{"text": "Hund", "beam_size": "5"}', 422, '"beam_size" must be int'),
-    (b'{"text": "Hund", "beam_size": true}', 422, '"beam_size" must be int'),
-    (b'{"text": "Hund", "attention": 1}', 422, '"attention" must be bool'),
-    (b'{"text": "Hund", "length_penalty": NaN}', 422, "finite"),
+    (b'{"text": "Hund", "beam_size": "5"}', 422, "beam_size must be a whole number >= 1, got '5'"),
+    (b'{"text": "Hund", "beam_size": true}', 422, "beam_size must be a whole number >= 1, got True"),
+    (b'{"text": "Hund", "length_penalty": -1}', 422, "length_penalty must be a number >= 0"),
+    (b'{"text": "Hund", "attention": 1}', 422, '"attention" must be true or false'),
+    (b'{"text": "Hund", "length_penalty": NaN}', 422, "NaN is not a JSON number"),
     (b'{"text": "Hund", "beam_size": 9}', 422, "beam_size=9 is over the limit max_beam_size=5"),
-    (b'{"text": "Hund", "beam_size": 0}', 422, "beam_size"),  # the Translator's own check
-    (b'{"text": "Hund", "beam_size": 2, "n_best": 3}', 422, "n_best"),
+    (b'{"text": "Hund", "beam_size": 0}', 422, "beam_size must be a whole number >= 1, got 0"),
+    (b'{"text": "Hund", "beam_size": 2, "n_best": 3}', 422, "n_best (3) cannot exceed beam_size (2)"),
 ]
 
 
