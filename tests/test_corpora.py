@@ -164,9 +164,17 @@ def test_multi30k_rejects_unknown_splits_and_languages(tmp_path: Path) -> None:
 
 
 def test_registry_hashes_cover_the_known_splits() -> None:
-    for split in ("train", "val", "test_2016_flickr"):
-        for lang in MULTI30K_SPLITS[split]:
+    for split, langs in MULTI30K_SPLITS.items():  # the 2017 and 2018 test sets too: nothing is fetched unverified
+        for lang in langs:
             assert len(MULTI30K_SHA256[f"{split}.{lang}.gz"]) == 64
+
+
+def test_a_2017_test_file_that_is_not_the_official_one_is_refused(tmp_path: Path) -> None:
+    _gz(tmp_path / "mirror" / "multi30k" / "test_2017_flickr.de.gz", "Ein Hund.\n")
+    _gz(tmp_path / "mirror" / "multi30k" / "test_2017_flickr.en.gz", "A dog.\n")
+    corpus = Multi30k(tmp_path / "cache", mirror=tmp_path / "mirror")
+    with pytest.raises(DataError, match=MULTI30K_SHA256["test_2017_flickr.de.gz"]):
+        corpus.split_files("test_2017_flickr", "de", "en")
 
 
 def test_unknown_corpus_lists_the_valid_ones(tmp_path: Path) -> None:
