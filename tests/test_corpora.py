@@ -12,6 +12,7 @@ import urllib.error
 from pathlib import Path
 
 import pytest
+from conftest import data_config
 
 from nmt.data import DataError, corpora, prepare_data
 from nmt.data.corpora import (
@@ -260,25 +261,14 @@ def test_cleaning_everything_away_is_an_error() -> None:
 def _files_cfg(tmp_path: Path, train_src: list[str], train_tgt: list[str], **overrides: object) -> dict:
     root = tmp_path / "corpus"
     val = (["kurz .", "", "x " * 200], ["short .", "nothing on the left", "y"])  # would all be cleaned
-    cfg = {
-        "corpus": "files",
-        "train_split": "train",
-        "valid_split": "dev",
-        "test_splits": ["tst"],
-        "files": {
-            "train": {
-                "src": str(_write(root / "train.de", train_src)),
-                "tgt": str(_write(root / "train.en", train_tgt)),
-            },
-            "dev": {"src": str(_write(root / "dev.de", val[0])), "tgt": str(_write(root / "dev.en", val[1]))},
-            "tst": {
-                "src": str(_gz(root / "tst.de.gz", "eins\nzwei\n")),
-                "tgt": str(_gz(root / "tst.en.gz", "one\ntwo\n")),
-            },
-        },
-        "clean": {"max_len": 20, "max_ratio": 3.0},
-        "tokenizer": {"vocab_size": 300},
+    files = {
+        "train": {"src": str(_write(root / "train.de", train_src)), "tgt": str(_write(root / "train.en", train_tgt))},
+        "dev": {"src": str(_write(root / "dev.de", val[0])), "tgt": str(_write(root / "dev.en", val[1]))},
+        "tst": {"src": str(_gz(root / "tst.de.gz", "eins\nzwei\n")), "tgt": str(_gz(root / "tst.en.gz", "one\ntwo\n"))},
     }
+    cfg = data_config("files", train_split="train", valid_split="dev", test_splits=["tst"], files=files,
+                      clean={"max_len": 20, "max_ratio": 3.0})
+    cfg["tokenizer"]["vocab_size"] = 300
     cfg.update(overrides)
     return cfg
 
@@ -324,10 +314,17 @@ def test_files_corpus_names_a_missing_split_or_path(tmp_path: Path) -> None:
 
 
 def test_unknown_config_key_names_the_nearest(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match="did you mean 'max_tokens'"):
+    with pytest.raises(DataError, match=r"unknown config key data\.max_tokns: did you mean data\.max_tokens\?"):
         prepare_data({"max_tokns": 10}, cache_dir=tmp_path)
+    with pytest.raises(DataError, match=r"unknown config key data\.tokenizer\.vocab: did you mean "
+                                        r"data\.tokenizer\.vocab_size\?"):
+        prepare_data(data_config(tokenizer={"vocab": 10}), cache_dir=tmp_path)
     with pytest.raises(DataError, match="error, replace"):
         prepare_data({"invalid_utf8": "ignore"}, cache_dir=tmp_path)
+    with pytest.raises(DataError, match=r"bad value for data\.max_tokens: Value 'many'"):
+        prepare_data(data_config(max_tokens="many"), cache_dir=tmp_path)
+    with pytest.raises(DataError, match=r"the data config lacks data\.cache_dir, .*; start from configs/data/"):
+        prepare_data({"corpus": "multi30k"}, cache_dir=tmp_path)
 
 
 # -- the real corpus ----------------------------------------------------------------------------------
