@@ -31,7 +31,7 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     # Hydra would refuse an unknown key too, but without naming the key that was meant
-    problem = check_command_line_keys(Path(__file__).parent / "configs", "train", sys.argv[1:])
+    problem = check_command_line_keys(Path(__file__).parent / "configs", sys.argv[1:])
     if problem:
         print(f"train.py: error: {problem}", file=sys.stderr)
         sys.exit(2)

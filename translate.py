@@ -14,7 +14,7 @@ import hydra
 from omegaconf import DictConfig
 
 from nmt.config import check_command_line_keys
-from nmt.translation import translate_main
+from nmt.translation import TranslateSettings, translate_main
 from nmt.translator import USER_ERRORS
 
 
@@ -30,7 +30,7 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     # Hydra would refuse an unknown key too, but without naming the key that was meant
-    problem = check_command_line_keys(Path(__file__).parent / "configs", "translate", sys.argv[1:])
+    problem = check_command_line_keys(Path(__file__).parent / "configs", sys.argv[1:], TranslateSettings)
     if problem:
         print(f"translate.py: error: {problem}", file=sys.stderr)
         sys.exit(2)

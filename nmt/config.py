@@ -1,17 +1,24 @@
-"""Config checking: fail before any work starts, naming the bad key and the valid choices.
+"""Settings checking for ``train.py``: fail before any work starts, naming the bad key and the valid choices.
 
-Hydra already refuses a command-line override of a key that does not exist and an unknown option of a
-config group. This module checks what Hydra cannot: keys and types inside the YAML files themselves
-(an experiment file with a typo), the attention type's own options, and values with a fixed set of
-choices. The schemas below hold types only; the defaults live in ``configs/`` (one place).
+Where each setting and its default live (each default is written once):
 
-Deliberately not here: composing the config (Hydra does it in ``train.py``).
+- training: the keys and types of each section are the dataclasses here (``data``'s is
+  ``nmt.data.prepare.DataSchema``); the values, with a comment on every key, are the YAML files of
+  ``configs/`` (a group file such as ``model/small.yaml`` is a choice, so it carries values).
+- ``translate.py`` and ``serve.py``: their settings dataclasses (``nmt.translation.TranslateSettings``,
+  ``nmt.server.ServeSettings``) hold types *and* defaults, because the Python API (``Translator``,
+  ``SearchOptions``) shares them; Hydra's ConfigStore gives them to the YAML files, which hold comments.
+
+Checks: a command-line key is walked through the entry point's schema before Hydra composes anything
+(``check_command_line_keys``: the nearest valid key, no composing, no reading of Hydra's messages); a
+composed training config is checked for keys in YAML files, types (OmegaConf against the same
+dataclasses), the attention type's own options and values with a fixed set of choices.
+
+Deliberately not here: composing the config (Hydra does it in the entry points).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,44 +28,13 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nmt.attention import attention_names, attention_options
+from nmt.data.prepare import DataSchema
 from nmt.device import PRECISIONS
+from nmt.schema import first_unknown_key, unknown_dotted_key, unknown_key_message
 
 
 class ConfigError(ValueError):
     """A config key, type or value that cannot work; the message says which and how to fix it."""
-
-
-@dataclass
-class CleanSchema:
-    max_len: int | None = None
-    max_ratio: float | None = None
-
-
-@dataclass
-class TokenizerSchema:
-    model_type: str = MISSING
-    vocab_size: int = MISSING
-    joint: bool = MISSING
-    character_coverage: float = MISSING
-
-
-@dataclass
-class DataSchema:
-    corpus: str = MISSING
-    src_lang: str = MISSING
-    tgt_lang: str = MISSING
-    train_split: str = MISSING
-    valid_split: str = MISSING
-    test_splits: list[str] = MISSING
-    files: Any = None
-    cache_dir: str = MISSING
-    mirror: str | None = None
-    invalid_utf8: str = MISSING
-    clean: CleanSchema = field(default_factory=CleanSchema)
-    tokenizer: TokenizerSchema = field(default_factory=TokenizerSchema)
-    max_tokens: int = MISSING
-    valid_max_tokens: int = MISSING
-    num_workers: int = MISSING
 
 
 @dataclass
@@ -78,28 +54,38 @@ class TrainerSchema:
     device: str = MISSING
     precision: str = MISSING
     max_epochs: int = MISSING
-    max_steps: int | None = None
+    max_steps: int | None = MISSING
     lr: float = MISSING
     betas: list[float] = MISSING
     weight_decay: float = MISSING
     lr_schedule: str = MISSING
     warmup_steps: int = MISSING
     min_lr_ratio: float = MISSING
-    clip_grad_norm: float | None = None
+    clip_grad_norm: float | None = MISSING
     label_smoothing: float = MISSING
-    validate_every: int | None = None
+    validate_every: int | None = MISSING
     val_beam_size: int = MISSING
     test_beam_size: int = MISSING
     length_penalty: float = MISSING
     max_len_ratio: float = MISSING
     max_len: int = MISSING
-    early_stopping_patience: int | None = None
+    early_stopping_patience: int | None = MISSING
     average_last: int = MISSING
     log_every: int = MISSING
     num_heatmaps: int = MISSING
     num_samples: int = MISSING
     max_nonfinite_steps: int = MISSING
-    resume: str | None = None
+    resume: str | None = MISSING
+
+
+@dataclass
+class TrainSchema:
+    """The sections of ``train.py``'s config; ``attention``'s keys depend on its type (checked after composing)."""
+
+    data: DataSchema = field(default_factory=DataSchema)
+    model: ModelSchema = field(default_factory=ModelSchema)
+    attention: Any = MISSING
+    trainer: TrainerSchema = field(default_factory=TrainerSchema)
 
 
 GROUP_SCHEMAS: dict[str, type] = {"data": DataSchema, "model": ModelSchema, "trainer": TrainerSchema}
@@ -117,25 +103,6 @@ POSITIVE: tuple[str, ...] = (
 )
 
 
-def _unknown_key_error(path: str, key: str, valid: list[str]) -> ConfigError:
-    near = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)  # 0.5: a truncated key (emb) still finds emb_size
-    hint = f"did you mean {path}{near[0]}? " if near else ""
-    return ConfigError(f"unknown config key {path}{key}: {hint}valid keys under {path or 'the top level'}: "
-                       f"{', '.join(sorted(valid))}")
-
-
-def _check_keys(node: Any, schema: type, path: str) -> None:
-    """Every key of ``node`` must be a field of ``schema`` (recursively into nested schemas)."""
-    schema_fields = {f.name: f for f in dataclasses.fields(schema)}
-    for key in node:
-        if key not in schema_fields:
-            raise _unknown_key_error(path, str(key), list(schema_fields))
-        nested = schema_fields[key].type
-        nested_cls = globals().get(nested) if isinstance(nested, str) else nested
-        if dataclasses.is_dataclass(nested_cls) and isinstance(node[key], DictConfig):
-            _check_keys(node[key], nested_cls, f"{path}{key}.")
-
-
 def _check_attention(attention: DictConfig) -> None:
     if "name" not in attention:
         raise ConfigError("attention.name is missing; choose one with attention=NAME "
@@ -147,7 +114,7 @@ def _check_attention(attention: DictConfig) -> None:
     valid = ["name", "hidden_size", *attention_options(name)]
     for key in attention:
         if key not in valid:
-            raise _unknown_key_error("attention.", str(key), valid)
+            raise ConfigError(unknown_key_message("attention.", str(key), valid))
 
 
 def validate_config(cfg: DictConfig) -> None:
@@ -156,14 +123,12 @@ def validate_config(cfg: DictConfig) -> None:
     Args:
         cfg: the composed config with groups ``data``, ``model``, ``attention``, ``trainer``.
     """
-    top_valid = [*GROUP_SCHEMAS, "attention", "hydra"]
-    for key in cfg:
-        if key not in top_valid:
-            raise _unknown_key_error("", str(key), top_valid)
+    sections = {key: value for key, value in cfg.items() if key != "hydra"}
+    if problem := first_unknown_key(sections, TrainSchema):
+        raise ConfigError(problem)
     for group, schema in GROUP_SCHEMAS.items():
         if group not in cfg:
             raise ConfigError(f"config group {group!r} is missing; train.yaml's defaults list selects one")
-        _check_keys(cfg[group], schema, f"{group}.")
         try:  # types: OmegaConf names the full key and the expected type
             OmegaConf.merge(OmegaConf.structured(schema), cfg[group])
         except OmegaConfBaseException as error:
@@ -205,57 +170,49 @@ def to_plain_dict(cfg: DictConfig) -> dict[str, Any]:
     return plain
 
 
-def check_command_line_keys(config_dir: str | Path, config_name: str, args: Sequence[str]) -> str | None:
-    """A one-line error for a command-line override of a key that does not exist, with the nearest key.
+def check_command_line_keys(config_dir: str | Path, args: Sequence[str], schema: type = TrainSchema) -> str | None:
+    """A one-line error for a command-line override of a key the entry point does not have, with the nearest key.
 
-    Hydra refuses such an override too, but only says the key is "not in struct". This composes the
-    config once (~0.1 s); on that error it composes again without the bad override and reports the key
-    as ``validate_config`` reports a bad YAML key, with the closest existing one (``beam=3`` ->
-    ``beam_size``). Sweep overrides (``a=x,y``) and ``hydra.*`` keys are left to Hydra.
+    Each ``key=value`` is walked through ``schema`` (``trainer.lrr`` -> ``did you mean trainer.lr?``)
+    before Hydra composes anything, and its value is checked against the type the schema gives it.
+    Left to Hydra: group choices (``attention=NAME``, ``experiment=NAME``: Hydra lists the valid
+    ones), additions and deletions (``+key``, ``~key``), ``hydra.*`` and syntax errors.
 
     Args:
-        config_dir: the folder of the primary config (``configs/``).
-        config_name: ``train`` or ``translate``.
+        config_dir: the entry point's config folder; its sub-folders are the config groups.
         args: the command-line arguments (``sys.argv[1:]``).
+        schema: the entry point's settings dataclass (``TrainSchema``, ``TranslateSettings``, ...).
 
     Returns:
-        The message, or None when every key exists (or Hydra should report the problem itself).
+        The message, or None.
     """
-    from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     try:
-        parsed = OverridesParser.create().parse_overrides([a for a in args if "=" in a and not a.startswith("-")])
+        overrides = OverridesParser.create().parse_overrides([a for a in args if "=" in a and not a.startswith("-")])
     except HydraException:
         return None  # a syntax error: Hydra's own message is the right one
-    overrides = [o for o in parsed if not o.is_sweep_override() and not o.key_or_group.startswith("hydra.")]
-    with initialize_config_dir(str(Path(config_dir).resolve()), version_base="1.3"):
-        try:
-            compose(config_name, overrides=[o.input_line for o in overrides])
-            return None
-        except HydraException as exc:
-            bad = _overridden_missing_key(exc, [o.key_or_group for o in overrides])
-            if bad is None:
-                return None
-        try:
-            cfg = compose(config_name, overrides=[o.input_line for o in overrides if o.key_or_group != bad])
-        except HydraException:
-            return None
-    # walk the dotted key down to the first part that does not exist, and name its valid siblings there
-    node, path = cfg, ""
-    for part in bad.split("."):
-        if not isinstance(node, DictConfig) or part not in node:
-            valid = list(node.keys()) if isinstance(node, DictConfig) else []
-            return str(_unknown_key_error(path, part, [str(key) for key in valid]))
-        node, path = node[part], f"{path}{part}."
+    groups = {path.name for path in Path(config_dir).iterdir() if path.is_dir()}
+    for override in overrides:
+        key = override.key_or_group
+        if override.is_add() or override.is_delete() or key.startswith("hydra.") or key in groups:
+            continue
+        if problem := unknown_dotted_key(key, schema):
+            return problem
+        if not override.is_sweep_override() and (problem := _bad_value(schema, key, override.value())):
+            return problem
     return None
 
 
-def _overridden_missing_key(exc: Exception, keys: list[str]) -> str | None:
-    """The overridden key that Hydra's error says does not exist, if that is the error."""
-    text = " ".join(str(e) for e in (exc, exc.__cause__) if e is not None)
-    for key in keys:
-        if f"Could not override '{key}'" in text or f"Key '{key.rpartition('.')[2]}' is not in struct" in text:
-            return key
+def _bad_value(schema: type, key: str, value: Any) -> str | None:
+    """A message when ``value`` does not fit the type ``schema`` gives the dotted ``key``."""
+    *parents, leaf = key.split(".")
+    nested: dict[str, Any] = {leaf: value}
+    for part in reversed(parents):
+        nested = {part: nested}
+    try:
+        OmegaConf.merge(OmegaConf.structured(schema), nested)
+    except OmegaConfBaseException as error:
+        return f"bad value for {key}: {getattr(error, 'msg', str(error)).strip()}"
     return None

@@ -36,13 +36,13 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 import uvicorn
-from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -50,8 +50,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from nmt.config import ConfigError
-from nmt.translation import load_translator, search_options
-from nmt.translator import SearchOptions, TranslationError, Translator
+from nmt.translator import EngineSettings, SearchOptions, TranslationError, Translator
 
 log = logging.getLogger(__name__)
 
@@ -61,55 +60,52 @@ SEARCH_OVERRIDES = ("beam_size", "n_best", "length_penalty")
 ENDPOINTS = "GET /, GET /health, GET /v1/model, POST /v1/translate"
 
 
-@dataclass(frozen=True)
-class ServerSettings:
-    """What ``configs/serve.yaml`` sets beyond the model (types only; the defaults live in the YAML).
+@dataclass
+class ServeSettings(EngineSettings):
+    """``serve.py``'s settings: the engine's (checkpoint, device, precision, search options) and these.
 
-    Attributes:
-        search: every request's search options before its overrides (the Translator's ``SearchOptions``).
-        The others: as commented in ``configs/serve.yaml``.
+    The defaults here are the only ones; configs/serve.yaml gets them from Hydra's ConfigStore
+    (``serve_settings``) and comments every key. The search options are every request's defaults; a
+    request may override ``SEARCH_OVERRIDES``.
     """
 
-    host: str = MISSING
-    port: int = MISSING
-    max_body_bytes: int = MISSING
-    max_sentences: int = MISSING
-    max_words: int = MISSING
-    max_beam_size: int = MISSING
-    batch_wait_ms: float = MISSING
-    batch_sentences: int = MISSING
-    shutdown_timeout_s: float = MISSING
-    log_level: str = MISSING
-    search: SearchOptions = field(default_factory=SearchOptions)  # replaced by the config's in from_config
+    host: str = "127.0.0.1"  # this machine only; put a reverse proxy in front for anything public
+    port: int = 8000
+    max_body_bytes: int = 65536
+    max_sentences: int = 64
+    max_words: int = 200
+    max_beam_size: int = 10
+    batch_wait_ms: float = 5.0
+    batch_sentences: int = 128
+    shutdown_timeout_s: float = 30.0
+    log_level: str = "info"
 
-    @classmethod
-    def from_config(cls, cfg: DictConfig) -> ServerSettings:
-        """The settings of a composed ``serve`` config, checked before the server starts.
 
-        Raises:
-            ConfigError: a value of the wrong type, or a limit that is not positive.
-            TranslationError: a search option the Translator refuses.
-        """
-        names = [f.name for f in dataclasses.fields(cls) if f.name != "search"]
-        try:  # types: OmegaConf names the key and the expected type
-            typed = OmegaConf.merge(OmegaConf.structured(cls), {name: cfg[name] for name in names})
-        except OmegaConfBaseException as error:
-            key = getattr(error, "full_key", None) or "?"
-            raise ConfigError(f"bad value for {key}: {getattr(error, 'msg', str(error)).strip()}") from None
-        settings = dataclasses.replace(OmegaConf.to_object(typed), search=search_options(cfg))
-        for name in ("max_body_bytes", "max_sentences", "max_words", "max_beam_size", "batch_sentences"):
-            if getattr(settings, name) < 1:
-                raise ConfigError(f"{name}={getattr(settings, name)} must be positive")
-        if settings.search.beam_size > settings.max_beam_size:
-            raise ConfigError(f"beam_size={settings.search.beam_size} is over max_beam_size={settings.max_beam_size}; "
-                              "raise max_beam_size or lower beam_size")
-        if settings.batch_wait_ms < 0 or settings.shutdown_timeout_s < 0:
-            raise ConfigError("batch_wait_ms and shutdown_timeout_s must be >= 0")
-        return settings
+ConfigStore.instance().store(name="serve_settings", node=ServeSettings)
 
-    def limits(self) -> dict[str, int]:
-        return {"max_body_bytes": self.max_body_bytes, "max_sentences": self.max_sentences,
-                "max_words": self.max_words, "max_beam_size": self.max_beam_size}
+LIMITS = ("max_body_bytes", "max_sentences", "max_words", "max_beam_size")
+
+
+def check_serve_settings(settings: Any) -> SearchOptions:
+    """Check ``ServeSettings`` (or a composed ``serve`` config) before anything loads.
+
+    Returns:
+        The search options every request starts from.
+
+    Raises:
+        ConfigError: a limit that is not positive, or a default beam over ``max_beam_size``.
+        TranslationError: a search option the Translator refuses.
+    """
+    search = SearchOptions.from_settings(settings)
+    for name in (*LIMITS, "batch_sentences"):
+        if getattr(settings, name) < 1:
+            raise ConfigError(f"{name}={getattr(settings, name)} must be positive")
+    if search.beam_size > settings.max_beam_size:
+        raise ConfigError(f"beam_size={search.beam_size} is over max_beam_size={settings.max_beam_size}; "
+                          "raise max_beam_size or lower beam_size")
+    if settings.batch_wait_ms < 0 or settings.shutdown_timeout_s < 0:
+        raise ConfigError("batch_wait_ms and shutdown_timeout_s must be >= 0")
+    return search
 
 
 class RequestError(Exception):
@@ -141,10 +137,16 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-def parse_translate_request(body: bytes, settings: ServerSettings) -> tuple[list[str], SearchOptions, bool]:
+def parse_translate_request(body: bytes, settings: ServeSettings, defaults: SearchOptions
+                            ) -> tuple[list[str], SearchOptions, bool]:
     """Sentences, search options and the attention flag of a ``/v1/translate`` body.
 
     The server checks the JSON and its own limits; ``SearchOptions`` (the engine) checks the options.
+
+    Args:
+        body: the raw request body.
+        settings: the limits.
+        defaults: the search options before the request's overrides.
 
     Returns:
         The sentences, the options (the config's, then the request's overrides) and whether to return attention.
@@ -178,7 +180,7 @@ def parse_translate_request(body: bytes, settings: ServerSettings) -> tuple[list
     if not isinstance(attention, bool):
         raise RequestError(422, f'"attention" must be true or false, got {attention!r}')
     overrides = {name: payload[name] for name in SEARCH_OVERRIDES if name in payload}
-    options = SearchOptions.from_mapping({**dataclasses.asdict(settings.search), **overrides})  # the engine's checks
+    options = SearchOptions.from_mapping({**dataclasses.asdict(defaults), **overrides})  # the engine's checks
     if options.beam_size > settings.max_beam_size:
         raise RequestError(422, f"beam_size={options.beam_size} is over the limit "
                                 f"max_beam_size={settings.max_beam_size}")
@@ -296,16 +298,22 @@ class MicroBatcher:
 # --------------------------------------------------------------------------------------------------
 
 
-def create_app(translator: Translator, settings: ServerSettings) -> Starlette:
+def create_app(translator: Translator, settings: ServeSettings) -> Starlette:
     """The ASGI app serving ``translator`` (see the module docstring for the endpoints).
 
     Args:
         translator: the engine, used from one worker thread only.
-        settings: request defaults, limits and the batching window.
+        settings: ``ServeSettings`` or a composed ``serve`` config (its checkpoint is not read):
+            request defaults, limits and the batching window.
+
+    Raises:
+        ConfigError, TranslationError: settings that cannot work (``check_serve_settings``).
     """
+    defaults = check_serve_settings(settings)
     batcher = MicroBatcher(translator, settings.batch_wait_ms / 1000, settings.batch_sentences)
+    limits = {name: getattr(settings, name) for name in LIMITS}
     model_info = {**translator.info(), "has_attention": translator.has_attention,
-                  "defaults": dataclasses.asdict(settings.search), "limits": settings.limits()}
+                  "defaults": dataclasses.asdict(defaults), "limits": limits}
     page = resources.files("nmt").joinpath("static", "translate.html").read_text(encoding="utf-8")
     counters = {"requests": 0, "refused": 0}
     started = time.monotonic()
@@ -322,7 +330,7 @@ def create_app(translator: Translator, settings: ServerSettings) -> Starlette:
     async def translate(request: Request) -> Response:
         try:
             body = await read_body(request, settings.max_body_bytes)
-            sentences, options, attention = parse_translate_request(body, settings)
+            sentences, options, attention = parse_translate_request(body, settings, defaults)
             translations = await batcher.translate(sentences, options, attention)
         except (RequestError, TranslationError) as error:
             counters["refused"] += 1
@@ -386,16 +394,16 @@ def serve_main(cfg: DictConfig) -> None:
         ConfigError, TranslationError, CheckpointError, DataError: user mistakes, found before the
             server starts (reported in one line by ``serve.py``).
     """
-    settings = ServerSettings.from_config(cfg)
-    translator = load_translator(cfg)  # checkpoint(s), device, precision, input limit: as translate.py reads them
-    app = create_app(translator, settings)
-    log.info("serving %s on http://%s:%d/", ", ".join(translator.info()["checkpoints"]), settings.host, settings.port)
+    check_serve_settings(cfg)  # before the model loads
+    translator = Translator.from_settings(cfg)  # checkpoint(s), device, precision, input limit
+    app = create_app(translator, cfg)
+    log.info("serving %s on http://%s:%d/", ", ".join(translator.info()["checkpoints"]), cfg.host, cfg.port)
     # uvicorn handles SIGTERM/SIGINT itself (graceful shutdown), then re-raises the signal to the handler
     # it found; that handler ends the process with status 0 instead of -15 or a KeyboardInterrupt
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _exit_after_shutdown)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                timeout_graceful_shutdown=settings.shutdown_timeout_s or None)
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
+                timeout_graceful_shutdown=cfg.shutdown_timeout_s or None)
 
 
 def _exit_after_shutdown(signum: int, frame: object) -> None:

@@ -24,17 +24,18 @@ import time
 import zlib
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
 
 from nmt.data import DataError
 from nmt.data.corpora import decode_lines
 from nmt.evaluation import corpus_scores
 from nmt.plotting import save_attention_png
-from nmt.translator import SearchOptions, Translation, TranslationError, Translator
+from nmt.translator import EngineSettings, SearchOptions, Translation, TranslationError, Translator
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,27 @@ class _EncodedText:
 # --------------------------------------------------------------------------------------------------
 
 
+@dataclass
+class TranslateSettings(EngineSettings):
+    """``translate.py``'s settings: the engine's (checkpoint, device, precision, search options) and these.
+
+    The defaults here are the only ones; configs/translate.yaml gets them from Hydra's ConfigStore
+    (``translate_settings``) and comments every key.
+    """
+
+    input: str = STDIO
+    output: str = STDIO
+    reference: str | None = None
+    invalid_utf8: str = "error"
+    progress: Any = "auto"
+    attention_dir: str | None = None
+    attention_words: bool = True
+    alignments: str | None = None
+
+
+ConfigStore.instance().store(name="translate_settings", node=TranslateSettings)
+
+
 def format_output(result: Translation, n_best: int) -> str:
     """One output line: the 1-best text, or ``text TAB score`` pairs for ``n_best > 1``; "" for an empty input."""
     if not result.src_ids:  # an empty input line stays an empty output line, n-best or not
@@ -104,30 +126,6 @@ def format_output(result: Translation, n_best: int) -> str:
     if n_best == 1:
         return texts[0]
     return "\t".join(f"{text}\t{c.score:.4f}" for text, c in zip(texts, result.nbest))
-
-
-def search_options(cfg: DictConfig) -> SearchOptions:
-    """The search settings of a translate (or serve) config."""
-    return SearchOptions.from_mapping({f.name: _plain(cfg[f.name]) for f in fields(SearchOptions) if f.name in cfg})
-
-
-def checkpoint_paths(cfg: DictConfig) -> list[str]:
-    """``checkpoint=PATH`` or ``checkpoint=[PATH_A,PATH_B]`` (an ensemble) as a list of paths."""
-    if OmegaConf.is_missing(cfg, "checkpoint") or not cfg.checkpoint:
-        raise TranslationError("no checkpoint given; pass checkpoint=PATH (a run dir or a .pt file from train.py), "
-                               "or checkpoint=[RUN_A,RUN_B] for an ensemble")
-    value = cfg.checkpoint
-    return [str(v) for v in value] if isinstance(value, (ListConfig, list, tuple)) else [str(value)]
-
-
-def load_translator(cfg: DictConfig) -> Translator:
-    """The engine as a translate (or serve) config describes it: checkpoint(s), device, precision, input limit."""
-    return Translator.from_checkpoint(checkpoint_paths(cfg), device=str(cfg.device), precision=str(cfg.precision),
-                                      max_input_words=_plain(cfg.max_input_words))
-
-
-def _plain(value: Any) -> Any:
-    return OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
 
 
 def _open_output(path: str) -> AbstractContextManager[IO[str]]:
@@ -187,8 +185,8 @@ def translate_main(cfg: DictConfig) -> dict[str, Any]:
         TranslationError, CheckpointError, DataError: user mistakes, reported in one line by
             ``translate.py`` (see ``nmt.translator.USER_ERRORS``).
     """
-    options = search_options(cfg)
-    translator = load_translator(cfg)
+    options = SearchOptions.from_settings(cfg)
+    translator = Translator.from_settings(cfg)
     wants_attention = bool(cfg.attention_dir or cfg.alignments)
     if wants_attention and not translator.has_attention:
         raise TranslationError(

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import MISSING, OmegaConf
 from tqdm import tqdm
 
 from nmt.alignment import pharaoh_alignment
@@ -49,9 +50,9 @@ class TranslationError(ValueError):
     """A mistake in a translation request (bad option, bad input, models that do not fit): one line."""
 
 
-@dataclass(frozen=True)
+@dataclass(unsafe_hash=True)  # hashable so that equal options can key a batch (serve.py); never mutated
 class SearchOptions:
-    """How to search; the one home of these defaults (translate.py, serve.py and validation use them).
+    """How to search; the one home of these defaults (translate.py, serve.py and their YAML files use them).
 
     Attributes:
         beam_size: hypotheses kept per sentence; 1 = greedy search.
@@ -68,6 +69,11 @@ class SearchOptions:
     max_len: int = 200
     max_len_ratio: float | None = 2.0
     batch_tokens: int = 4096
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> SearchOptions:
+        """The search options of a settings object or config that has these keys (translate.py's, serve.py's)."""
+        return SearchOptions.from_mapping({f.name: _plain(getattr(settings, f.name)) for f in fields(SearchOptions)})
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> SearchOptions:
@@ -95,6 +101,24 @@ class SearchOptions:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise TranslationError(f"{name} must be a number >= 0, got {value!r}")
         return self
+
+
+@dataclass
+class EngineSettings(SearchOptions):
+    """What translate.py and serve.py load a Translator with: the search options plus these.
+
+    Attributes:
+        checkpoint: a run dir (its checkpoints/best.pt, else last.pt), a .pt file, or a list (an ensemble).
+        device: ``auto`` (CUDA when available) | ``cpu`` | ``cuda`` | ``cuda:N``.
+        precision: ``auto`` (bf16 autocast on CUDA, float32 on the CPU) | ``bf16`` | ``fp32``.
+        max_input_words: longer input lines are cut to this many words (one warning); ``auto`` = the
+            training config's ``data.clean.max_len``; None = no limit.
+    """
+
+    checkpoint: Any = MISSING
+    device: str = "auto"
+    precision: str = "auto"
+    max_input_words: Any = "auto"
 
 
 @dataclass
@@ -231,6 +255,17 @@ class Translator:
         return cls([model for model, _, _ in loaded], loaded[0][1], precision=precision,
                    max_input_words=max_input_words, configs=configs, checkpoints=files)
 
+    @classmethod
+    def from_settings(cls, settings: Any) -> Translator:
+        """Load what ``EngineSettings`` (or a config with its keys: translate.py's, serve.py's) names."""
+        if OmegaConf.is_missing(settings, "checkpoint") or not settings.checkpoint:
+            raise TranslationError("no checkpoint given; pass checkpoint=PATH (a run dir or a .pt file from "
+                                   "train.py), or checkpoint=[RUN_A,RUN_B] for an ensemble")
+        paths = _plain(settings.checkpoint)
+        return cls.from_checkpoint([str(p) for p in paths] if isinstance(paths, (list, tuple)) else str(paths),
+                                   device=str(settings.device), precision=str(settings.precision),
+                                   max_input_words=_plain(settings.max_input_words))
+
     @property
     def has_attention(self) -> bool:
         return self.model.has_attention
@@ -342,6 +377,11 @@ class Translator:
             "device": str(self.device),
             "precision": self.precision,
         }
+
+
+def _plain(value: Any) -> Any:
+    """Plain Python values from an OmegaConf node (a ListConfig of checkpoints, say); others unchanged."""
+    return OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
 
 
 def truncate_words(lines: Sequence[str], max_words: int | None) -> tuple[list[str], int]:

@@ -193,7 +193,7 @@ def analyse_run(run_dir: Path, split: str | None, buckets: Sequence[int], device
         "tutorial_bleu": tutorial_bleu(hyps, refs),
         "by_length": bleu_by_length(srcs, hyps, refs, buckets),
         # None without attention; "no checkpoint" when the run dir holds translations only
-        "attention_sharpness": attention_sharpness(loaded[0], text) if loaded else "no checkpoint",
+        "attention_sharpness": attention_sharpness(loaded.models[0], text) if loaded else "no checkpoint",
         "beam_size": results["beam_size"],
         "checkpoint_step": results["checkpoint_step"],
         "valid_bleu": results["valid"]["bleu"],

@@ -83,6 +83,14 @@ def tiny_tokenizer(tiny_parallel: tuple[list[str], list[str]], tmp_path_factory:
     return train_tokenizer(*tiny_parallel, settings, tmp_path_factory.mktemp("spm"))
 
 
+def data_config(name: str = "multi30k", **overrides: object) -> dict:
+    """``configs/data/<name>.yaml`` as plain values (a complete data section), with ``overrides`` on top."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "data" / f"{name}.yaml"), resolve=True)
+    return {**cfg, **overrides}
+
+
 @pytest.fixture(scope="session")
 def multi30k_data(mirror_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """Multi30k de-en prepared once per session from the mirror with the real configs/data/multi30k.yaml.

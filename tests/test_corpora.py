@@ -12,6 +12,7 @@ import urllib.error
 from pathlib import Path
 
 import pytest
+from conftest import data_config
 
 from nmt.data import DataError, corpora, prepare_data
 from nmt.data.corpora import (
@@ -164,9 +165,17 @@ def test_multi30k_rejects_unknown_splits_and_languages(tmp_path: Path) -> None:
 
 
 def test_registry_hashes_cover_the_known_splits() -> None:
-    for split in ("train", "val", "test_2016_flickr"):
-        for lang in MULTI30K_SPLITS[split]:
+    for split, langs in MULTI30K_SPLITS.items():  # the 2017 and 2018 test sets too: nothing is fetched unverified
+        for lang in langs:
             assert len(MULTI30K_SHA256[f"{split}.{lang}.gz"]) == 64
+
+
+def test_a_2017_test_file_that_is_not_the_official_one_is_refused(tmp_path: Path) -> None:
+    _gz(tmp_path / "mirror" / "multi30k" / "test_2017_flickr.de.gz", "Ein Hund.\n")
+    _gz(tmp_path / "mirror" / "multi30k" / "test_2017_flickr.en.gz", "A dog.\n")
+    corpus = Multi30k(tmp_path / "cache", mirror=tmp_path / "mirror")
+    with pytest.raises(DataError, match=MULTI30K_SHA256["test_2017_flickr.de.gz"]):
+        corpus.split_files("test_2017_flickr", "de", "en")
 
 
 def test_unknown_corpus_lists_the_valid_ones(tmp_path: Path) -> None:
@@ -252,25 +261,14 @@ def test_cleaning_everything_away_is_an_error() -> None:
 def _files_cfg(tmp_path: Path, train_src: list[str], train_tgt: list[str], **overrides: object) -> dict:
     root = tmp_path / "corpus"
     val = (["kurz .", "", "x " * 200], ["short .", "nothing on the left", "y"])  # would all be cleaned
-    cfg = {
-        "corpus": "files",
-        "train_split": "train",
-        "valid_split": "dev",
-        "test_splits": ["tst"],
-        "files": {
-            "train": {
-                "src": str(_write(root / "train.de", train_src)),
-                "tgt": str(_write(root / "train.en", train_tgt)),
-            },
-            "dev": {"src": str(_write(root / "dev.de", val[0])), "tgt": str(_write(root / "dev.en", val[1]))},
-            "tst": {
-                "src": str(_gz(root / "tst.de.gz", "eins\nzwei\n")),
-                "tgt": str(_gz(root / "tst.en.gz", "one\ntwo\n")),
-            },
-        },
-        "clean": {"max_len": 20, "max_ratio": 3.0},
-        "tokenizer": {"vocab_size": 300},
+    files = {
+        "train": {"src": str(_write(root / "train.de", train_src)), "tgt": str(_write(root / "train.en", train_tgt))},
+        "dev": {"src": str(_write(root / "dev.de", val[0])), "tgt": str(_write(root / "dev.en", val[1]))},
+        "tst": {"src": str(_gz(root / "tst.de.gz", "eins\nzwei\n")), "tgt": str(_gz(root / "tst.en.gz", "one\ntwo\n"))},
     }
+    cfg = data_config("files", train_split="train", valid_split="dev", test_splits=["tst"], files=files,
+                      clean={"max_len": 20, "max_ratio": 3.0})
+    cfg["tokenizer"]["vocab_size"] = 300
     cfg.update(overrides)
     return cfg
 
@@ -316,10 +314,17 @@ def test_files_corpus_names_a_missing_split_or_path(tmp_path: Path) -> None:
 
 
 def test_unknown_config_key_names_the_nearest(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match="did you mean 'max_tokens'"):
+    with pytest.raises(DataError, match=r"unknown config key data\.max_tokns: did you mean data\.max_tokens\?"):
         prepare_data({"max_tokns": 10}, cache_dir=tmp_path)
+    with pytest.raises(DataError, match=r"unknown config key data\.tokenizer\.vocab: did you mean "
+                                        r"data\.tokenizer\.vocab_size\?"):
+        prepare_data(data_config(tokenizer={"vocab": 10}), cache_dir=tmp_path)
     with pytest.raises(DataError, match="error, replace"):
         prepare_data({"invalid_utf8": "ignore"}, cache_dir=tmp_path)
+    with pytest.raises(DataError, match=r"bad value for data\.max_tokens: Value 'many'"):
+        prepare_data(data_config(max_tokens="many"), cache_dir=tmp_path)
+    with pytest.raises(DataError, match=r"the data config lacks data\.cache_dir, .*; start from configs/data/"):
+        prepare_data({"corpus": "multi30k"}, cache_dir=tmp_path)
 
 
 # -- the real corpus ----------------------------------------------------------------------------------

@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
 
-from nmt.server import ServerSettings, create_app, serve_in_thread
+from nmt.server import create_app, serve_in_thread
 from nmt.translator import Translator
 from tests.conftest import CONFIG_DIR, REPO_ROOT, SRC, save_tiny_checkpoint
 
@@ -36,11 +37,10 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
-def serve_settings(*overrides: str) -> ServerSettings:
-    """The real configs/serve.yaml, with short outputs and the test limits."""
+def serve_settings(*overrides: str) -> DictConfig:
+    """The real configs/serve.yaml (defaults from ``ServeSettings``), with short outputs and the test limits."""
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("serve", overrides=["max_len=8", *LIMITS, *overrides])
-    return ServerSettings.from_config(cfg)
+        return compose("serve", overrides=["max_len=8", *LIMITS, *overrides])
 
 
 def call(url: str, payload: Any = None, *, data: bytes | None = None, method: str | None = None,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_parallel
+from conftest import data_config, make_tiny_parallel
 
 from nmt.data import (
     BOS_ID,
@@ -143,7 +143,7 @@ def test_multi30k_joint_round_trip_on_the_test_set(multi30k_data: PreparedData) 
 @pytest.mark.slow
 def test_multi30k_second_preparation_is_all_cached(multi30k_data: PreparedData, mirror_dir: Path) -> None:
     cache = Path(multi30k_data.stats["cache_dir"])
-    again = prepare_data({"mirror": str(mirror_dir)}, cache_dir=cache)
+    again = prepare_data(data_config(mirror=str(mirror_dir)), cache_dir=cache)
     assert again.stats["encoded_cache_hits"] == 3
     assert again.tokenizer.fingerprint == multi30k_data.tokenizer.fingerprint
     assert again.train.src_ids == multi30k_data.train.src_ids

@@ -24,6 +24,7 @@ from nmt.checkpoint import load_checkpoint
 from nmt.config import ConfigError, check_command_line_keys, validate_config
 from nmt.data import prepare_data
 from nmt.training import train
+from nmt.translation import TranslateSettings
 from nmt.translator import Translator
 from tests.conftest import CONFIG_DIR, REPO_ROOT
 
@@ -180,17 +181,22 @@ def test_command_line_errors_name_the_key_and_choices(tmp_path: Path) -> None:
 
 
 def test_command_line_key_check_suggests_and_leaves_the_rest_to_hydra() -> None:
-    assert check_command_line_keys(CONFIG_DIR, "translate", ["checkpoint=x", "beam=3"]).startswith(
+    assert check_command_line_keys(CONFIG_DIR, ["checkpoint=x", "beam=3"], TranslateSettings).startswith(
         "unknown config key beam: did you mean beam_size? valid keys under the top level: alignments,")
-    message = check_command_line_keys(CONFIG_DIR, "train", ["attention=dot", "model.emb=3"])
+    message = check_command_line_keys(CONFIG_DIR, ["attention=dot", "model.emb=3"])
     assert message.startswith("unknown config key model.emb: did you mean model.emb_size? valid keys under model.: ")
     # a misspelt section is named at its own level
-    message = check_command_line_keys(CONFIG_DIR, "train", ["trainr.lr=3"])
+    message = check_command_line_keys(CONFIG_DIR, ["trainr.lr=3"])
     assert message.startswith("unknown config key trainr: did you mean trainer? valid keys under the top level: ")
     # valid keys, additions, sweeps, group choices and hydra.* are not this check's business
     for args in (["trainer.lr=3", "+trainer.extra=1", "hydra.run.dir=/tmp/x"], ["-m", "attention=dot,additive"],
                  ["attention=nope"], ["--config-dir=/nowhere", "data=reversal"]):
-        assert check_command_line_keys(CONFIG_DIR, "train", args) is None
+        assert check_command_line_keys(CONFIG_DIR, args) is None
+    # a value of the wrong type, where the schema knows the type
+    assert check_command_line_keys(CONFIG_DIR, ["trainer.max_epochs=ten"]).startswith(
+        "bad value for trainer.max_epochs: Value 'ten' of type 'str' could not be converted to Integer")
+    assert check_command_line_keys(CONFIG_DIR, ["checkpoint=x", "beam_size=wide"], TranslateSettings).startswith(
+        "bad value for beam_size:")
 
 
 @pytest.mark.slow

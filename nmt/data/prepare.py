@@ -16,7 +16,6 @@ DDP, let rank 0 prepare first and the others after a barrier, so they find every
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import logging
@@ -30,6 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
 from nmt.data.batching import EncodedSplit
 from nmt.data.corpora import (
     INVALID_UTF8_MODES,
@@ -41,27 +43,47 @@ from nmt.data.corpora import (
     read_parallel,
 )
 from nmt.data.tokenizer import Tokenizer, TokenizerSettings, text_hash, train_tokenizer
+from nmt.schema import first_unknown_key
 
 log = logging.getLogger(__name__)
 
-# The keys of configs/data/*.yaml and their defaults (a plain dict may leave any of them out).
-DATA_DEFAULTS: dict[str, Any] = {
-    "corpus": "multi30k",
-    "src_lang": "de",
-    "tgt_lang": "en",
-    "train_split": "train",
-    "valid_split": "val",
-    "test_splits": ["test_2016_flickr"],
-    "files": None,
-    "cache_dir": "data",
-    "mirror": None,
-    "invalid_utf8": "error",
-    "clean": {"max_len": 100, "max_ratio": 3.0},
-    "tokenizer": {"model_type": "unigram", "vocab_size": 8000, "joint": True, "character_coverage": 1.0},
-    "max_tokens": 4096,
-    "valid_max_tokens": 8192,
-    "num_workers": 0,
-}
+
+
+@dataclass
+class CleanSchema:
+    max_len: int | None = MISSING
+    max_ratio: float | None = MISSING
+
+
+@dataclass
+class TokenizerSchema:
+    model_type: str = MISSING
+    vocab_size: int = MISSING
+    joint: bool = MISSING
+    character_coverage: float = MISSING
+
+
+@dataclass
+class DataSchema:
+    """The keys and types of the ``data`` section; the values (and their comments) are in configs/data/*.yaml."""
+
+    corpus: str = MISSING
+    src_lang: str = MISSING
+    tgt_lang: str = MISSING
+    train_split: str = MISSING
+    valid_split: str = MISSING
+    test_splits: list[str] = MISSING
+    files: Any = MISSING
+    cache_dir: str = MISSING
+    mirror: str | None = MISSING
+    invalid_utf8: str = MISSING
+    clean: CleanSchema = field(default_factory=CleanSchema)
+    tokenizer: TokenizerSchema = field(default_factory=TokenizerSchema)
+    max_tokens: int = MISSING
+    valid_max_tokens: int = MISSING
+    num_workers: int = MISSING
+
+
 _ENCODED_MAGIC = b"NMTENC1\n"
 
 
@@ -86,47 +108,37 @@ class PreparedData:
 
 def _to_plain(cfg: Any) -> dict[str, Any]:
     """A plain dict from a DictConfig (interpolations resolved) or a mapping."""
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        pass
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
     if not isinstance(cfg, Mapping):
         raise DataError(f"data config must be a mapping or DictConfig, got {type(cfg).__name__}.")
     return dict(cfg)
 
 
 def resolve_data_config(data_cfg: Any) -> dict[str, Any]:
-    """Merge ``data_cfg`` over ``DATA_DEFAULTS`` and check it.
+    """Check a complete ``data`` section (as in configs/data/*.yaml) and return it as plain values.
 
     Raises:
-        DataError: an unknown key (naming the nearest valid one) or an invalid value.
+        DataError: an unknown key (naming the nearest valid one), a wrong type, a missing key or an
+            invalid value.
     """
     given = _to_plain(data_cfg)
-    unknown = [k for k in given if k not in DATA_DEFAULTS]
-    if unknown:
-        hints = []
-        for key in unknown:
-            near = difflib.get_close_matches(key, DATA_DEFAULTS, n=1)
-            hints.append(f"{key!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
-        raise DataError(f"unknown data config key(s): {', '.join(hints)}; valid: {', '.join(DATA_DEFAULTS)}.")
-    cfg = {**DATA_DEFAULTS, **given}
-    cfg["clean"] = {**DATA_DEFAULTS["clean"], **(given.get("clean") or {})}
-    unknown_clean = set(cfg["clean"]) - set(DATA_DEFAULTS["clean"])
-    if unknown_clean:
-        raise DataError(f"unknown data.clean key(s) {sorted(unknown_clean)}; valid: max_len, max_ratio.")
-    cfg["tokenizer"] = {**DATA_DEFAULTS["tokenizer"], **(given.get("tokenizer") or {})}
-    if cfg["invalid_utf8"] not in INVALID_UTF8_MODES:
-        raise DataError(
-            f"data.invalid_utf8={cfg['invalid_utf8']!r} is not valid; use one of {', '.join(INVALID_UTF8_MODES)}."
-        )
+    if problem := first_unknown_key(given, DataSchema, "data."):
+        raise DataError(problem)
+    if given.get("invalid_utf8", "error") not in INVALID_UTF8_MODES:
+        raise DataError(f"data.invalid_utf8={given['invalid_utf8']!r} is not valid; use one of "
+                        f"{', '.join(INVALID_UTF8_MODES)}.")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(DataSchema), given)
+    except OmegaConfBaseException as error:
+        key, message = getattr(error, "full_key", "?"), getattr(error, "msg", str(error))
+        raise DataError(f"bad value for data.{key}: {message}") from None
+    if missing := sorted(OmegaConf.missing_keys(merged)):
+        raise DataError(f"the data config lacks {', '.join('data.' + key for key in missing)}; start from "
+                        "configs/data/multi30k.yaml or configs/data/files.yaml")
+    cfg: dict[str, Any] = OmegaConf.to_container(merged)  # type: ignore[assignment]
     if cfg["src_lang"] == cfg["tgt_lang"] and cfg["corpus"] != "files":
         raise DataError(f"data.src_lang and data.tgt_lang are both {cfg['src_lang']!r}; pick two languages.")
-    if isinstance(cfg["test_splits"], str):
-        cfg["test_splits"] = [cfg["test_splits"]]
-    cfg["test_splits"] = list(cfg["test_splits"] or [])
     return cfg
 
 
