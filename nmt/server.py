@@ -5,7 +5,8 @@ uvicorn) whose endpoints are
 
 - ``POST /v1/translate``: ``{"text": str | [str], "beam_size", "n_best", "length_penalty", "attention"}``
   (all but ``text`` optional) -> ``{"translations": [Translation.to_dict(), ...]}`` in input order;
-- ``GET /health``: ``{"status": "ok"}`` plus counters (requests, sentences, batches, search calls);
+- ``GET /health``: ``{"status": "ok"}``, what model it serves (attention type, languages, parameters, the
+  run's recorded test BLEU) and counters (requests, sentences, batches, search calls);
 - ``GET /v1/model``: ``Translator.info()`` plus this server's request defaults and limits;
 - ``GET /``: one self-contained HTML page (``nmt/static/translate.html``) with the attention heatmap.
 
@@ -338,9 +339,11 @@ def create_app(translator: Translator, settings: ServeSettings) -> Starlette:
         counters["requests"] += 1
         return JSONResponse({"translations": translations})
 
+    model_summary = {key: model_info[key] for key in ("attention", "src_lang", "tgt_lang", "parameters", "bleu")}
+
     async def health(request: Request) -> Response:
         return JSONResponse({
-            "status": "ok", "requests": counters["requests"], "refused": counters["refused"],
+            "status": "ok", **model_summary, "requests": counters["requests"], "refused": counters["refused"],
             "sentences": batcher.sentences, "batches": batcher.batches,
             "search_calls": translator.search_calls, "queued": batcher.queued,
             "uptime_s": round(time.monotonic() - started, 3),

@@ -131,6 +131,8 @@ def test_health_model_and_page(server: tuple[str, Translator]) -> None:
     url, translator = server
     status, before = call(f"{url}/health")
     assert status == 200 and before["status"] == "ok"
+    assert (before["attention"], before["src_lang"], before["tgt_lang"]) == ("additive", "de", "en")
+    assert before["parameters"] == translator.info()["parameters"] > 0 and before["bleu"] is None
     assert call(f"{url}/v1/translate", {"text": ["Hund", "Ein Mann."]})[0] == 200
     after = call(f"{url}/health")[1]
     assert after["requests"] == before["requests"] + 1 and after["sentences"] == before["sentences"] + 2
