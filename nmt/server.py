@@ -14,7 +14,8 @@ Micro-batching: requests that arrive within ``batch_wait_ms`` of the first waiti
 same search options are decoded together, in one ``Translator.translate`` call, on one worker thread
 (the Translator is not thread-safe; the event loop never waits on it). The Translator sorts and batches
 sentences itself, and a sentence's translation does not depend on its batch-mates, so each sentence gets
-the translation it would get alone. While the worker decodes, new requests queue and form the next batch.
+the translation it would get alone. While the worker decodes, new requests queue and form the next batch,
+whose window opens when the worker is free again (so the clients just answered can join it).
 
 Bad requests get a JSON ``{"error": "..."}`` naming the problem (413 over a size limit, 422 for a wrong
 type or an option the Translator refuses, 404/405 for a wrong path or method) and the server goes on.
@@ -222,6 +223,7 @@ class MicroBatcher:
         self.sentences = 0
         self._pending: collections.deque[_Job] = collections.deque()
         self._arrival = asyncio.Event()
+        self._free_since = 0.0  # event-loop time the worker last finished a batch
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="translator")
 
     async def translate(self, sentences: list[str], options: SearchOptions, attention: bool) -> list[dict[str, Any]]:
@@ -248,7 +250,10 @@ class MicroBatcher:
             self._arrival.clear()
             await self._arrival.wait()
         first = self._pending[0]
-        deadline = first.arrived + self.wait_s  # a job left over from the last round has waited already
+        # The window opens when the worker is free, not only when the first job came: under load the clients
+        # answered a moment ago are about to send again, and a batch that waits for them holds all the
+        # clients instead of half of them (at idle the worker has long been free: the first job's time rules).
+        deadline = max(first.arrived, self._free_since) + self.wait_s
         while self._same_key_sentences(first.key) < self.batch_sentences and loop.time() < deadline:
             self._arrival.clear()
             with contextlib.suppress(asyncio.TimeoutError):
@@ -276,6 +281,8 @@ class MicroBatcher:
                 if not job.future.done():
                     job.future.set_exception(error)
             return
+        finally:
+            self._free_since = loop.time()
         self.batches += 1
         self.sentences += len(sentences)
         start = 0
