@@ -90,7 +90,7 @@ class SearchOptions:
         """These options if they are valid; else a TranslationError naming the option and its range."""
         for name in ("beam_size", "n_best", "max_len", "batch_tokens"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not _whole_number(value):
                 raise TranslationError(f"{name} must be a whole number >= 1, got {value!r}")
         if self.n_best > self.beam_size:
             raise TranslationError(f"n_best ({self.n_best}) cannot exceed beam_size ({self.beam_size})")
@@ -252,6 +252,9 @@ class Translator:
         if max_input_words == "auto":
             limits = [((cfg.get("data") or {}).get("clean") or {}).get("max_len") for cfg in configs]
             max_input_words = max((n for n in limits if n is not None), default=None)
+        elif max_input_words is not None and not _whole_number(max_input_words):
+            raise TranslationError("max_input_words must be auto, null or a whole number >= 1, "
+                                   f"got {max_input_words!r}")
         return cls([model for model, _, _ in loaded], loaded[0][1], precision=precision,
                    max_input_words=max_input_words, configs=configs, checkpoints=files)
 
@@ -377,6 +380,11 @@ class Translator:
             "device": str(self.device),
             "precision": self.precision,
         }
+
+
+def _whole_number(value: Any) -> bool:
+    """An int >= 1 (and not a bool, which Python counts as an int)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _plain(value: Any) -> Any:

@@ -158,6 +158,8 @@ def test_search_options_are_checked_in_one_place(runs: dict[str, Path]) -> None:
         translator.translate(SRC, length_penalty="x")
     with pytest.raises(TranslationError, match="attention=none, which has none"):
         Translator.from_checkpoint(runs["none"]).translate(SRC, attention=True)
+    with pytest.raises(TranslationError, match="max_input_words must be auto, null or a whole number >= 1, got 'many'"):
+        Translator.from_checkpoint(runs["a"], max_input_words="many")
     with pytest.raises(TranslationError, match="device='tpu' is not valid"):
         Translator.from_checkpoint(runs["a"], device="tpu")
     assert SearchOptions() == SearchOptions.from_mapping({})  # the defaults live in the dataclass
