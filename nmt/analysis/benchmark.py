@@ -36,6 +36,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from nmt.analysis import load, padding
 from nmt.analysis.cli import REPO_ROOT, device_slug, mirror_file, one_line_errors, parser, sync, write_report
 from nmt.config import to_plain_dict, validate_config
 from nmt.data import Batch
@@ -55,8 +56,6 @@ MEANINGLESS_BLEU_NOTE = (
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from nmt.analysis import load, padding
-
     p = parser(__doc__)
     modes = p.add_subparsers(dest="mode", required=True, metavar="{train,translate,data,server}")
     out = argparse.ArgumentParser(add_help=False)
@@ -88,8 +87,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the chosen mode, write its report; returns it."""
-    from nmt.analysis import load, padding
-
     with one_line_errors("benchmark.py"):
         args = parse_args(argv)
         measure = {"train": benchmark_training, "translate": benchmark_translation,

@@ -21,6 +21,7 @@ Not done here: training, significance tests, or any timing (``scripts/benchmark.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -51,7 +52,7 @@ RECORDED_FIELDS = ("run_dir", "attention", "split", "hypotheses", "sentences", "
                    "train_seconds", "device", "world_size", "steps", "epochs")
 
 
-def parse_args(argv: list[str] | None) -> Any:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = parser(__doc__)
     p.add_argument("run_dirs", nargs="*", type=Path, help="run dirs with results.json")
     p.add_argument("--sweep-dir", type=Path, help="also every folder below it with a results.json (a multirun)")

@@ -19,6 +19,7 @@ translate`` repeats and takes medians; this times each setting once).
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from collections.abc import Sequence
@@ -34,7 +35,7 @@ from nmt.provenance import device_name, provenance
 from nmt.translator import SearchOptions, Translator
 
 
-def parse_args(argv: list[str] | None) -> Any:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = parser(__doc__)
     p.add_argument("run_dir", type=Path, help="run dir written by train.py (outputs go here by default)")
     p.add_argument("--checkpoint", help="checkpoint file to decode with (default: the run's best checkpoint)")
