@@ -2,9 +2,8 @@
 
     report = {**provenance("scripts/benchmark.py", argv), "results": ...}
     device_name(torch.device("cuda"))   # "NVIDIA H100 80GB HBM3"; "cpu" on the CPU
-    device_slug(torch.device("cuda"))   # "cuda-nvidia-h100-80gb-hbm3", for file names
 
-Every script that writes into ``docs/results/`` (and ``train.py``'s ``results.json``) records these
+Every analysis command's report (``nmt.analysis``; and ``train.py``'s ``results.json``) records these
 fields, so a figure can be traced to the machine and versions that made it and no two files spell the
 device differently. Dates are UTC. This module measures nothing and does not decide what a report
 holds beyond these fields.
@@ -15,7 +14,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
-import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -47,13 +45,6 @@ def command_line(script: str, argv: Sequence[str] | None = None) -> str:
 def device_name(device: torch.device) -> str:
     """The GPU's name for a CUDA device (``NVIDIA H100 80GB HBM3``), else the device type (``cpu``)."""
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-
-
-def device_slug(device: torch.device) -> str:
-    """``device_name`` fit for a file name: ``cpu``, ``cuda-nvidia-h100-80gb-hbm3``."""
-    if device.type != "cuda":
-        return device.type
-    return "cuda-" + re.sub(r"[^a-z0-9]+", "-", device_name(device).lower()).strip("-")
 
 
 def library_versions() -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""scripts/benchmark.py and scripts/peer_compare.py: their JSON, parsing and ratios (no timings asserted).
+"""nmt.analysis.benchmark and nmt.analysis.peer: their JSON, parsing and ratios (no timings asserted).
 
 benchmark.py runs for 3 steps of a tiny model on the reversal corpus of test_training.py; the peer
 comparison is checked on a small fake JoeyNMT ``summary.json`` in the layout of its summarize.py.
@@ -13,16 +13,14 @@ from typing import Any
 import pytest
 import torch
 
+from nmt.analysis import benchmark
+from nmt.analysis import peer as peer_compare
 from nmt.checkpoint import save_checkpoint
 from nmt.config import to_plain_dict
 from nmt.data import prepare_data
 from nmt.model import Seq2Seq
 from nmt.translator import Translator
-from tests.conftest import load_script
 from tests.test_training import TINY, tiny_config, write_reversal_corpus
-
-benchmark = load_script("benchmark")
-peer_compare = load_script("peer_compare")
 
 
 def test_benchmark_writes_the_report(tmp_path: Path) -> None:
@@ -31,11 +29,11 @@ def test_benchmark_writes_the_report(tmp_path: Path) -> None:
     files_override = "data.files={" + ",".join(
         f"{split}:{{src:'{paths['src']}',tgt:'{paths['tgt']}'}}" for split, paths in files.items()) + "}"
     overrides = [*TINY, files_override, f"data.cache_dir={tmp_path / 'cache'}", "trainer.device=cpu"]
-    out = tmp_path / "bench.json"
-    report = benchmark.main([*overrides, "--train-steps", "3", "--warmup-steps", "1", "--reps", "1",
+    out = tmp_path / "bench"
+    report = benchmark.main(["train", *overrides, "--train-steps", "3", "--warmup-steps", "1", "--reps", "1",
                              "--translate-limit", "12", "--out", str(out)])
 
-    saved = json.loads(out.read_text())
+    saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved == json.loads(json.dumps(report))
     assert {"benchmark", "date", "command", "host", "device", "measured_without_gpu", "versions", "config",
             "training", "translation"} <= set(saved)
@@ -150,3 +148,45 @@ def test_decode_once_batches_by_sentences_in_input_order(tmp_path: Path, capsys:
     expected = [r.text for r in Translator(model, data.tokenizer).translate(
         lines, beam_size=1, max_len=t.max_len, max_len_ratio=t.max_len_ratio)]
     assert (tmp_path / "out.txt").read_text().splitlines() == expected  # batched as 7s equals translate.py's batches
+
+
+def tiny_run(tmp_path: Path) -> tuple[Path, list[str], Any]:
+    """An untrained tiny run dir on the reversal corpus, and its test sources."""
+    cfg = tiny_config(tmp_path, [])
+    data = prepare_data(cfg.data)
+    model = Seq2Seq.from_config(cfg.model, cfg.attention, data.tokenizer.src_vocab_size,
+                                data.tokenizer.tgt_vocab_size).eval()
+    save_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt",
+                    {"config": to_plain_dict(cfg), "tokenizer": data.tokenizer.to_state(), "model": model.state_dict()})
+    return tmp_path / "run", list(data.tests["test"].src_text), cfg
+
+
+def test_translate_mode_writes_into_the_run_dir(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    run, lines, _ = tiny_run(tmp_path)
+    src = tmp_path / "test.src"
+    src.write_text("".join(line + "\n" for line in lines))
+    report = benchmark.main(["translate", "--checkpoint", str(run), "--input", str(src), "--reps", "1",
+                             "--beam-sizes", "1", "2", "--device", "cpu", "--limit", "10"])
+    assert json.loads((run / "benchmark_translate_cpu.json").read_text()) == json.loads(json.dumps(report))
+    assert report["benchmark"] == "translate" and report["config"]["reference"] is None
+    assert [(row["mode"], row["sentences"]) for row in report["results"]] == [("greedy", 10), ("beam2", 10)]
+    assert report["command"].startswith("python scripts/benchmark.py translate --checkpoint")
+
+
+def test_modes_without_a_run_dir_or_mirror_say_what_to_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.delenv("NMT_DATA_MIRROR", raising=False)
+    with pytest.raises(SystemExit, match="no corpus mirror; set NMT_DATA_MIRROR or pass --mirror"):
+        benchmark.main(["data", "--out", str(tmp_path / "data")])
+    run, _, _ = tiny_run(tmp_path)
+    with pytest.raises(SystemExit, match="NMT_DATA_MIRROR is not set"):
+        benchmark.main(["translate", "--checkpoint", str(run / "checkpoints" / "best.pt"), "--device", "cpu"])
+    src = tmp_path / "one.src"
+    src.write_text("a b c\n")
+    with pytest.raises(SystemExit, match="pass --out PATH"):  # a .pt file has no run dir to write into
+        benchmark.main(["translate", "--checkpoint", str(run / "checkpoints" / "best.pt"), "--input", str(src),
+                        "--reps", "1", "--beam-sizes", "1", "--device", "cpu"])
+    with pytest.raises(SystemExit) as exit_info:  # no default outside the repository: the peer's folder is named
+        peer_compare.main(["--out", str(tmp_path / "p")])
+    assert exit_info.value.code == 2 and "error: pass --peer-dir" in capsys.readouterr().err

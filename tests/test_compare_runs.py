@@ -1,4 +1,4 @@
-"""scripts/compare_runs.py on fake run dirs: tables, length buckets, plots, and the translate-now fallback.
+"""nmt.analysis.compare on fake run dirs: tables, length buckets, plots, and the translate-now fallback.
 
 No training: each run dir gets a ``results.json`` and a ``config.yaml`` (the real configs shrunk to the
 tiny reversal corpus of test_training.py) and either saved translations or an untrained checkpoint.
@@ -15,17 +15,14 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from nmt.analysis import compare as compare_runs
 from nmt.checkpoint import save_checkpoint
 from nmt.config import to_plain_dict
 from nmt.data import prepare_data
 from nmt.model import Seq2Seq
-from tests.conftest import load_script
 from tests.test_training import tiny_config
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-compare_runs = load_script("compare_runs")
 
 
 def fake_results(attention: str, run_dir: Path) -> dict[str, Any]:

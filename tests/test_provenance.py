@@ -9,7 +9,8 @@ import sacrebleu
 import torch
 
 from nmt import __version__
-from nmt.provenance import command_line, device_name, device_slug, provenance
+from nmt.analysis.cli import device_slug
+from nmt.provenance import command_line, device_name, provenance
 
 
 def test_command_line_quotes_the_arguments_it_was_given() -> None:

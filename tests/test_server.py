@@ -299,15 +299,15 @@ def test_serve_py_user_errors_are_one_line_exit_2(run_dir: Path, tmp_path: Path,
 
 def test_benchmark_script_reports_every_level(run_dir: Path, tmp_path: Path) -> None:
     """The benchmark runs end to end on a tiny model (its figures are not checked: timings stay out of tests)."""
-    from tests.conftest import load_script
+    from nmt.analysis.benchmark import main as benchmark
 
     source = tmp_path / "src.de"
     source.write_text("\n".join(SENTENCES * 3) + "\n", encoding="utf-8")
-    out = tmp_path / "bench.json"
-    report = load_script("benchmark_server").main([
-        "--checkpoint", str(run_dir), "--input", str(source), "--clients", "1", "4", "--seconds", "20",
+    out = tmp_path / "bench"
+    report = benchmark([
+        "server", "--checkpoint", str(run_dir), "--input", str(source), "--clients", "1", "4", "--seconds", "20",
         "--idle-requests", "3", "--threads", "1", "--device", "cpu", "--out", str(out)])
-    assert json.loads(out.read_text(encoding="utf-8")) == json.loads(json.dumps(report))
+    assert json.loads((tmp_path / "bench.json").read_text(encoding="utf-8")) == json.loads(json.dumps(report))
     assert report["batch_job"]["sentences"] == len(SENTENCES) * 3
     assert [level["clients"] for level in report["clients"]] == [1, 4]
     assert all(level["sentences"] == len(SENTENCES) * 3 for level in report["clients"])  # each sentence once

@@ -1,4 +1,4 @@
-"""scripts/tune_decoding.py on a briefly trained tiny run: the grid, the choice, the test scores, the files."""
+"""nmt.analysis.decoding on a briefly trained tiny run: the grid, the choice, the test scores, the files."""
 
 from __future__ import annotations
 
@@ -8,14 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from nmt.analysis import decoding as tune_decoding
 from nmt.data import prepare_data
 from nmt.evaluation import corpus_scores
 from nmt.training import train
 from nmt.translator import Translator
-from tests.conftest import load_script
 from tests.test_training import tiny_config
-
-tune_decoding = load_script("tune_decoding")
 
 
 def test_grid_decodes_greedy_once() -> None:

@@ -1,4 +1,4 @@
-"""nmt.alignment.attention_sharpness: batched and padded == one sentence at a time; bounds; no attention."""
+"""nmt.analysis.measures.attention_sharpness: batched and padded == one sentence at a time; bounds; no attention."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.distributions import Categorical
 
-from nmt.alignment import attention_sharpness
+from nmt.analysis.measures import attention_sharpness
 from nmt.data import BOS_ID, EOS_ID, EncodedSplit
 from nmt.model import Seq2Seq
 

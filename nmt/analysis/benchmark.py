@@ -1,0 +1,247 @@
+"""Speed on this machine, one mode per question: training, translation, data preparation, the server.
+
+    python scripts/benchmark.py train model=default attention=additive --train-steps 30 --out runs/bench/train
+    python scripts/benchmark.py train model=default --checkpoint outputs/RUN     # real BLEU too; JSON into RUN
+    python scripts/benchmark.py translate --checkpoint outputs/RUN --beam-sizes 1 5 10 --reps 5
+    python scripts/benchmark.py data --out runs/bench/data                        # reads $NMT_DATA_MIRROR
+    python scripts/benchmark.py server --checkpoint outputs/RUN --clients 1 4 16
+
+``train``: Hydra overrides of ``configs/train.yaml`` as ``train.py`` takes them; the project's own
+``Trainer`` builds model, data and optimizer, and ``--train-steps`` of its real step are timed after
+``--warmup-steps`` untimed ones (batch fetching included; CUDA synchronised per step): target tokens/s
+(median of steps and total), with GPU utilisation from ``nmt.gpu_monitor``. Then the translation
+figures below on the config's first test split, with ``--checkpoint`` or else with the model just
+trained for a few steps (whose BLEU is meaningless: the JSON says so).
+``translate``: ``Translator.translate`` on a whole file (default: ``$NMT_DATA_MIRROR``'s
+test_2016_flickr) per beam size, the median of ``--reps`` after a warm-up, with BLEU/chrF when there is
+a reference. ``data``: preparation time (cold, then cached) and batch padding at the token budget
+(``nmt.analysis.padding``). ``server``: ``serve.py`` under concurrent clients (``nmt.analysis.load``).
+
+Writes ``<out>.json`` with the provenance block; ``<out>`` defaults to ``benchmark_<mode>_<device>`` in
+the checkpoint's run dir; without a run dir, ``--out`` is required. A benchmark, not a test: it asserts
+nothing. Details: docs/benchmarking.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from nmt.analysis import load, padding
+from nmt.analysis.cli import REPO_ROOT, device_slug, mirror_file, one_line_errors, parser, sync, write_report
+from nmt.config import to_plain_dict, validate_config
+from nmt.data import Batch
+from nmt.device import PRECISIONS, uses_bf16
+from nmt.evaluation import corpus_scores
+from nmt.gpu_monitor import GpuMonitor
+from nmt.model import count_parameters
+from nmt.provenance import device_name, provenance
+from nmt.training import DistInfo, Trainer
+from nmt.translation import read_input_lines
+from nmt.translator import SearchOptions, Translator
+
+MEANINGLESS_BLEU_NOTE = (
+    "no --checkpoint: translated with the model trained for the benchmark's few steps; its BLEU is "
+    "meaningless and its output lengths (hence speed) differ from a trained model's"
+)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = parser(__doc__)
+    modes = p.add_subparsers(dest="mode", required=True, metavar="{train,translate,data,server}")
+    out = argparse.ArgumentParser(add_help=False)
+    out.add_argument("--out", type=Path, help="report path without extension (default: see above)")
+    decode = argparse.ArgumentParser(add_help=False)
+    decode.add_argument("--reps", type=int, default=3, help="timed translation runs per beam size (median)")
+    decode.add_argument("--beam-sizes", type=int, nargs="+", default=[1, 5], help="1 = greedy")
+    decode.add_argument("--batch-tokens", type=int, default=4096, help="translation batch budget (translate.py's)")
+    train = modes.add_parser("train", parents=[out, decode], help="training tokens/s (+ translation)")
+    train.add_argument("overrides", nargs="*", help="Hydra overrides of configs/train.yaml, e.g. model=default")
+    train.add_argument("--train-steps", type=int, default=100, help="timed optimizer steps")
+    train.add_argument("--warmup-steps", type=int, default=10,
+                       help="untimed optimizer steps first (not the learning-rate warmup)")
+    train.add_argument("--checkpoint", help="run dir or .pt to translate with (default: the freshly trained model)")
+    train.add_argument("--translate-limit", type=int, help="translate only the first N test lines")
+    train.add_argument("--skip-translate", action="store_true", help="measure training only")
+    translate = modes.add_parser("translate", parents=[out, decode], help="translation sentences/s")
+    translate.add_argument("--checkpoint", required=True, help="run dir or .pt file written by train.py")
+    translate.add_argument("--input", help="source file (default: $NMT_DATA_MIRROR/multi30k/test_2016_flickr.<src>.gz)")
+    translate.add_argument("--reference", help="reference for BLEU/chrF (default input: the mirror's)")
+    translate.add_argument("--length-penalty", type=float, default=1.0)
+    translate.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    translate.add_argument("--precision", default="auto", choices=PRECISIONS, help="as translate.py's precision")
+    translate.add_argument("--limit", type=int, help="use only the first N sentences (smoke runs)")
+    padding.add_arguments(modes.add_parser("data", parents=[out], help="data preparation time and padding"))
+    load.add_arguments(modes.add_parser("server", parents=[out], help="serve.py under concurrent clients"))
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the chosen mode, write its report; returns it."""
+    with one_line_errors("benchmark.py"):
+        args = parse_args(argv)
+        measure = {"train": benchmark_training, "translate": benchmark_translation,
+                   "data": padding.benchmark_data, "server": load.benchmark_server}[args.mode]
+        report, device = measure(args)
+        report = {"benchmark": args.mode, **provenance("scripts/benchmark.py", argv), **report}
+        checkpoint = getattr(args, "checkpoint", None)
+        if args.out is None and not (checkpoint and Path(checkpoint).is_dir()):
+            raise SystemExit(f"benchmark.py {args.mode}: pass --out PATH (without extension): there is no run dir "
+                             "to write the report into")
+        write_report(args.out or Path(checkpoint) / f"benchmark_{args.mode}_{device_slug(device)}", report)
+        return report
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """``configs/train.yaml`` with Hydra overrides, validated as ``train.py`` validates it."""
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=list(overrides))
+    validate_config(cfg)
+    return cfg
+
+
+def endless_batches(trainer: Trainer) -> Iterator[Batch]:
+    """The trainer's training batches, epoch after epoch, in the order ``train.py`` would use."""
+    epoch = 0
+    while True:
+        trainer.train_loader.batch_sampler.set_epoch(epoch, start=0)
+        yield from trainer.train_loader
+        epoch += 1
+
+
+def measure_training(trainer: Trainer, steps: int | None, warmup_steps: int) -> dict[str, Any]:
+    """Time optimizer steps of ``trainer`` over its real batches (its model is updated by them).
+
+    Args:
+        trainer: a freshly built trainer.
+        steps: timed steps; None = as many as one epoch has batches.
+        warmup_steps: untimed steps first.
+
+    Returns:
+        Per-step medians and totals: target tokens/s, sentences/s, seconds per step, and the setup.
+    """
+    steps = trainer.batches_per_epoch if steps is None else steps
+    if steps < 1:
+        raise SystemExit(f"--train-steps must be >= 1, got {steps}")
+    device, batches = trainer.device, endless_batches(trainer)
+    for _ in range(warmup_steps):
+        trainer._train_step(next(batches))  # the real step of train.py: forward, backward, clip, AdamW
+    sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    seconds, tokens, sentences, skipped = [], [], [], 0
+    with GpuMonitor.for_device(device) as gpu:
+        last = time.perf_counter()
+        for _ in range(steps):
+            batch = next(batches)  # batch fetching and collation count as training time
+            loss, n_tokens, _, _ = trainer._train_step(batch)
+            sync(device)  # _train_step reads the loss (.item()), but the optimizer step runs after it
+            now = time.perf_counter()
+            seconds.append(now - last)
+            tokens.append(n_tokens)
+            sentences.append(batch.size)
+            skipped += loss is None
+            last = now
+    total = sum(seconds)
+    return {
+        "steps": steps, "warmup_steps": warmup_steps, "skipped_nonfinite_steps": skipped,
+        "batches_per_epoch": trainer.batches_per_epoch, "target_tokens": sum(tokens), "sentences": sum(sentences),
+        "seconds": total, "target_tokens_per_s_median": statistics.median(t / s for t, s in zip(tokens, seconds)),
+        "target_tokens_per_s_total": sum(tokens) / total, "sentences_per_s_total": sum(sentences) / total,
+        "seconds_per_step_median": statistics.median(seconds), "target_tokens_per_batch_mean": sum(tokens) / steps,
+        "sentences_per_batch_mean": sum(sentences) / steps, "parameters": count_parameters(trainer.model),
+        "precision": trainer.precision, "bf16_autocast": trainer.use_bf16, "gpu_utilisation": gpu.summary(),
+        "cuda_peak_memory_allocated_mib": (torch.cuda.max_memory_allocated(device) / 2**20
+                                           if device.type == "cuda" else None),
+    }
+
+
+def measure_translation(translator: Translator, lines: list[str], refs: list[str] | None, args: argparse.Namespace,
+                        length_penalty: float = 1.0) -> list[dict[str, Any]]:
+    """Sentences/s per beam size in ``args.beam_sizes``: the median of ``args.reps`` timed translations of
+    ``lines`` (encode, batch, search, detokenize) after one untimed warm-up; BLEU/chrF when ``refs`` is given."""
+    rows = []
+    for beam in args.beam_sizes:
+        options = {"beam_size": beam, "length_penalty": length_penalty, "batch_tokens": args.batch_tokens}
+        translator.translate(lines[:64], **options)  # warm-up: allocator, kernels, caches
+        times, hyps = [], []
+        for _ in range(args.reps):
+            sync(translator.device)
+            start = time.perf_counter()
+            hyps = [result.text for result in translator.translate(lines, **options)]
+            sync(translator.device)
+            times.append(time.perf_counter() - start)
+        median = statistics.median(times)
+        row: dict[str, Any] = {"mode": "greedy" if beam == 1 else f"beam{beam}", "beam_size": beam,
+                               "sentences": len(lines), "sentences_per_s": len(lines) / median,
+                               "seconds_median": median, "seconds_all": times}
+        if refs is not None:
+            scores = corpus_scores(hyps, refs)
+            row.update(bleu=scores["bleu"], chrf=scores["chrf"], bleu_signature=scores["bleu_signature"])
+        rows.append(row)
+        quality = f", BLEU {row['bleu']:.2f}" if "bleu" in row else ""
+        print(f"{row['mode']:>8}: {row['sentences_per_s']:8.1f} sentences/s "
+              f"(median of {args.reps}: {median:.2f} s for {len(lines)} sentences{quality})", flush=True)
+    return rows
+
+
+def benchmark_training(args: argparse.Namespace) -> tuple[dict[str, Any], torch.device]:
+    """The ``train`` mode: training figures, then translation on the first test split."""
+    cfg = compose_config(args.overrides)
+    with tempfile.TemporaryDirectory(prefix="nmt_benchmark_") as tmp:
+        trainer = Trainer(cfg, Path(tmp) / "run", DistInfo())  # its events (none) and checkpoints: scratch
+        device = trainer.device
+        print(f"training {cfg.attention.name} ({count_parameters(trainer.model)} parameters) on {device_name(device)}: "
+              f"{args.warmup_steps} warm-up + {args.train_steps} timed steps", flush=True)
+        training = measure_training(trainer, args.train_steps, args.warmup_steps)
+        print(f"training: {training['target_tokens_per_s_median']:.0f} target tokens/s (median of steps), "
+              f"{training['target_tokens_per_s_total']:.0f} in total over {training['seconds']:.1f} s", flush=True)
+        translation = None
+        if not args.skip_translate:
+            if args.checkpoint is None:
+                trainer.save("last")  # the freshly trained model, as a checkpoint to load
+            split = next(iter(trainer.data.tests.values()), trainer.data.valid)
+            lines, refs = list(split.src_text[: args.translate_limit]), list(split.tgt_text[: args.translate_limit])
+            with GpuMonitor.for_device(device) as gpu:  # model loading included
+                translator = Translator.from_checkpoint(args.checkpoint or Path(tmp) / "run", device,
+                                                        trainer.precision, max_input_words=None)
+                rows = measure_translation(translator, lines, refs, args)
+            translation = {"checkpoint": args.checkpoint, "bleu_meaningful": args.checkpoint is not None,
+                           "note": None if args.checkpoint else MEANINGLESS_BLEU_NOTE, "split": split.name,
+                           "sentences": len(lines), "batch_tokens": args.batch_tokens, "reps": args.reps,
+                           "results": rows, "gpu_utilisation": gpu.summary()}
+        trainer.logger.close()
+    return {"device": {"type": device.type, "name": device_name(device)}, "measured_without_gpu": device.type != "cuda",
+            "config": {"overrides": list(args.overrides), **to_plain_dict(cfg)}, "training": training,
+            "translation": translation}, device
+
+
+def benchmark_translation(args: argparse.Namespace) -> tuple[dict[str, Any], torch.device]:
+    """The ``translate`` mode: sentences/s (and BLEU) per beam size for one checkpoint."""
+    translator = Translator.from_checkpoint(args.checkpoint, args.device, args.precision, max_input_words=None)
+    device, train_cfg = translator.device, translator.configs[0]
+    data = train_cfg.get("data") or {}
+    src_path = Path(args.input) if args.input else mirror_file(data.get("src_lang", "de"))
+    ref_path = Path(args.reference) if args.reference else None
+    if not args.input and not ref_path and mirror_file(data.get("tgt_lang", "en")).is_file():
+        ref_path = mirror_file(data.get("tgt_lang", "en"))
+    lines = read_input_lines(src_path)[: args.limit]
+    refs = read_input_lines(ref_path)[: args.limit] if ref_path else None
+    rows = measure_translation(translator, lines, refs, args, args.length_penalty)
+    config = {"checkpoint": str(args.checkpoint), "input": str(src_path), "reference": ref_path and str(ref_path),
+              "sentences": len(lines), "reps": args.reps, "batch_tokens": args.batch_tokens,
+              "max_len": SearchOptions.max_len, "max_len_ratio": SearchOptions.max_len_ratio,
+              "length_penalty": args.length_penalty, "precision": args.precision,
+              "bf16_autocast": uses_bf16(args.precision, device), "model": train_cfg.get("model"),
+              "attention": train_cfg.get("attention"),
+              "direction": f"{data.get('src_lang', '?')}-{data.get('tgt_lang', '?')}"}
+    return {"device": {"type": device.type, "name": device_name(device)}, "config": config, "results": rows}, device

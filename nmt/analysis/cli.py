@@ -1,0 +1,79 @@
+"""The frame every analysis command shares: its parser, the corpus mirror it reads, its report files, its errors.
+
+A report is a JSON-ready dict that opens with ``nmt.provenance.provenance`` and is written as
+``<out>.json`` (and ``<out>.md`` where a table is the point) under a path the user names, or into the
+run dir the command analyses; never into the repository's ``docs/`` by default.
+
+Not done here: measuring or scoring anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt.provenance import device_name
+from nmt.translator import USER_ERRORS
+
+# The checkout the package is installed from (editable): configs/ and serve.py live there.
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TEST_SPLIT = "test_2016_flickr"
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """An argument parser whose help is the command's module docstring."""
+    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def mirror_file(lang: str, split: str = TEST_SPLIT) -> Path:
+    """``$NMT_DATA_MIRROR/multi30k/<split>.<lang>.gz``.
+
+    Raises:
+        SystemExit: ``NMT_DATA_MIRROR`` is not set.
+    """
+    mirror = os.environ.get("NMT_DATA_MIRROR")
+    if not mirror:
+        raise SystemExit("NMT_DATA_MIRROR is not set: point it at the corpus mirror, or pass --input")
+    return Path(mirror) / "multi30k" / f"{split}.{lang}.gz"
+
+
+def device_slug(device: torch.device) -> str:
+    """``device_name`` fit for a file name: ``cpu``, ``cuda-nvidia-h100-80gb-hbm3``."""
+    if device.type != "cuda":
+        return device.type
+    return "cuda-" + re.sub(r"[^a-z0-9]+", "-", device_name(device).lower()).strip("-")
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued CUDA work, so that a timer read afterwards covers it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def write_report(out: Path | str, report: dict[str, Any], markdown: str | None = None) -> None:
+    """``<out>.json`` (and ``<out>.md``), creating the folder; prints what it wrote."""
+    paths = [Path(f"{out}.json")] + ([Path(f"{out}.md")] if markdown is not None else [])
+    paths[0].parent.mkdir(parents=True, exist_ok=True)
+    paths[0].write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if markdown is not None:
+        paths[1].write_text(markdown, encoding="utf-8")
+    print("wrote " + ", ".join(map(str, paths)), flush=True)
+
+
+@contextmanager
+def one_line_errors(prog: str) -> Iterator[None]:
+    """A user error (a wrong path, split, device or option) ends the command with one line and exit status 2."""
+    try:
+        yield
+    except USER_ERRORS as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -1,0 +1,324 @@
+"""Compare trained runs (typically one per attention type) on a test split: tables and plots.
+
+    python scripts/compare_runs.py --sweep-dir multirun/2026-11-21/10-00-00      # writes into the sweep dir
+    python scripts/compare_runs.py outputs/A outputs/B --out docs/results/attention_comparison
+    python scripts/compare_runs.py outputs/C --from-report docs/results/attention_comparison.json --out OUT
+
+Per run dir (one with ``results.json``): test BLEU and chrF (cased sacreBLEU, with signatures),
+validation BLEU, size, training time and device; BLEU per source-length bucket (Bahdanau et al., 2015,
+Fig. 2); tutorial-style BLEU in a table of its own; and, for runs with a checkpoint, how peaked the
+attention is (``nmt.analysis.measures``). Scores are recomputed from ``<run>/translations/<split>.<tgt>``;
+a run without that file is translated now with its best checkpoint and the file is saved. Run it from
+the folder ``train.py`` ran in (``data.cache_dir`` is relative to it). ``--from-report`` takes the rows
+of an earlier comparison's ``.json`` as recorded there, so a new run can join them.
+
+Writes ``<out>.md`` (printed too), ``<out>.json``, ``<out>.png`` (scores) and ``<out>_length.png``;
+``<out>`` defaults to ``attention_comparison`` in the sweep dir, or in the run dirs' common folder
+(the run dir itself for one run). Details: docs/benchmarking.md.
+
+Not done here: training, significance tests, or any timing (``scripts/benchmark.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from nmt.analysis.cli import parser, write_report
+from nmt.analysis.measures import TUTORIAL_BLEU_LABEL, attention_sharpness, bleu_by_length, tutorial_bleu
+from nmt.checkpoint import CheckpointError, resolve_checkpoint
+from nmt.data import prepare_data
+from nmt.evaluation import corpus_scores
+from nmt.provenance import provenance
+from nmt.translator import Translator
+
+log = logging.getLogger(__name__)
+
+# The order of configs/attention/ as the write-ups discuss them: the baseline first.
+ATTENTION_ORDER = ("none", "additive", "dot", "scaled_dot", "general", "multihead")
+# Multi30k test sentences have 1-30 words (most 8-16): these bounds give five buckets that all hold
+# sentences; Bahdanau et al.'s WMT buckets (10-word steps up to 60) would leave most of them empty.
+DEFAULT_BUCKETS = (8, 12, 16, 20)
+# What a run from an earlier report must hold to stand in a table beside freshly analysed ones.
+RECORDED_FIELDS = ("run_dir", "attention", "split", "hypotheses", "sentences", "test", "test_in_results_json",
+                   "tutorial_bleu", "by_length", "attention_sharpness", "beam_size", "valid_bleu", "parameters",
+                   "train_seconds", "device", "world_size", "steps", "epochs")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = parser(__doc__)
+    p.add_argument("run_dirs", nargs="*", type=Path, help="run dirs with results.json")
+    p.add_argument("--sweep-dir", type=Path, help="also every folder below it with a results.json (a multirun)")
+    p.add_argument("--from-report", type=Path, action="append", default=[], metavar="REPORT_JSON",
+                   help="also the runs recorded in an earlier comparison's .json (repeatable)")
+    p.add_argument("--split", help="test split (default: the first one in results.json)")
+    p.add_argument("--buckets", type=int, nargs="+", default=list(DEFAULT_BUCKETS),
+                   help="upper bounds (words, inclusive) of the source-length buckets; the last is open")
+    p.add_argument("--device", default="auto", help="for runs that must be translated now: auto | cpu | cuda")
+    p.add_argument("--out", type=Path, help="output path without extension (default: see above)")
+    args = p.parse_args(argv)
+    if not args.run_dirs and args.sweep_dir is None and not args.from_report:
+        p.error("give at least one RUN_DIR, --sweep-dir or --from-report")
+    if args.out is None and not args.run_dirs and args.sweep_dir is None:
+        p.error("--out is required when every run comes from a report")
+    return args
+
+
+def find_run_dirs(run_dirs: Sequence[Path], sweep_dir: Path | None) -> list[Path]:
+    """The given run dirs plus every folder under ``sweep_dir`` with a ``results.json``, without repeats."""
+    found = list(run_dirs)
+    if sweep_dir is not None:
+        found += sorted(path.parent for path in sweep_dir.rglob("results.json"))
+        if not found:
+            raise SystemExit(f"no results.json found under {sweep_dir}")
+    unique = list(dict.fromkeys(path.resolve() for path in found))
+    for path in unique:
+        if not (path / "results.json").is_file():
+            raise SystemExit(f"{path} has no results.json: pass run dirs of finished train.py runs")
+    return unique
+
+
+def _read_report(path: Path, buckets: Sequence[int]) -> tuple[list[dict[str, Any]], str]:
+    """An earlier report's runs and date, after checking that they fit this comparison."""
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+        recorded, report_buckets, date = report["runs"], report["buckets"], report["date"]
+    except FileNotFoundError:
+        raise SystemExit(f"--from-report {path}: no such file; pass a .json that compare_runs.py wrote") from None
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise SystemExit(f"--from-report {path} is not a compare_runs.py report ({type(error).__name__}: "
+                         f"{error}); pass a .json that compare_runs.py wrote") from None
+    if list(report_buckets) != list(buckets):
+        raise SystemExit(f"--from-report {path} has length buckets {report_buckets}, this comparison "
+                         f"{list(buckets)}; pass --buckets {' '.join(map(str, report_buckets))}")
+    for index, run in enumerate(recorded):
+        missing = [key for key in RECORDED_FIELDS if key not in run]
+        if missing:
+            raise SystemExit(f"--from-report {path}: run {index} ({run.get('run_dir', '?')}) lacks {missing}; "
+                             "run compare_runs.py on that run dir again, or leave the report out")
+    return recorded, date
+
+
+def load_report_runs(report_paths: Sequence[Path], buckets: Sequence[int]) -> list[dict[str, Any]]:
+    """The runs recorded in earlier reports, each marked with the report it came from (a mark it
+    already had is kept, so a row carried through several reports names the one it was measured for)."""
+    runs = []
+    for path in report_paths:
+        recorded, date = _read_report(path, buckets)
+        runs += [{"from_report": f"{path.name}, {date[:10]}", **run} for run in recorded]
+    return runs
+
+
+def load_hypotheses(run_dir: Path, cfg: dict[str, Any], split: str, srcs: list[str],
+                    loaded: Translator | None) -> tuple[list[str], str]:
+    """The best checkpoint's translations of ``split``, read from the run (``"saved"``) or made now and
+    saved there (``"translated now"``)."""
+    path = run_dir / "translations" / f"{split}.{cfg['data']['tgt_lang']}"
+    if path.is_file():
+        return path.read_text(encoding="utf-8").splitlines(), "saved"
+    if loaded is None:
+        raise SystemExit(f"{run_dir} has neither {path} nor a checkpoint to translate {split} with")
+    log.warning("%s has no %s: translating %d sentences with its best checkpoint", run_dir, path.name, len(srcs))
+    t = cfg["trainer"]  # the settings train.py used for the test scores
+    hyps = [r.text for r in loaded.translate(srcs, beam_size=t["test_beam_size"], length_penalty=t["length_penalty"],
+                                             max_len=t["max_len"], max_len_ratio=t["max_len_ratio"])]
+    path.parent.mkdir(exist_ok=True)
+    path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    return hyps, "translated now"
+
+
+def analyse_run(run_dir: Path, split: str | None, buckets: Sequence[int], device: str = "auto") -> dict[str, Any]:
+    """Everything the comparison shows about one run (a JSON-ready dict)."""
+    results = json.loads((run_dir / "results.json").read_text())
+    cfg = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
+    split = split or next(iter(results["test"]))
+    data_cfg = dict(cfg["data"])
+    test_splits = list(data_cfg.get("test_splits") or [])
+    data_cfg["test_splits"] = test_splits if split in test_splits else [*test_splits, split]
+    text = prepare_data(data_cfg).tests[split]
+    srcs, refs = list(text.src_text), list(text.tgt_text)
+    try:  # no input-length cut, as training scores
+        loaded = Translator.from_checkpoint(resolve_checkpoint(run_dir), device=device, max_input_words=None)
+    except CheckpointError:
+        loaded = None  # a run dir with translations only
+    hyps, source = load_hypotheses(run_dir, cfg, split, srcs, loaded)
+    if len(hyps) != len(refs):
+        raise SystemExit(f"{run_dir}: {len(hyps)} translations of {split} but {len(refs)} references; delete "
+                         f"{run_dir / 'translations'} to translate the split again")
+    return {
+        "run_dir": str(run_dir), "attention": results["attention"], "split": split, "hypotheses": source,
+        "sentences": len(refs), "test": corpus_scores(hyps, refs), "test_in_results_json": results["test"].get(split),
+        "tutorial_bleu": tutorial_bleu(hyps, refs), "by_length": bleu_by_length(srcs, hyps, refs, buckets),
+        # None without attention; "no checkpoint" when the run dir holds translations only
+        "attention_sharpness": attention_sharpness(loaded.models[0], text) if loaded else "no checkpoint",
+        "beam_size": results["beam_size"], "checkpoint_step": results["checkpoint_step"],
+        "valid_bleu": results["valid"]["bleu"], "parameters": results["parameters"],
+        "train_seconds": results["train_seconds"], "device": results["device"],
+        "bf16_autocast": results.get("bf16_autocast"),  # None: a run from before trainer.precision
+        "world_size": results.get("world_size", 1), "steps": results["steps"], "epochs": results["epochs"],
+        "stopped_early": results.get("stopped_early"),
+    }
+
+
+def label_runs(runs: list[dict[str, Any]]) -> None:
+    """A short ``label`` per run: its attention type, plus the folder name when a type repeats."""
+    for run in runs:
+        twins = [r for r in runs if r["attention"] == run["attention"]]
+        run["label"] = run["attention"] if len(twins) == 1 else f"{run['attention']} ({Path(run['run_dir']).name})"
+
+
+def format_duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def format_device(run: dict[str, Any]) -> str:
+    name = run["device"] + (f" x{run['world_size']}" if run["world_size"] > 1 else "")
+    name += ", bf16" if run.get("bf16_autocast") else ""
+    return name + " (no GPU)" if run["device"] == "cpu" else name
+
+
+def _score_table(runs: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        f"# Attention comparison on {runs[0]['split']} ({runs[0]['sentences']} sentences)", "",
+        "Scores of each run's best checkpoint (by validation BLEU), decoded as in `train.py`'s test (beam "
+        "column; 1 = greedy). BLEU and chrF are sacreBLEU's on detokenized, cased output against the raw "
+        "references; valid BLEU is the same checkpoint's, from `results.json`.", "",
+        "| attention | test BLEU | test chrF | valid BLEU | beam | parameters | training time | device "
+        "| steps | epochs |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
+    ]
+    lines += [f"| {r['label']} | {r['test']['bleu']:.2f} | {r['test']['chrf']:.2f} | {r['valid_bleu']:.2f} "
+              f"| {r['beam_size']} | {r['parameters']:,} | {format_duration(r['train_seconds'])} "
+              f"| {format_device(r)} | {r['steps']} | {r['epochs']:.2f} |" for r in runs]
+    lines += ["", "Signatures:"]
+    for key, name in (("bleu_signature", "BLEU"), ("chrf_signature", "chrF")):
+        lines += [f"- {name}: `{signature}`" for signature in dict.fromkeys(r["test"][key] for r in runs)]
+    notes = []
+    if any(r["device"] == "cpu" for r in runs):
+        notes.append("Runs whose device reads *cpu (no GPU)* were trained, and timed, without a GPU.")
+    recorded = [f"{r['label']} ({r['from_report']})" for r in runs if r.get("from_report")]
+    if recorded:
+        notes.append(f"As recorded in an earlier comparison (run dir not read again): {', '.join(recorded)}.")
+    translated = [r["label"] for r in runs if r["hypotheses"] != "saved"]
+    if translated:
+        notes.append(f"Translated by this script (no saved translations in the run): {', '.join(translated)}.")
+    # Saved translations reproduce train.py's score exactly; ones made now may differ in the last digits.
+    differ = [f"{r['label']} ({r['test_in_results_json']['bleu']:.2f})" for r in runs if r["test_in_results_json"]
+              and abs(r["test_in_results_json"]["bleu"] - r["test"]["bleu"]) >= 0.005]
+    if differ:
+        notes.append(f"Test BLEU in `results.json` differs from the recomputed one for: {', '.join(differ)}.")
+    return lines + [line for note in notes for line in ("", note)]
+
+
+def _tutorial_and_length_tables(runs: list[dict[str, Any]]) -> list[str]:
+    buckets = runs[0]["by_length"]
+    lines = [
+        "", f"## {TUTORIAL_BLEU_LABEL[0].upper() + TUTORIAL_BLEU_LABEL[1:]}", "",
+        "Only for comparison with write-ups that score this way; it usually reads higher than the cased "
+        "sacreBLEU above and must not be reported in its place.", "",
+        "| attention | tutorial-style BLEU | cased sacreBLEU (above) |", "| --- | ---: | ---: |",
+        *[f"| {r['label']} | {r['tutorial_bleu']['bleu']:.2f} | {r['test']['bleu']:.2f} |" for r in runs],
+        "", f"Signature: `{runs[0]['tutorial_bleu']['signature']}`",
+        "", "## BLEU by source length (words)", "",
+        "Corpus BLEU (cased sacreBLEU) of the sentences in each bucket, as in Bahdanau et al. (2015, Fig. 2); "
+        "buckets with few sentences are noisy.", "",
+        "| attention | " + " | ".join(b["range"] for b in buckets) + " |",
+        "| --- | " + " | ".join("---:" for _ in buckets) + " |",
+        "| *sentences* | " + " | ".join(str(b["n"]) for b in buckets) + " |",
+    ]
+    for r in runs:
+        lines.append(f"| {r['label']} | " + " | ".join("–" if b["bleu"] is None else f"{b['bleu']:.2f}"
+                                                       for b in r["by_length"]) + " |")
+    return lines
+
+
+def _sharpness_table(runs: list[dict[str, Any]]) -> list[str]:
+    measured = [r["attention_sharpness"] for r in runs if isinstance(r["attention_sharpness"], dict)]
+    if not measured:
+        return []
+    lines = [
+        "", "## How peaked the attention is", "",
+        "The best checkpoint decodes the references of this split teacher-forced; per target token, the "
+        "entropy of its attention over the source, divided by that of the uniform distribution "
+        "(0 = all weight on one piece, 1 = spread evenly), and the largest weight; means over "
+        f"{measured[0]['tokens']:,} target tokens (multi-head: the mean over heads).", "",
+        "| attention | normalised entropy | largest weight | entropy (nats) |", "| --- | ---: | ---: | ---: |",
+    ]
+    for r in runs:
+        stats = r["attention_sharpness"]
+        lines.append(f"| {r['label']} | {stats['normalised_entropy']:.3f} | {stats['max_weight']:.3f} "
+                     f"| {stats['entropy']:.3f} |" if isinstance(stats, dict)
+                     else f"| {r['label']} | {stats or 'no attention'} | | |")
+    return lines
+
+
+def render_markdown(runs: list[dict[str, Any]]) -> str:
+    """The tables (scores, tutorial-style BLEU, BLEU by length, attention sharpness) with signatures and notes."""
+    return "\n".join(_score_table(runs) + _tutorial_and_length_tables(runs) + _sharpness_table(runs)) + "\n"
+
+
+def plot(runs: list[dict[str, Any]], out: Path) -> None:
+    """``<out>.png``: test BLEU and chrF per run as bars; ``<out>_length.png``: BLEU per length bucket."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # no display, nothing left in pyplot
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(max(5.0, 1.1 * len(runs) + 2), 4.0))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for offset, key, name in ((-0.19, "bleu", "BLEU"), (0.19, "chrf", "chrF")):
+        ax.bar_label(ax.bar([x + offset for x in range(len(runs))], [r["test"][key] for r in runs], 0.38,
+                            label=name), fmt="%.1f", fontsize=8)
+    ax.set_xticks(range(len(runs)), [r["label"] for r in runs], rotation=20, ha="right")
+    ax.set(ylabel="score (sacreBLEU, cased)", title=f"{runs[0]['split']}: test scores by attention type")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(f"{out}.png", format="png", dpi=100)
+
+    fig = Figure(figsize=(6.5, 4.0))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    labels = [f"{b['range']}\n(n={b['n']})" for b in runs[0]["by_length"]]
+    for r in runs:
+        ax.plot(range(len(labels)), [float("nan") if b["bleu"] is None else b["bleu"] for b in r["by_length"]],
+                marker="o", label=r["label"])
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set(xlabel="source sentence length (words)", ylabel="BLEU (sacreBLEU, cased)",
+           title=f"{runs[0]['split']}: BLEU by source length")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(f"{out}_length.png", format="png", dpi=100)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Analyse the runs, write the report, the tables and the plots; returns the report."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    run_dirs = find_run_dirs(args.run_dirs, args.sweep_dir)
+    runs = [analyse_run(run_dir, args.split, args.buckets, args.device) for run_dir in run_dirs]
+    analysed = {r["run_dir"] for r in runs}
+    recorded = {r["run_dir"]: r for r in load_report_runs(args.from_report, args.buckets)}  # a later report wins
+    runs += [r for run_dir, r in recorded.items() if run_dir not in analysed]
+    splits = {r["split"] for r in runs} | ({args.split} if args.split else set())
+    if len(splits) > 1:
+        raise SystemExit(f"the runs test on different splits {sorted(splits)}; pick one with --split")
+    runs.sort(key=lambda r: (ATTENTION_ORDER.index(r["attention"]) if r["attention"] in ATTENTION_ORDER
+                             else len(ATTENTION_ORDER), r["run_dir"]))
+    label_runs(runs)
+    markdown = render_markdown(runs)
+    report = {**provenance("scripts/compare_runs.py", argv), "split": runs[0]["split"],
+              "buckets": list(args.buckets), "tutorial_bleu_label": TUTORIAL_BLEU_LABEL, "runs": runs}
+    out = args.out or (args.sweep_dir or Path(os.path.commonpath(run_dirs))) / "attention_comparison"
+    print(markdown)
+    write_report(out, report, markdown)
+    plot(runs, out)
+    return report

@@ -1,0 +1,139 @@
+"""What the run comparison measures beyond corpus BLEU: tutorial-style BLEU, BLEU by length, attention sharpness.
+
+``tutorial_bleu`` is the lowercased, tokenized BLEU that popular PyTorch tutorials report, labelled as
+such, so their numbers can be compared without passing them off as sacreBLEU. ``bleu_by_length``
+buckets sentences by source length in words, the analysis of Bahdanau et al. (2015, Fig. 2) and Luong
+et al. (2015, Fig. 6). ``attention_sharpness`` measures how close the soft alignment ``a_ji`` is to a
+hard one, teacher-forced on reference translations: the entropy of each target token's attention,
+normalised by that of the uniform distribution over its source (0 = all weight on one piece, 1 =
+spread evenly), and the largest weight. Shapes: B batch, T target length, S source length (pieces).
+
+Not done here: the scores that are reported (``nmt.evaluation.corpus_scores``), decoding, significance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from sacrebleu.metrics import BLEU
+
+from nmt.data.batching import EncodedSplit, collate_batch, token_batches
+from nmt.evaluation import check_parallel
+from nmt.model import Seq2Seq
+
+TUTORIAL_BLEU_LABEL = "tutorial-style BLEU (lowercased, 13a-tokenized; not comparable to cased sacreBLEU)"
+
+def tutorial_bleu(hyps: Sequence[str], refs: Sequence[str]) -> dict:
+    """BLEU as the well-known PyTorch/torchtext tutorials compute it: lowercased and tokenized.
+
+    Those tutorials score lowercased, tokenized text, which inflates BLEU by a few points over cased
+    sacreBLEU; this function exists only to compare against such numbers and says so in its label.
+
+    Args:
+        hyps: System outputs, one detokenized sentence each.
+        refs: References, parallel to ``hyps``.
+
+    Returns:
+        ``{"bleu", "signature", "label"}``: the score (0-100), its sacreBLEU signature and a
+        human-readable label that marks it as tutorial-style.
+
+    Raises:
+        ValueError: When ``hyps`` and ``refs`` differ in length.
+    """
+    check_parallel(hyps, refs)
+    bleu = BLEU(lowercase=True, tokenize="13a")
+    score = bleu.corpus_score(list(hyps), [list(refs)])
+    return {"bleu": float(score.score), "signature": str(bleu.get_signature()), "label": TUTORIAL_BLEU_LABEL}
+
+
+def bleu_by_length(
+    srcs: Sequence[str],
+    hyps: Sequence[str],
+    refs: Sequence[str],
+    buckets: Sequence[int] = (10, 20, 30, 40),
+) -> list[dict]:
+    """Corpus BLEU per source-length bucket, length counted in whitespace-separated words.
+
+    With the default ``buckets`` the ranges are ``<=10``, ``11-20``, ``21-30``, ``31-40`` and ``>40``.
+
+    Args:
+        srcs: Source sentences (untokenized), parallel to ``hyps`` and ``refs``.
+        hyps: System outputs.
+        refs: References.
+        buckets: Increasing upper bounds (inclusive) of all but the last, open-ended bucket.
+
+    Returns:
+        One dict per bucket, shortest first: ``{"range", "min_words", "max_words", "n", "bleu"}``;
+        ``max_words`` is None for the open-ended bucket and ``bleu`` is None for an empty bucket.
+
+    Raises:
+        ValueError: On unparallel inputs or bucket bounds that are not strictly increasing.
+    """
+    check_parallel(hyps, refs)
+    check_parallel(srcs, refs)
+    bounds = list(buckets)
+    if any(b <= a for a, b in zip(bounds, bounds[1:])) or any(b < 0 for b in bounds):
+        raise ValueError(f"buckets must be strictly increasing non-negative bounds, got {bounds}")
+
+    lows = [0] + [b + 1 for b in bounds]
+    highs: list[int | None] = [*bounds, None]
+    members: list[list[int]] = [[] for _ in lows]
+    for i, src in enumerate(srcs):
+        n_words = len(src.split())
+        # first bucket whose upper bound holds it; the open-ended one otherwise
+        k = next((k for k, hi in enumerate(bounds) if n_words <= hi), len(bounds))
+        members[k].append(i)
+
+    rows = []
+    for lo, hi, idx in zip(lows, highs, members):
+        if hi is None:
+            label = "all" if lo == 0 else f">{lo - 1}"
+        else:
+            label = f"<={hi}" if lo == 0 else f"{lo}-{hi}"
+        bleu = None
+        if idx:
+            score = BLEU().corpus_score([hyps[i] for i in idx], [[refs[i] for i in idx]])
+            bleu = float(score.score)
+        rows.append({"range": label, "min_words": lo, "max_words": hi, "n": len(idx), "bleu": bleu})
+    return rows
+
+
+def attention_sharpness(model: Seq2Seq, split: EncodedSplit, batch_tokens: int = 4096) -> dict[str, float] | None:
+    """How peaked the attention is on ``split``, decoding its references teacher-forced.
+
+    Every real target token (EOS included) contributes one attention distribution ``a_j`` over its
+    S real source pieces (EOS included, padding excluded); multi-head attention contributes the
+    mean over its heads, the distribution the model reports. Sentences with an empty side are
+    skipped.
+
+    Args:
+        model: The model, in eval mode.
+        split: Encoded sentence pairs.
+        batch_tokens: Padded source tokens per batch.
+
+    Returns:
+        ``{"normalised_entropy", "max_weight", "entropy", "tokens"}``: means over target tokens of
+        ``H(a_j) / log S`` (0 = one-hot, 1 = uniform), of ``max_i a_ji`` and of ``H(a_j)`` in nats,
+        and the number of target tokens; None for a model without attention.
+    """
+    if not model.has_attention:
+        return None
+    device = next(model.parameters()).device
+    rows = [i for i in range(len(split)) if split.src_ids[i] and split.tgt_ids[i]]
+    totals = {"normalised_entropy": 0.0, "max_weight": 0.0, "entropy": 0.0}
+    tokens = 0
+    with torch.inference_mode():
+        for batch_rows in token_batches([len(split.src_ids[i]) + 1 for i in rows], batch_tokens):
+            batch = collate_batch([split[rows[k]] for k in batch_rows])
+            _, weights = model(batch.src.to(device), batch.src_lengths, batch.tgt_in.to(device))  # [B, T, S]
+            weights = weights.float().cpu()
+            entropy = -(weights * weights.clamp_min(1e-12).log()).sum(-1)  # [B, T]; padding has weight 0
+            uniform = batch.src_lengths.float().log()[:, None].expand_as(entropy)  # [B, T] log S per sentence
+            real = batch.tgt_mask  # [B, T]
+            totals["entropy"] += entropy[real].sum().item()
+            totals["normalised_entropy"] += (entropy[real] / uniform[real]).sum().item()
+            totals["max_weight"] += weights.max(-1).values[real].sum().item()
+            tokens += int(real.sum())
+    means = {name: total / max(1, tokens) for name, total in totals.items()}
+    return {**means, "tokens": tokens}

@@ -1,0 +1,118 @@
+"""``benchmark.py data``: Multi30k preparation time (cold and cached) and how much the batches pad.
+
+Measures (1) a cold ``prepare_data`` from the corpus mirror into an empty cache (copy + sha256 check,
+read, clean, SentencePiece, encode), (2) the same again from the caches, (3) the training batches at
+``--max-tokens``: batches per epoch, pairs per batch, padding fraction (padding slots / all slots of
+the src and tgt tensors) for 1..8 DDP ranks, the validation batches at ``--valid-max-tokens``, and for
+scale the padding of the same budget filled in random order (no length buckets).
+
+Not done here: training or translation speed (the other ``benchmark.py`` modes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import tempfile
+import time
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from nmt.analysis.cli import REPO_ROOT
+from nmt.data import EncodedSplit, TokenBucketSampler, prepare_data
+from nmt.data.batching import pack_batches
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``data`` mode's options."""
+    parser.add_argument("--mirror", default=os.environ.get("NMT_DATA_MIRROR"),
+                        help="corpus mirror holding multi30k/ (default: $NMT_DATA_MIRROR)")
+    parser.add_argument("--src-lang", default="de")
+    parser.add_argument("--tgt-lang", default="en")
+    parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--max-tokens", type=int, default=4096)
+    parser.add_argument("--valid-max-tokens", type=int, default=8192)
+
+
+def padding_stats(split: EncodedSplit, batches: list[list[int]], max_tokens: int) -> dict[str, float]:
+    """Padding fraction of src, tgt and both, for batches of ``split`` (lengths incl. EOS/BOS)."""
+    real_src = real_tgt = slots_src = slots_tgt = used = 0
+    for batch in batches:
+        src = [len(split.src_ids[i]) + 1 for i in batch]
+        tgt = [len(split.tgt_ids[i]) + 1 for i in batch]
+        real_src, real_tgt = real_src + sum(src), real_tgt + sum(tgt)
+        slots_src, slots_tgt = slots_src + len(batch) * max(src), slots_tgt + len(batch) * max(tgt)
+        used += len(batch) * max(max(s, t) for s, t in zip(src, tgt))
+    sizes = [len(b) for b in batches]
+    return {
+        "batches": len(batches), "pairs_per_batch_mean": round(sum(sizes) / len(sizes), 1),
+        "pairs_per_batch_min": min(sizes), "pairs_per_batch_max": max(sizes),
+        "padding_fraction_src": round(1 - real_src / slots_src, 4),
+        "padding_fraction_tgt": round(1 - real_tgt / slots_tgt, 4),
+        "padding_fraction": round(1 - (real_src + real_tgt) / (slots_src + slots_tgt), 4),
+        "budget_use": round(used / (len(batches) * max_tokens), 4),  # how full B * max(S, T) is, on average
+    }
+
+
+def batch_figures(train: EncodedSplit, valid: EncodedSplit, args: argparse.Namespace) -> dict[str, Any]:
+    """Padding of the training batches (length-bucketed and random order), per DDP rank count, and of validation."""
+    sampler = TokenBucketSampler.from_split(train, args.max_tokens, shuffle=True, seed=0)
+    start = time.perf_counter()
+    epoch = sampler.epoch_batches(0)
+    sampler_seconds = time.perf_counter() - start
+    per_rank = {}
+    for world in (1, 2, 4, 8):
+        ranks = [len(TokenBucketSampler.from_split(train, args.max_tokens, shuffle=True, rank=r, world_size=world))
+                 for r in range(world)]
+        per_rank[str(world)] = {"batches_per_rank": ranks[0], "equal": len(set(ranks)) == 1}
+    order = list(range(len(train)))
+    random.Random(0).shuffle(order)
+    lengths = ([len(s) + 1 for s in train.src_ids], [len(t) + 1 for t in train.tgt_ids])
+    valid_batches = TokenBucketSampler.from_split(valid, args.valid_max_tokens, shuffle=False).epoch_batches(0)
+    return {
+        "train_max_tokens": args.max_tokens, "train_batches": padding_stats(train, epoch, args.max_tokens),
+        "train_batches_per_rank": per_rank,
+        "train_random_order_same_budget": padding_stats(train, pack_batches(order, *lengths, args.max_tokens),
+                                                        args.max_tokens),
+        "sampler_epoch_seconds": round(sampler_seconds, 4), "valid_max_tokens": args.valid_max_tokens,
+        "valid_batches": padding_stats(valid, valid_batches, args.valid_max_tokens),
+    }
+
+
+def benchmark_data(args: argparse.Namespace) -> tuple[dict[str, Any], torch.device]:
+    """The ``data`` mode: preparation times and batch padding; prints a summary."""
+    if not args.mirror:
+        raise SystemExit("benchmark.py data: no corpus mirror; set NMT_DATA_MIRROR or pass --mirror")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    cfg = OmegaConf.load(REPO_ROOT / "configs/data/multi30k.yaml")
+    cfg.mirror, cfg.src_lang, cfg.tgt_lang = args.mirror, args.src_lang, args.tgt_lang
+    cfg.tokenizer.vocab_size = args.vocab_size
+    seconds, stages = [], []
+    with tempfile.TemporaryDirectory(prefix="nmt_data_bench_") as cache:
+        for _ in ("cold", "cached"):
+            start = time.perf_counter()
+            data = prepare_data(cfg, cache_dir=cache)
+            seconds.append(round(time.perf_counter() - start, 3))
+            stages.append({k: round(v, 3) for k, v in data.stats["seconds"].items()})
+    batches = batch_figures(data.train, data.valid, args)
+    train, unsorted, valid = (batches[k] for k in ("train_batches", "train_random_order_same_budget", "valid_batches"))
+    print(f"prepare, cold (sha256, clean, SentencePiece, encode): {seconds[0]:.2f} s", stages[0])
+    print(f"prepare, cached:                                      {seconds[1]:.2f} s", stages[1])
+    print(f"train @ max_tokens={args.max_tokens}: {train['batches']} batches/epoch, {train['pairs_per_batch_mean']} "
+          f"pairs/batch, padding {train['padding_fraction']:.1%} (src {train['padding_fraction_src']:.1%}, tgt "
+          f"{train['padding_fraction_tgt']:.1%}); random order would pad {unsorted['padding_fraction']:.1%} in "
+          f"{unsorted['batches']} batches")
+    print("batches per rank:", {k: v["batches_per_rank"] for k, v in batches["train_batches_per_rank"].items()})
+    print(f"valid @ max_tokens={args.valid_max_tokens}: {valid['batches']} batches, "
+          f"padding {valid['padding_fraction']:.1%}")
+    return {
+        "corpus": f"multi30k {args.src_lang}-{args.tgt_lang} from mirror",
+        "tokenizer": f"{cfg.tokenizer.model_type} joint={cfg.tokenizer.joint} vocab={data.tokenizer.src_vocab_size}",
+        "pairs": {"train": len(data.train), "valid": len(data.valid), **{k: len(v) for k, v in data.tests.items()}},
+        "clean": data.stats["clean"], "prepare_cold_seconds": seconds[0], "prepare_cold_stages_seconds": stages[0],
+        "prepare_cached_seconds": seconds[1], "prepare_cached_stages_seconds": stages[1], **batches,
+    }, torch.device("cpu")
