@@ -5,6 +5,9 @@ config group. This module checks what Hydra cannot: keys and types inside the YA
 (an experiment file with a typo), the attention type's own options, and values with a fixed set of
 choices. The schemas below hold types only; the defaults live in ``configs/`` (one place).
 
+``resume_overrides`` turns ``trainer.resume=RUN`` on the command line into Hydra settings that make the
+resumed run write into RUN alone.
+
 Deliberately not here: composing the config (Hydra does it in ``train.py``).
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -259,3 +263,38 @@ def _overridden_missing_key(exc: Exception, keys: list[str]) -> str | None:
         if f"Could not override '{key}'" in text or f"Key '{key.rpartition('.')[2]}' is not in struct" in text:
             return key
     return None
+
+
+def resume_overrides(args: Sequence[str]) -> list[str]:
+    """Hydra overrides that make ``train.py trainer.resume=RUN`` write only into RUN.
+
+    Without them Hydra makes a new ``outputs/<date>/<time>_<attention>/`` holding only ``.hydra/`` and a
+    ``train.log``. With them its run dir is RUN, so the log goes on in ``RUN/train.log``, and it writes
+    no ``.hydra/`` (RUN keeps the one from its start; the resumed config goes to ``RUN/config.yaml``).
+
+    Args:
+        args: the command-line arguments (``sys.argv[1:]``).
+
+    Returns:
+        The overrides to append; none without ``trainer.resume``, in a sweep (``-m``), or when the
+        command line sets ``hydra.run.dir`` itself.
+
+    Raises:
+        CheckpointError: the resume path is neither a run dir with ``checkpoints/last.pt`` nor a checkpoint file.
+    """
+    from nmt.checkpoint import resolve_checkpoint, resume_paths
+
+    values = [a.split("=", 1)[1] for a in args if a.lstrip("+").startswith("trainer.resume=")]
+    resume = values[-1].strip("'\"") if values else ""
+    if resume in ("", "null") or any(a in ("-m", "--multirun") or a.startswith("hydra.run.dir=") for a in args):
+        return []
+    checkpoint, run_dir = resume_paths(resume)
+    resolve_checkpoint(checkpoint)  # fail here, before Hydra creates a run dir for a run that cannot start
+    return [f"hydra.run.dir={_hydra_quoted(str(run_dir))}", "hydra.output_subdir=null"]
+
+
+def _hydra_quoted(value: str) -> str:
+    """``value`` as a Hydra override value: as is when plain, else single-quoted (spaces, commas, brackets)."""
+    if re.fullmatch(r"[\w./+@-]+", value):
+        return value
+    return "'" + value.replace("'", "\\'") + "'"
