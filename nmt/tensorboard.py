@@ -59,6 +59,12 @@ class RunLogger:
         else:
             log.info(line)
 
+    def end_progress(self) -> None:
+        """Close the bar (the loop is over): what follows, the final summary, is printed below it."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
     def message(self, text: str) -> None:
         """A log line that does not break the progress bar."""
         if not self.enabled:
@@ -88,7 +94,6 @@ class RunLogger:
             self.writer.add_scalar(name, value)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        self.end_progress()
         if self.writer is not None:
             self.writer.close()

@@ -253,6 +253,7 @@ class Trainer:
         with self._signals_stop_training(), gpu:
             stopped_early = self._loop()
         self.clock.stop()  # the final evaluation is timed on its own
+        self.logger.end_progress()
         self.gpu_utilisation = gpu.summary()
         if self.stop_signal is not None:
             return self._save_interrupted()

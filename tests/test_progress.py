@@ -64,8 +64,9 @@ def test_a_bar_on_a_terminal_and_log_lines_otherwise(
     assert logger.bar is not None
     logger.progress(5, "step 5/10 (50%) | ...", {"loss": "1.000"})
     assert logger.bar.n == 5 and not caplog.messages  # the bar shows it; no log line breaks the bar
+    logger.end_progress()  # the loop is over: the final summary goes below a closed bar
+    assert logger.bar is None and "5/10" in terminal.getvalue()
     logger.close()
-    assert "5/10" in terminal.getvalue()
 
 
 def test_reading_a_corpus_shows_a_bar_only_on_a_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -403,12 +403,13 @@ def read_lines(path: Path, invalid_utf8: str = "error") -> list[str]:
     """
     try:
         with _open_binary(path) as f:
-            return decode_lines(terminal_progress(f, f"reading {path.name}", unit=" lines"), str(path), invalid_utf8)
+            lines = terminal_progress(f, f"reading {path.name}", " lines", unit_scale=True)
+            return decode_lines(lines, str(path), invalid_utf8)
     except (OSError, EOFError, zlib.error) as exc:
         raise DataError(f"cannot read {path}: {exc}. Is the file truncated or not really gzip?") from exc
 
 
-def terminal_progress(items: Iterable[T], desc: str, unit: str, total: int | None = None) -> Iterable[T]:
+def terminal_progress(items: Iterable[T], desc: str, unit: str, unit_scale: bool = False) -> Iterable[T]:
     """``items`` behind a tqdm bar on stderr when stderr is a terminal (a large corpus takes minutes); else as is.
 
     The bar disappears when done (``leave=False``), so logs and tests see nothing of it.
@@ -417,7 +418,7 @@ def terminal_progress(items: Iterable[T], desc: str, unit: str, total: int | Non
         return items
     from tqdm import tqdm
 
-    return tqdm(items, desc=desc, unit=unit, total=total, unit_scale=True, leave=False, mininterval=0.5)
+    return tqdm(items, desc=desc, unit=unit, unit_scale=unit_scale, leave=False, mininterval=0.5)
 
 
 def _open_binary(path: Path) -> IO[bytes]:
