@@ -17,6 +17,10 @@ Only tensors and plain Python values go in (no pickled classes), so opening a ch
 elsewhere never runs code. Files are written to ``<name>.tmp``, flushed to disk and renamed, so a
 crash mid-write (or a power cut after it) never leaves a half-written ``last.pt`` or ``best.pt``.
 
+``RunCheckpoints`` keeps a run's ``checkpoints/`` folder: ``last.pt`` and ``best.pt``, and the last
+validation checkpoints for weight averaging (``trainer.average_last``). ``resume_paths`` says which
+file a ``trainer.resume=`` value continues from and which run dir it writes on into.
+
 Deliberately not here: what to put in ``progress`` (``nmt.training``), training itself.
 """
 
@@ -37,7 +41,7 @@ CHECKPOINT_DIR = "checkpoints"
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that is missing, unreadable or of another format version."""
+    """A checkpoint that is missing, unreadable, of another format version, or that does not fit this run."""
 
 
 def _bytes_to_tensors(state: dict[str, Any]) -> dict[str, Any]:
@@ -143,3 +147,55 @@ def load_for_inference(
     model = build_model(state["config"], tokenizer)
     model.load_state_dict(state["model"])
     return model.to(device).eval(), tokenizer, state["config"]
+
+
+def resume_paths(resume: str | Path) -> tuple[Path, Path]:
+    """The checkpoint a ``trainer.resume`` value continues from, and the run dir the resumed run writes into.
+
+    A run dir resumes from its ``checkpoints/last.pt`` (inference would pick ``best.pt``); a checkpoint
+    file ``RUN/checkpoints/NAME.pt`` resumes from itself, writing on into ``RUN``.
+    """
+    resume = Path(resume)
+    if resume.is_dir():
+        return resume / CHECKPOINT_DIR / "last.pt", resume
+    return resume, resume.parent.parent
+
+
+class RunCheckpoints:
+    """A run's ``checkpoints/`` folder. A disabled one (DDP ranks other than 0) writes nothing.
+
+    Args:
+        run_dir: the run dir; checkpoints go to ``run_dir/checkpoints/``.
+        average_last: keep this many validation checkpoints' weights for averaging (<= 1: none).
+        enabled: False on every rank but 0.
+    """
+
+    def __init__(self, run_dir: Path, average_last: int = 0, enabled: bool = True) -> None:
+        self.folder = run_dir / CHECKPOINT_DIR
+        self.average_last = average_last
+        self.enabled = enabled
+
+    def save(self, names: tuple[str, ...], state: dict[str, Any]) -> None:
+        """Write ``state`` as ``<name>.pt`` for each name (``"last"``, ``"best"``)."""
+        if self.enabled:
+            for name in names:
+                save_checkpoint(self.folder / f"{name}.pt", state)
+
+    def keep_for_averaging(self, step: int, state: dict[str, Any]) -> None:
+        """Keep ``state`` (weights, config, tokenizer) as a validation checkpoint; drop all but the last few."""
+        if not self.enabled or self.average_last <= 1:
+            return
+        save_checkpoint(self.folder / f"val_step{step:08d}.pt", state)
+        for old in sorted(self.folder.glob("val_step*.pt"))[: -self.average_last]:
+            old.unlink()
+
+    def averaged_weights(self) -> dict[str, torch.Tensor] | None:
+        """The mean of the kept validation checkpoints' weights; None when averaging is off or fewer than 2."""
+        paths = sorted(self.folder.glob("val_step*.pt"))
+        if self.average_last <= 1 or len(paths) < 2:
+            return None
+        states = [load_checkpoint(p)["model"] for p in paths]
+        return {k: sum(s[k].float() for s in states).div(len(states)).to(states[0][k].dtype) for k in states[0]}
+
+    def load(self, name: str) -> dict[str, Any]:
+        return load_checkpoint(self.folder / f"{name}.pt")

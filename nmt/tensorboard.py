@@ -49,16 +49,21 @@ class RunLogger:
         for name, value in values.items():
             self.writer.add_scalar(f"{prefix}/{name}", value, step)
 
-    def progress(self, step: int, values: dict[str, float], log_line: bool) -> None:
-        """Advance the bar to ``step`` with ``values`` shown; without a terminal, log a line when asked."""
+    def progress(self, step: int, line: str, postfix: dict[str, str]) -> None:
+        """On a terminal, advance the bar to ``step`` showing ``postfix``; otherwise log ``line``."""
         if not self.enabled:
             return
-        shown = {k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in values.items()}
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
-            self.bar.set_postfix(shown, refresh=False)
-        elif log_line:
-            log.info("step %d  %s", step, "  ".join(f"{k} {v}" for k, v in shown.items()))
+            self.bar.set_postfix(postfix, refresh=False)
+        else:
+            log.info(line)
+
+    def end_progress(self) -> None:
+        """Close the bar (the loop is over): what follows, the final summary, is printed below it."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
     def message(self, text: str) -> None:
         """A log line that does not break the progress bar."""
@@ -89,7 +94,6 @@ class RunLogger:
             self.writer.add_scalar(name, value)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        self.end_progress()
         if self.writer is not None:
             self.writer.close()

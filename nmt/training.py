@@ -1,140 +1,85 @@
-"""The training job behind ``python train.py``: setup, the loop, validation, checkpoints, the final test.
+"""The training job behind ``python train.py``: setup, then the loop, validation and checkpoints.
 
-The loop reads top to bottom, one optimizer step per batch:
-    forward (bf16 autocast as ``trainer.precision`` says) -> label-smoothed cross-entropy per target token -> backward
-    -> clip -> AdamW step -> learning-rate schedule -> log -> validate + checkpoint when due
+The loop reads top to bottom, one optimizer step per batch (``Trainer._loop``):
+    validate + checkpoint when due -> stop when planned, signalled or early-stopped
+    -> this step's learning rate -> forward (bf16 autocast as ``trainer.precision`` says)
+    -> label-smoothed cross-entropy per target token -> backward -> clip -> AdamW step -> log
 
 Validation reports teacher-forced loss and perplexity (labelled as such), and BLEU / chrF from
 sacrebleu on decoded, detokenized output against the raw references. The best checkpoint and early
-stopping follow validation BLEU. At the end the best checkpoint is scored on every test split
-(beam search) and ``results.json`` is written in the run dir.
+stopping follow validation BLEU. At the end ``nmt.final_evaluation`` scores the best checkpoint on
+every test split (beam search) and writes ``results.json`` in the run dir.
 
 Learning-rate schedule (documented choice): linear warmup for ``warmup_steps``, then cosine decay to
 ``min_lr_ratio * lr`` at the planned last step (default), or inverse square root, or constant.
 
 Runs resume exactly: a checkpoint holds weights, optimizer, scheduler, scaler, RNG states, the step,
 the epoch and how many of the epoch's batches were consumed (the sampler continues its shuffled order
-from there). Multi-GPU: ``torchrun --nproc_per_node=N train.py`` (DistributedDataParallel; NCCL on
-GPU, gloo on CPU); rank 0 alone writes logs and checkpoints.
+from there). Multi-GPU: ``torchrun --nproc_per_node=N train.py`` (DistributedDataParallel; rank 0 alone
+writes logs and checkpoints; the process group and collectives are ``nmt.distributed``'s).
 
 Deliberately not here: the model (``nmt.model``), search (``nmt.search``), scoring
-(``nmt.evaluation``), the checkpoint format (``nmt.checkpoint``).
+(``nmt.evaluation``), the checkpoint format and folder (``nmt.checkpoint``), the clocks and the log
+line (``nmt.progress``), the final test and report (``nmt.final_evaluation``).
 """
 
 from __future__ import annotations
 
-import datetime
-import json
 import logging
 import math
-import os
-import random
 import signal
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
-from torch.nn.parallel import DistributedDataParallel
 
-from nmt.checkpoint import CHECKPOINT_DIR, load_checkpoint, save_checkpoint
-from nmt.config import to_plain_dict, upgrade_saved_config, validate_config
-from nmt.data import PAD_ID, Batch, EncodedSplit, PreparedData, Tokenizer, build_loader, prepare_data
-from nmt.device import autocast, configure_matmul, resolve_device, slow_bf16_warning, uses_bf16
+from nmt.checkpoint import CheckpointError, RunCheckpoints, load_checkpoint, resume_paths
+from nmt.config import ConfigError, to_plain_dict, upgrade_saved_config, validate_config
+from nmt.data import PAD_ID, Batch, DataError, EncodedSplit, PreparedData, Tokenizer, build_loader, prepare_data
+from nmt.device import DeviceError, autocast, configure_matmul, slow_bf16_warning, uses_bf16
+from nmt.distributed import (
+    DistInfo,
+    all_ranks,
+    any_rank,
+    barrier,
+    broadcast_from_main,
+    choose_device,
+    gather_rng_states,
+    main_process_first,
+    seed_everything,
+    set_rng_state,
+    setup_distributed,
+    shutdown,
+    wrap_model,
+)
 from nmt.evaluation import corpus_scores
+from nmt.final_evaluation import final_evaluation
 from nmt.gpu_monitor import GpuMonitor
 from nmt.model import Seq2Seq, count_parameters
-from nmt.provenance import device_name, host, library_versions
+from nmt.progress import Progress, RunClock, StepHistory, progress_line
 from nmt.search import Hypothesis
 from nmt.tensorboard import RunLogger
 from nmt.translator import SearchOptions, Translator
 
+__all__ = ["USER_ERRORS", "DistInfo", "Trainer", "TrainingError", "lr_factor", "resume_config", "sequence_loss",
+           "train"]
+
 log = logging.getLogger(__name__)
-DISTRIBUTED_TIMEOUT = datetime.timedelta(hours=1)  # how long a rank waits in a collective before the run aborts
 
 
-@dataclass
-class Progress:
-    """Where a run stands; saved in every checkpoint."""
-
-    step: int = 0  # optimizer steps taken
-    epoch: int = 0  # current epoch (0-based)
-    batches_done: int = 0  # this rank's batches consumed in the current epoch
-    best_bleu: float = -1.0
-    best_step: int = 0
-    bad_validations: int = 0  # validations since the last new best
-    train_seconds: float = 0.0  # optimizer steps only: batch fetching and validation not included
-    wall_seconds: float = 0.0  # the loop's wall-clock time, validations included, summed over resumes
-    target_tokens: int = 0  # real target tokens trained on (this rank)
-    # One entry per validation: step, epoch, train/wall seconds so far, greedy BLEU, chrF, loss.
-    # It answers "how long until the model was this good" (the GPU time-to-BLEU figure).
-    validations: list[dict[str, float]] = field(default_factory=list)
+class TrainingError(RuntimeError):
+    """Training cannot go on for a reason the user can fix (memory, a diverging loss); the message says how."""
 
 
-@dataclass
-class DistInfo:
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def setup_distributed(device_name: str) -> DistInfo:
-    """Join the process group when started by ``torchrun`` (WORLD_SIZE > 1); else a single process."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size == 1:
-        return DistInfo()
-    use_cuda = torch.cuda.is_available() and device_name != "cpu"
-    if not dist.is_initialized():
-        # Rank 0 validates alone while the others wait in a collective: on a large validation set with beam
-        # search that can take longer than the default 10-minute collective timeout, which would abort the run.
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=DISTRIBUTED_TIMEOUT)
-    return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def choose_device(name: str, info: DistInfo) -> torch.device:
-    """``trainer.device`` resolved (``nmt.device``); under torchrun each process takes its local rank's GPU."""
-    device = resolve_device(name, "trainer.device", info.local_rank if info.world_size > 1 else None)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    return device
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)  # also seeds every CUDA device
-
-
-def rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def gather_rng_states(info: DistInfo) -> list[dict[str, Any]]:
-    """Every rank's RNG states, indexed by rank. A collective: all ranks call it at the same point."""
-    if info.world_size == 1:
-        return [rng_state()]
-    states: list[Any] = [None] * info.world_size
-    dist.all_gather_object(states, rng_state())
-    return states
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+# What ``train`` raises for a mistake the user can fix; the message names the setting or file and the fix.
+USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, DataError, CheckpointError, DeviceError, TrainingError)
 
 
 def lr_factor(schedule: str, warmup_steps: int, total_steps: int, min_ratio: float) -> Callable[[int], float]:
@@ -193,7 +138,7 @@ def resume_config(cfg: DictConfig, state: dict[str, Any]) -> DictConfig:
 
 
 class Trainer:
-    """Owns the run's objects (data, model, optimizer, logger) and the loop over them.
+    """Owns the run's objects (data, model, optimizer, logger, checkpoints) and the loop over them.
 
     Args:
         cfg: the validated config.
@@ -224,13 +169,8 @@ class Trainer:
         seed_everything(self.tcfg.seed + info.rank)  # own dropout stream per rank; DDP copies rank 0's weights
 
         self.data = self._prepare_data(resume_state)
-        self.model = Seq2Seq.from_config(
-            cfg.model, cfg.attention, self.data.tokenizer.src_vocab_size, self.data.tokenizer.tgt_vocab_size
-        ).to(self.device)
-        self.ddp_model: nn.Module = self.model
-        if info.world_size > 1:
-            device_ids = [self.device.index] if self.device.type == "cuda" else None
-            self.ddp_model = DistributedDataParallel(self.model, device_ids=device_ids)
+        self.model = self._build_model().to(self.device)
+        self.ddp_model: nn.Module = wrap_model(self.model, info, self.device)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=self.tcfg.lr, betas=tuple(self.tcfg.betas), weight_decay=self.tcfg.weight_decay
         )
@@ -251,26 +191,28 @@ class Trainer:
         self.progress = Progress()
         if resume_state is not None:
             self._restore(resume_state)
-        self.logger = RunLogger(run_dir, self.total_steps, self.progress.step, enabled=info.is_main)
-        self.history_path = run_dir / "train_log.jsonl"
-        self._wall_clock_from: tuple[float, float] | None = None  # (perf_counter at fit start, wall_seconds then)
-        self.gpu_utilisation: dict[str, Any] = {"available": False, "reason": "not trained yet"}
+        self._init_bookkeeping()
         self.setup_seconds = time.perf_counter() - setup_start  # data (SentencePiece training when not cached), model
 
     # ----------------------------------------------------------------------------------- setup
     def _prepare_data(self, resume_state: dict[str, Any] | None) -> PreparedData:
-        # Rank 0 prepares (downloads, trains SentencePiece, caches); the others then read its cache.
-        if self.info.world_size > 1 and not self.info.is_main:
-            dist.barrier()
-        data = prepare_data(self.cfg.data)
-        if self.info.world_size > 1 and self.info.is_main:
-            dist.barrier()
+        with main_process_first(self.info):  # rank 0 downloads, trains SentencePiece, caches; the others read
+            data = prepare_data(self.cfg.data)
         if resume_state is not None:
             saved = Tokenizer.from_state(resume_state["tokenizer"])
             if saved.to_state() != data.tokenizer.to_state():
-                raise RuntimeError("the SentencePiece model prepared now differs from the checkpoint's; "
-                                   "resume with the same data settings (the checkpoint's config is used by default)")
+                raise CheckpointError(
+                    f"cannot resume from {self.run_dir}: the SentencePiece model prepared now differs from the "
+                    "checkpoint's; resume with the same data settings (the checkpoint's config is used by default)")
         return data
+
+    def _build_model(self) -> Seq2Seq:
+        tokenizer = self.data.tokenizer
+        try:
+            return Seq2Seq.from_config(self.cfg.model, self.cfg.attention, tokenizer.src_vocab_size,
+                                       tokenizer.tgt_vocab_size)
+        except ValueError as error:  # sizes that do not fit together, e.g. multihead heads not dividing hidden_size
+            raise ConfigError(f"model/attention settings do not work together: {error}") from error
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -287,139 +229,66 @@ class Trainer:
         log.info("resumed at step %d (epoch %d, batch %d of %d)", self.progress.step, self.progress.epoch,
                  self.progress.batches_done, self.batches_per_epoch)
 
-    # ------------------------------------------------------------------------------ checkpoints
-    def _checkpoint_state(self, rng_states: list[dict[str, Any]]) -> dict[str, Any]:
-        return {
-            "config": to_plain_dict(self.cfg),
-            "tokenizer": self.data.tokenizer.to_state(),
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "rng": rng_states,  # one entry per rank
-            "progress": asdict(self.progress),
-        }
-
-    def save(self, *names: str, rng_states: list[dict[str, Any]] | None = None) -> None:
-        """Write ``checkpoints/<name>.pt`` for each name (rank 0 writes).
-
-        Args:
-            names: checkpoint names, e.g. ``"last", "best"``.
-            rng_states: ``gather_rng_states`` taken at this point; None = gather them here, which every
-                rank must then call together.
-        """
-        rng_states = gather_rng_states(self.info) if rng_states is None else rng_states
-        if not self.info.is_main:
-            return
-        self._update_wall_clock()
-        state = self._checkpoint_state(rng_states)
-        for name in names:
-            save_checkpoint(self.run_dir / CHECKPOINT_DIR / f"{name}.pt", state)
-
-    def _update_wall_clock(self) -> None:
-        """Bring ``progress.wall_seconds`` up to now (the loop's time in this process plus earlier runs')."""
-        if self._wall_clock_from is not None:
-            started, earlier = self._wall_clock_from
-            self.progress.wall_seconds = earlier + time.perf_counter() - started
-
-    def _keep_for_averaging(self) -> None:
-        """Keep the last ``average_last`` validation checkpoints' weights (for checkpoint averaging)."""
-        keep = self.tcfg.average_last
-        if keep <= 1 or not self.info.is_main:
-            return
-        folder = self.run_dir / CHECKPOINT_DIR
-        save_checkpoint(folder / f"val_step{self.progress.step:08d}.pt",
-                        {"config": to_plain_dict(self.cfg), "tokenizer": self.data.tokenizer.to_state(),
-                         "model": self.model.state_dict()})
-        for old in sorted(folder.glob("val_step*.pt"))[:-keep]:
-            old.unlink()
+    def _init_bookkeeping(self) -> None:
+        """Clock, logs and checkpoint folder of the run; on every rank but 0 they write nothing."""
+        main = self.info.is_main
+        self.clock = RunClock(self.progress)
+        self.logger = RunLogger(self.run_dir, self.total_steps, self.progress.step, enabled=main)
+        self.history = StepHistory(self.run_dir / "train_log.jsonl", enabled=main)
+        self.checkpoints = RunCheckpoints(self.run_dir, self.tcfg.average_last, enabled=main)
+        # The same on every rank (all load one checkpoint), so every rank agrees when validation is due.
+        self.validated_at_step = self.progress.last_validated_step
+        self.window_loss, self.window_tokens = 0.0, 0  # since the last log line
+        self.gpu_utilisation: dict[str, Any] = {"available": False, "reason": "not trained yet"}
 
     # ------------------------------------------------------------------------------------ loop
     def fit(self) -> dict[str, Any]:
         """Train until max_steps / max_epochs / early stopping / a signal; then test. Returns metrics."""
-        self._truncate_history()
-        previous_handlers = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-        if self.info.is_main:
-            log.info("training %s: %d parameters, %d batches per epoch, %d steps planned, device %s",
-                     self.cfg.attention.name, count_parameters(self.model), self.batches_per_epoch,
-                     self.total_steps, self.device)
-        self._wall_clock_from = (time.perf_counter(), self.progress.wall_seconds)
+        self.history.keep_until(self.progress.step)  # on resume, drop what the run that was cut off wrote later
+        self.logger.message(f"training {self.cfg.attention.name}: {count_parameters(self.model)} parameters, "
+                            f"{self.batches_per_epoch} batches per epoch, {self.total_steps} steps planned, "
+                            f"device {self.device}")
         gpu = GpuMonitor.for_device(self.device) if self.info.is_main else GpuMonitor(None)
-        try:
-            with gpu:
-                stopped_early = self._loop()
-        finally:
-            for sig, handler in previous_handlers.items():
-                signal.signal(sig, handler)
-        self._update_wall_clock()
-        self._wall_clock_from = None  # stopped: the final evaluation is reported on its own
+        self.clock.start()
+        with self._signals_stop_training(), gpu:
+            stopped_early = self._loop()
+        self.clock.stop()  # the final evaluation is timed on its own
+        self.logger.end_progress()
         self.gpu_utilisation = gpu.summary()
         if self.stop_signal is not None:
-            self.save("last")
-            self.logger.message(
-                f"stopped by {self.stop_signal} at step {self.progress.step}; checkpoint saved. Resume with:\n"
-                f"  python train.py trainer.resume={self.run_dir}"
-            )
-            self.logger.close()
-            return {"interrupted": True, "step": self.progress.step}
+            return self._save_interrupted()
         return self._finish(stopped_early)
 
     def _loop(self) -> bool:
-        """The epochs. Returns True when early stopping ended training."""
-        window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
-        nonfinite_in_row = 0
-        while self.progress.step < self.total_steps:
-            sampler = self.train_loader.batch_sampler
-            sampler.set_epoch(self.progress.epoch, start=self.progress.batches_done)
-            for batch in self.train_loader:
-                step_start = time.perf_counter()
-                loss, tokens, grad_norm, lr = self._train_step(batch)
-                self.progress.batches_done += 1
-                if loss is None:
-                    nonfinite_in_row += 1
-                    self.logger.message(f"warning: non-finite loss or gradient at step {self.progress.step + 1}; "
-                                        "step skipped")
-                    if nonfinite_in_row >= self.tcfg.max_nonfinite_steps:
-                        raise FloatingPointError(
-                            f"{nonfinite_in_row} non-finite losses in a row at step {self.progress.step}: "
-                            "lower trainer.lr or set trainer.clip_grad_norm (now "
-                            f"lr={self.tcfg.lr}, clip={self.tcfg.clip_grad_norm})")
-                    continue
-                nonfinite_in_row = 0
-                self.progress.step += 1
-                self.progress.target_tokens += tokens
-                self.progress.train_seconds += time.perf_counter() - step_start
-                window_loss += loss
-                window_tokens += tokens
-                self._record(loss, tokens, grad_norm, lr)
+        """One optimizer step per batch until the plan, a signal or early stopping ends it. True = early stop.
 
-                if self.progress.step % self.tcfg.log_every == 0 or self.progress.step == self.total_steps:
-                    elapsed = time.perf_counter() - window_start
-                    self._log_train(window_loss / max(1, window_tokens), window_tokens * self.info.world_size / elapsed,
-                                    grad_norm, lr)
-                    window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
-                due = self.tcfg.validate_every and self.progress.step % self.tcfg.validate_every == 0
-                if due or self.progress.step == self.total_steps:
-                    validation_start = time.perf_counter()
+        Each turn: roll over a finished epoch -> validate and checkpoint when due -> stop when planned or
+        signalled -> this step's learning rate, forward/backward, clip, step (``_train_step``) -> log.
+        """
+        batches = self._batches()
+        nonfinite_in_row = 0
+        while True:
+            self._roll_over_finished_epoch()
+            if self._validation_due():
+                with self.clock.outside_window():  # validation is not training time
                     if self._validate_and_checkpoint():
                         return True
-                    window_start += time.perf_counter() - validation_start  # validation is not training time
-                if self.progress.step == self.interrupt_at_step:
-                    self.stop_signal = "interrupt_at_step"
-                if self._should_stop() or self.progress.step >= self.total_steps:
-                    return False
-            # epoch finished
-            self.progress.epoch += 1
-            self.progress.batches_done = 0
-            if not self.tcfg.validate_every and self.progress.step < self.total_steps:
-                validation_start = time.perf_counter()
-                if self._validate_and_checkpoint():
-                    return True
-                window_start += time.perf_counter() - validation_start
-        return False
+            if self._should_stop():
+                return False
+            batch = next(batches)
+            step_started = self.clock.now()
+            loss, tokens, grad_norm, lr = self._train_step(batch)
+            self.progress.batches_done += 1
+            if loss is None:
+                nonfinite_in_row += 1
+                self._skip_nonfinite_step(nonfinite_in_row)
+                continue
+            nonfinite_in_row = 0
+            self._count_step(loss, tokens, grad_norm, lr, step_started)
+            self._log_when_due(grad_norm, lr)
 
     def _train_step(self, batch: Batch) -> tuple[float | None, int, float, float]:
-        """Forward, backward, clip, step.
+        """Learning rate, forward, backward, clip, step.
 
         Returns:
             The summed loss (None when the step was skipped), target tokens, gradient norm, and the
@@ -433,7 +302,8 @@ class Trainer:
             logits, _ = self.ddp_model(batch.src, batch.src_lengths, batch.tgt_in)  # [B, T, V]
         loss_sum = sequence_loss(logits, batch.tgt_out, self.tcfg.label_smoothing)
         loss_value = loss_sum.item()
-        if not self._all_ranks_finite(loss_value):
+        # Every rank must skip together, or DDP's all-reduce in backward would hang.
+        if not all_ranks(math.isfinite(loss_value), self.info, self.device):
             self.optimizer.zero_grad(set_to_none=True)
             return None, tokens, float("nan"), lr
         # Mean over this rank's tokens; DDP averages the gradients over ranks.
@@ -448,87 +318,151 @@ class Trainer:
         self.scheduler.step()
         return loss_value, tokens, grad_norm, lr
 
-    def _all_ranks_finite(self, loss_value: float) -> bool:
-        finite = math.isfinite(loss_value)
-        if self.info.world_size > 1:  # every rank must skip together, or DDP's all-reduce would hang
-            flag = torch.tensor([1.0 if finite else 0.0], device=self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-            finite = bool(flag.item())
-        return finite
+    def _batches(self) -> Iterator[Batch]:
+        """This rank's batches, epoch after epoch, from where the run stands (the sampler's order is seeded)."""
+        while True:
+            self.train_loader.batch_sampler.set_epoch(self.progress.epoch, start=self.progress.batches_done)
+            yield from self.train_loader
+
+    def _roll_over_finished_epoch(self) -> None:
+        """Start the next epoch once this one's batches are done (not after the planned last step)."""
+        if self.progress.batches_done >= self.batches_per_epoch and self.progress.step < self.total_steps:
+            self.progress.epoch += 1
+            self.progress.batches_done = 0
+
+    def _validation_due(self) -> bool:
+        """Every ``validate_every`` steps (default: at each epoch's end) and at the planned last step; once a step."""
+        step, every = self.progress.step, self.tcfg.validate_every
+        if step == 0 or step == self.validated_at_step:
+            return False
+        epoch_ended = not every and self.progress.batches_done == 0
+        return step == self.total_steps or epoch_ended or bool(every and step % every == 0)
 
     def _should_stop(self) -> bool:
-        stop = self.stop_signal is not None
-        if self.info.world_size > 1:  # a signal reaching one rank stops them all at the same step
-            flag = torch.tensor([1.0 if stop else 0.0], device=self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            stop = bool(flag.item())
-            if stop and self.stop_signal is None:
-                self.stop_signal = "another rank's signal"
-        return stop
+        """The planned steps are done, or a signal reached any rank (all stop at the same step). A collective."""
+        if self.progress.step == self.interrupt_at_step:
+            self.stop_signal = "interrupt_at_step"
+        signalled = any_rank(self.stop_signal is not None, self.info, self.device)
+        if signalled and self.stop_signal is None:
+            self.stop_signal = "another rank's signal"
+        return signalled or self.progress.step >= self.total_steps
+
+    def _skip_nonfinite_step(self, in_a_row: int) -> None:
+        self.logger.message(f"warning: non-finite loss or gradient at step {self.progress.step + 1}; step skipped")
+        if in_a_row >= self.tcfg.max_nonfinite_steps:
+            raise TrainingError(
+                f"{in_a_row} non-finite losses in a row at step {self.progress.step}: lower trainer.lr or set "
+                f"trainer.clip_grad_norm (now lr={self.tcfg.lr}, clip={self.tcfg.clip_grad_norm})")
+
+    def _count_step(self, loss: float, tokens: int, grad_norm: float, lr: float, step_started: float) -> None:
+        """Book a finished optimizer step: progress, clock, log window, and its line in train_log.jsonl."""
+        self.progress.step += 1
+        self.progress.target_tokens += tokens
+        self.clock.add_step_time(step_started)
+        self.window_loss += loss
+        self.window_tokens += tokens
+        self.history.append(self.progress.step, loss / max(1, tokens), lr, grad_norm)
+
+    def _log_when_due(self, grad_norm: float, lr: float) -> None:
+        """Every ``log_every`` steps and at the last: TensorBoard's train scalars and the progress line (or bar)."""
+        step = self.progress.step
+        if step % self.tcfg.log_every and step != self.total_steps:
+            return
+        loss = self.window_loss / max(1, self.window_tokens)
+        tokens_per_s = self.clock.close_window(self.window_tokens * self.info.world_size)
+        self.window_loss, self.window_tokens = 0.0, 0
+        self.logger.scalars("train", {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "lr": lr, "grad_norm": grad_norm,
+                                      "tokens_per_s": tokens_per_s, "epoch": float(self.progress.epoch)}, step)
+        self.clock.sync_wall_clock()
+        line = progress_line(step, self.total_steps, self.progress.epoch, loss, lr, tokens_per_s,
+                             self.progress.wall_seconds, self.clock.eta_seconds(self.total_steps))
+        self.logger.progress(step, line, {"loss": f"{loss:.3f}", "tok/s": f"{tokens_per_s:,.0f}"})
+
+    # ------------------------------------------------------------------------- stop and signals
+    @contextmanager
+    def _signals_stop_training(self) -> Iterator[None]:
+        """SIGINT / SIGTERM finish the current step, then save and stop (instead of killing the process)."""
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.stop_signal = signal.Signals(signum).name
         log.warning("%s received: finishing this step, then saving checkpoints/last.pt", self.stop_signal)
 
-    # --------------------------------------------------------------------------------- logging
-    def _record(self, loss: float, tokens: int, grad_norm: float, lr: float) -> None:
-        """One line per step in train_log.jsonl: the exact loss curve (resume tests compare it)."""
-        if not self.info.is_main:
-            return
-        with self.history_path.open("a") as handle:
-            handle.write(json.dumps({"step": self.progress.step, "loss": loss / max(1, tokens),
-                                     "lr": lr, "grad_norm": grad_norm}) + "\n")
+    def _save_interrupted(self) -> dict[str, Any]:
+        self.save("last")
+        self.logger.message(f"stopped by {self.stop_signal} at step {self.progress.step}; checkpoint saved. "
+                            f"Resume with:\n  python train.py trainer.resume={self.run_dir}")
+        self.logger.close()
+        return {"interrupted": True, "step": self.progress.step}
 
-    def _truncate_history(self) -> None:
-        """On resume, drop log lines written after the checkpoint (by the run that was cut off)."""
-        if not self.info.is_main or not self.history_path.exists():
-            return
-        lines = self.history_path.read_text().splitlines()
-        kept = [line for line in lines if json.loads(line)["step"] <= self.progress.step]
-        self.history_path.write_text("".join(line + "\n" for line in kept))
+    def _finish(self, stopped_early: bool) -> dict[str, Any]:
+        """Rank 0 scores the best checkpoint on every split and writes results.json; returns them (else {})."""
+        barrier(self.info)
+        results = final_evaluation(self, stopped_early) if self.info.is_main else {}
+        self.logger.close()
+        return results
 
-    def _log_train(self, loss: float, tokens_per_s: float, grad_norm: float, lr: float) -> None:
-        values = {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "lr": lr, "grad_norm": grad_norm,
-                  "tokens_per_s": tokens_per_s, "epoch": float(self.progress.epoch)}
-        self.logger.scalars("train", values, self.progress.step)
-        self.logger.progress(self.progress.step, {"epoch": self.progress.epoch, "loss": loss,
-                                                  "tok/s": round(tokens_per_s), "lr": lr}, log_line=True)
+    # ------------------------------------------------------------------------------ checkpoints
+    def save(self, *names: str, rng_states: list[dict[str, Any]] | None = None) -> None:
+        """Write ``checkpoints/<name>.pt`` for each name (rank 0 writes).
+
+        Args:
+            names: checkpoint names, e.g. ``"last", "best"``.
+            rng_states: ``gather_rng_states`` taken at this point; None = gather them here, which every
+                rank must then call together.
+        """
+        rng_states = gather_rng_states(self.info) if rng_states is None else rng_states
+        if not self.checkpoints.enabled:
+            return
+        self.clock.sync_wall_clock()
+        self.checkpoints.save(names, {**self._weights_state(), "optimizer": self.optimizer.state_dict(),
+                                      "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+                                      "rng": rng_states, "progress": asdict(self.progress)})  # rng: one per rank
+
+    def _weights_state(self) -> dict[str, Any]:
+        """What rebuilds the model with no other file: config, tokenizer, weights."""
+        return {"config": to_plain_dict(self.cfg), "tokenizer": self.data.tokenizer.to_state(),
+                "model": self.model.state_dict()}
 
     # ------------------------------------------------------------------------------ validation
     def _validate_and_checkpoint(self) -> bool:
-        """Validate (rank 0), save ``last`` (and ``best``), decide early stopping. True = stop early."""
-        stop, improved = False, False
-        if self.info.is_main:
-            metrics = self.validate()
-            improved = metrics["bleu"] > self.progress.best_bleu
-            if improved:
-                self.progress.best_bleu, self.progress.best_step = metrics["bleu"], self.progress.step
-                self.progress.bad_validations = 0
-            else:
-                self.progress.bad_validations += 1
-            self._update_wall_clock()
-            p = self.progress
-            p.validations.append({"step": p.step, "epoch": p.epoch + p.batches_done / max(1, self.batches_per_epoch),
-                                  "train_seconds": p.train_seconds, "wall_seconds": p.wall_seconds,
-                                  "bleu": metrics["bleu"], "chrf": metrics["chrf"], "loss": metrics["loss"]})
-            patience = self.tcfg.early_stopping_patience
-            stop = patience is not None and self.progress.bad_validations >= patience
-        rng_states = gather_rng_states(self.info)  # every rank's, for an exact resume
-        if self.info.is_main:
-            self.save(*(["last", "best"] if improved else ["last"]), rng_states=rng_states)
-            self._keep_for_averaging()
-            self.logger.message(
-                f"validation at step {self.progress.step}: BLEU {metrics['bleu']:.2f} chrF {metrics['chrf']:.2f} "
-                f"loss {metrics['loss']:.3f} (teacher-forced ppl {metrics['ppl']:.2f})"
-                + (" new best" if improved else f" (best {self.progress.best_bleu:.2f} at {self.progress.best_step})")
-            )
-        if self.info.world_size > 1:
-            flag = [stop, self.progress.best_bleu, self.progress.best_step, self.progress.bad_validations]
-            dist.broadcast_object_list(flag, src=0)
-            stop, self.progress.best_bleu, self.progress.best_step, self.progress.bad_validations = flag
-        if stop and self.info.is_main:
-            self.logger.message(f"early stopping: no BLEU gain in {self.tcfg.early_stopping_patience} validations")
+        """Validate (rank 0), save ``last`` (and ``best``), decide early stopping on every rank. True = stop early."""
+        self.validated_at_step = self.progress.step
+        improved = self._validate_and_record() if self.info.is_main else False
+        self.save(*(["last", "best"] if improved else ["last"]))  # every rank's RNG states, for an exact resume
+        if self.checkpoints.enabled and self.tcfg.average_last > 1:
+            self.checkpoints.keep_for_averaging(self.progress.step, self._weights_state())
+        p = self.progress
+        p.best_bleu, p.best_step, p.bad_validations = broadcast_from_main(
+            [p.best_bleu, p.best_step, p.bad_validations], self.info)
+        patience = self.tcfg.early_stopping_patience
+        stop = patience is not None and p.bad_validations >= patience
+        if stop:
+            self.logger.message(f"early stopping: no BLEU gain in {patience} validations")
         return stop
+
+    def _validate_and_record(self) -> bool:
+        """Validate; update the best score, the patience count and the validation record. True = a new best."""
+        metrics, p = self.validate(), self.progress
+        improved = metrics["bleu"] > p.best_bleu
+        if improved:
+            p.best_bleu, p.best_step, p.bad_validations = metrics["bleu"], p.step, 0
+        else:
+            p.bad_validations += 1
+        self.clock.sync_wall_clock()
+        p.validations.append({"step": p.step, "epoch": p.epoch + p.batches_done / max(1, self.batches_per_epoch),
+                              "train_seconds": p.train_seconds, "wall_seconds": p.wall_seconds,
+                              "bleu": metrics["bleu"], "chrf": metrics["chrf"], "loss": metrics["loss"]})
+        self.logger.message(
+            f"validation at step {p.step}: BLEU {metrics['bleu']:.2f} chrF {metrics['chrf']:.2f} "
+            f"loss {metrics['loss']:.3f} (teacher-forced ppl {metrics['ppl']:.2f})"
+            + (" new best" if improved else f" (best {p.best_bleu:.2f} at {p.best_step})"))
+        return improved
 
     @torch.no_grad()
     def teacher_forced_loss(self, split: EncodedSplit) -> tuple[float, int]:
@@ -592,124 +526,27 @@ class Trainer:
             self.logger.attention(f"attention/{i}", weights[: len(tgt_labels), : len(src_labels)],
                                   src_labels, tgt_labels, step)
 
-    # ----------------------------------------------------------------------------------- final
-    def _finish(self, stopped_early: bool) -> dict[str, Any]:
-        """Score the best checkpoint on the validation and test splits; write results.json."""
-        if self.info.world_size > 1:
-            dist.barrier()
-        results: dict[str, Any] = {}
-        if self.info.is_main:
-            evaluation_start = time.perf_counter()
-            best = load_checkpoint(self.run_dir / CHECKPOINT_DIR / "best.pt")
-            self.model.load_state_dict(best["model"])
-            results = self._evaluate_weights("best", best["progress"]["step"])
-            averaged = self._averaged_weights()
-            if averaged is not None:
-                self.model.load_state_dict(averaged)
-                results["averaged"] = self._evaluate_weights(f"average of last {self.tcfg.average_last}", None)
-                self.model.load_state_dict(best["model"])
-            results.update(self._run_summary(stopped_early))
-            results["final_evaluation_seconds"] = time.perf_counter() - evaluation_start
-            (self.run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-            self._print_results(results)
-            hparams = {"attention": self.cfg.attention.name, **{f"model.{k}": v for k, v in self.cfg.model.items()},
-                       "lr": self.tcfg.lr, "max_tokens": self.cfg.data.max_tokens,
-                       "label_smoothing": self.tcfg.label_smoothing}
-            final = {"hparam/val_bleu": results["valid"]["bleu"]}
-            final.update({f"hparam/test_bleu_{name}": s["bleu"] for name, s in results["test"].items()})
-            self.logger.hparams(hparams, final)
-        self.logger.close()
-        return results
-
-    def _evaluate_weights(self, label: str, step: int | None) -> dict[str, Any]:
-        beam = self.tcfg.test_beam_size
-        loss_sum, tokens = self.teacher_forced_loss(self.data.valid)
-        valid = corpus_scores(self.decode(self.data.valid, beam), self.data.valid.tgt_text)
-        valid["loss"] = loss_sum / max(1, tokens)
-        test = {}
-        for name, split in self.data.tests.items():
-            hypotheses = self.decode(split, beam)
-            test[name] = corpus_scores(hypotheses, split.tgt_text)
-            if step is not None:  # the best checkpoint's translations, for analysis (scripts/compare_runs.py)
-                out = self.run_dir / "translations" / f"{name}.{self.cfg.data.tgt_lang}"
-                out.parent.mkdir(exist_ok=True)
-                out.write_text("".join(h + "\n" for h in hypotheses))
-        return {"checkpoint": label, "checkpoint_step": step, "beam_size": beam,
-                "length_penalty": self.tcfg.length_penalty, "valid": valid, "test": test}
-
-    def _averaged_weights(self) -> dict[str, Tensor] | None:
-        paths = sorted((self.run_dir / CHECKPOINT_DIR).glob("val_step*.pt"))
-        if self.tcfg.average_last <= 1 or len(paths) < 2:
-            return None
-        states = [load_checkpoint(p)["model"] for p in paths]
-        return {k: sum(s[k].float() for s in states).div(len(states)).to(states[0][k].dtype) for k in states[0]}
-
-    def _run_summary(self, stopped_early: bool) -> dict[str, Any]:
-        p = self.progress
-        return {
-            "attention": self.cfg.attention.name,
-            "parameters": count_parameters(self.model),
-            "steps": p.step,
-            "epochs": p.epoch + p.batches_done / max(1, self.batches_per_epoch),
-            "stopped_early": stopped_early,
-            "best_val_bleu_greedy" if self.tcfg.val_beam_size == 1 else "best_val_bleu": p.best_bleu,
-            "best_step": p.best_step,
-            "train_seconds": p.train_seconds,
-            "train_target_tokens_per_s": p.target_tokens * self.info.world_size / max(1e-9, p.train_seconds),
-            "setup_seconds": self.setup_seconds,
-            "wall_seconds": p.wall_seconds,
-            "gpu_utilisation": self.gpu_utilisation,
-            "validations": p.validations,
-            "device": device_name(self.device),
-            "precision": self.precision,
-            "bf16_autocast": self.use_bf16,
-            "world_size": self.info.world_size,
-            "versions": library_versions(),
-            "host": host(),
-            "src_lang": self.cfg.data.src_lang,
-            "tgt_lang": self.cfg.data.tgt_lang,
-            "run_dir": str(self.run_dir),
-        }
-
-    def _print_results(self, results: dict[str, Any]) -> None:
-        lines = [f"results ({results['checkpoint']} checkpoint, step {results['checkpoint_step']}, "
-                 f"beam {results['beam_size']}):",
-                 f"  valid  BLEU {results['valid']['bleu']:.2f}  chrF {results['valid']['chrf']:.2f}"]
-        for name, scores in results["test"].items():
-            lines.append(f"  {name}  BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}")
-            lines.append(f"    {scores['bleu_signature']}")
-        if "averaged" in results:
-            for name, scores in results["averaged"]["test"].items():
-                lines.append(f"  {name} (averaged checkpoints)  BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}")
-        lines.append(f"  training: {results['steps']} steps in {results['wall_seconds'] / 60:.1f} min wall clock "
-                     f"({results['train_seconds'] / 60:.1f} min of them optimizer steps, the rest validation); "
-                     f"final evaluation {results['final_evaluation_seconds']:.0f} s")
-        if results["gpu_utilisation"]["available"]:
-            lines.append(f"  GPU utilisation during training: median "
-                         f"{results['gpu_utilisation']['utilisation_percent_median']:.0f}%")
-        lines.append(f"  written to {self.run_dir / 'results.json'}")
-        print("\n".join(lines), flush=True)
-
 
 def train(cfg: DictConfig, run_dir: str | Path | None = None, interrupt_at_step: int | None = None) -> dict[str, Any]:
     """Train (or resume) a model as configured; return the final metrics (Hydra sweeps use them).
 
     Args:
         cfg: the composed config (``data``, ``model``, ``attention``, ``trainer``).
-        run_dir: where outputs go; default: Hydra's run dir.
+        run_dir: where outputs go; default: Hydra's run dir. A resumed run writes on into its own.
         interrupt_at_step: act as if SIGINT arrived after this optimizer step.
+
+    Raises:
+        ConfigError, DataError, CheckpointError, DeviceError, TrainingError: a problem the user can fix;
+            the message says how (``train.py`` prints it in one line and exits with status 2).
     """
     validate_config(cfg)
     resume_state = None
     if cfg.trainer.resume:
-        resume_from = Path(cfg.trainer.resume)
-        # A run dir resumes from its last checkpoint (inference would pick best.pt).
-        last = resume_from / CHECKPOINT_DIR / "last.pt" if resume_from.is_dir() else resume_from
-        resume_state = load_checkpoint(last)
+        checkpoint_path, run_dir = resume_paths(cfg.trainer.resume)
+        resume_state = load_checkpoint(checkpoint_path)
         cfg = resume_config(cfg, resume_state)
         cfg.trainer.resume = None
         validate_config(cfg)
-        run_dir = resume_from if resume_from.is_dir() else resume_from.parent.parent  # write on into that run
     run_dir = Path(run_dir) if run_dir is not None else run_dir_from_hydra()
     run_dir.mkdir(parents=True, exist_ok=True)
     info = setup_distributed(cfg.trainer.device)
@@ -719,10 +556,9 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None, interrupt_at_step:
             OmegaConf.save(OmegaConf.create(to_plain_dict(cfg)), run_dir / "config.yaml")
         return trainer.fit()
     except torch.cuda.OutOfMemoryError as error:
-        raise RuntimeError(
+        raise TrainingError(
             f"CUDA out of memory: lower data.max_tokens (now {cfg.data.max_tokens}) or "
             f"data.valid_max_tokens (now {cfg.data.valid_max_tokens}), or use a smaller model=..."
         ) from error
     finally:
-        if info.world_size > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+        shutdown(info)

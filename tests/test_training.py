@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -282,3 +283,95 @@ def test_resuming_a_checkpoint_with_the_old_single_rng_state(tmp_path: Path) -> 
     train(resume_cfg)
     resumed, straight = (tmp_path / name / "train_log.jsonl" for name in ("resumed", "straight"))
     assert resumed.read_text() == straight.read_text()
+
+
+def run_train_py(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python train.py ARGS`` from ``cwd``: anything Hydra makes without being told where lands in ``cwd``."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    return subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *expected: str) -> None:
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Error executing job" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("train.py: error: "), proc.stderr
+    for text in expected:
+        assert text in lines[0], lines[0]
+
+
+def test_train_py_reports_a_corpus_line_count_mismatch_in_one_line(tmp_path: Path) -> None:
+    files = write_reversal_corpus(tmp_path / "corpus")
+    train_tgt = Path(files["train"]["tgt"])
+    train_tgt.write_text("".join(train_tgt.read_text().splitlines(keepends=True)[:-1]))  # one line short
+    mapping = ", ".join(f"{split}: {{src: '{sides['src']}', tgt: '{sides['tgt']}'}}" for split, sides in files.items())
+    proc = run_train_py(tmp_path / "cwd", "data=files", f"data.files={{{mapping}}}", f"data.cache_dir={tmp_path}/cache")
+    assert_one_line_error(proc, str(train_tgt), "1199", "different line counts")
+
+
+def test_train_py_reports_a_corrupt_mirror_file_in_one_line(tmp_path: Path, mirror_dir: Path) -> None:
+    mirror = tmp_path / "mirror" / "multi30k"
+    mirror.mkdir(parents=True)
+    for path in (mirror_dir / "multi30k").iterdir():
+        (mirror / path.name).symlink_to(path)
+    corrupt = mirror / "train.de.gz"
+    corrupt.unlink()
+    corrupt.write_bytes((mirror_dir / "multi30k" / "train.de.gz").read_bytes()[:-100])  # cut short
+    proc = run_train_py(tmp_path / "cwd", f"data.mirror={tmp_path / 'mirror'}", f"data.cache_dir={tmp_path}/cache")
+    assert_one_line_error(proc, "sha256 mismatch for train.de.gz", str(corrupt), "expected ", ", got ")
+
+
+@pytest.mark.parametrize("case", ["config", "device", "missing_run"])
+def test_train_py_reports_user_errors_in_one_line(tmp_path: Path, case: str) -> None:
+    if case == "config":
+        proc = run_train_py(tmp_path, "trainer.lr_schedule=linear")
+        assert_one_line_error(proc, "trainer.lr_schedule='linear' is not one of cosine")
+    elif case == "device":
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is present")
+        proc = run_train_py(tmp_path, "trainer.device=cuda")
+        assert_one_line_error(proc, "trainer.device=cuda", "no CUDA GPU")
+    else:
+        proc = run_train_py(tmp_path / "cwd", f"trainer.resume={tmp_path / 'no_such_run'}")
+        assert_one_line_error(proc, str(tmp_path / "no_such_run"), "does not exist")
+        assert not list((tmp_path / "cwd").iterdir())  # failed before Hydra made a run dir
+
+
+def test_resuming_with_another_tokenizer_is_a_checkpoint_error(tmp_path: Path) -> None:
+    from nmt.checkpoint import CheckpointError, save_checkpoint
+
+    cfg = tiny_config(tmp_path, ["trainer.max_steps=4", "trainer.validate_every=4"])
+    train(cfg, run_dir=tmp_path / "run", interrupt_at_step=2)
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    state["config"]["data"]["tokenizer"]["model_type"] = "word"  # the resumed run would prepare another one
+    save_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt",
+                    {k: v for k, v in state.items() if k not in ("format_version", "nmt_version")})
+    resume_cfg = cfg.copy()
+    resume_cfg.trainer.resume = str(tmp_path / "run")
+    with pytest.raises(CheckpointError, match="SentencePiece model prepared now differs from the checkpoint's"):
+        train(resume_cfg)
+
+
+def test_resume_from_the_command_line_writes_only_into_its_run(tmp_path: Path) -> None:
+    """``train.py trainer.resume=RUN`` continues in RUN; Hydra makes no new outputs/<date>/<time>/ beside it."""
+    cfg = tiny_config(tmp_path, ["trainer.max_steps=8", "trainer.validate_every=4", "trainer.log_every=2"])
+    run = tmp_path / "run"
+    train(cfg, run_dir=run, interrupt_at_step=4)
+    elsewhere = tmp_path / "cwd"
+    proc = run_train_py(elsewhere, f"trainer.resume={run}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not list(elsewhere.iterdir())  # no outputs/ where it ran
+    assert not (run / ".hydra").exists()  # and no second .hydra/ in the run
+    assert json.loads((run / "results.json").read_text())["steps"] == 8
+    log_text = (run / "train.log").read_text()
+    assert "resumed at step 4" in log_text
+    # the progress line: where the run stands, how fast, how long so far and to go
+    assert re.search(r"step 6/8 \(75%\) \| epoch \d+ \| loss \d+\.\d{3} \| lr \S+ \| [\d,]+ tok/s \| "
+                     r"elapsed \d+s \| ETA \d+s", log_text), log_text
+
+
+def test_attention_sizes_that_do_not_fit_are_a_config_error(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path, ["attention=multihead", "attention.heads=7"])
+    with pytest.raises(ConfigError, match="hidden_size 64 is not divisible by heads 7"):
+        train(cfg, run_dir=tmp_path / "run")

@@ -27,6 +27,7 @@ import http.client
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import urllib.error
 import urllib.request
@@ -34,9 +35,10 @@ import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, ClassVar
+from typing import IO, Any, ClassVar, TypeVar
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MIRROR_ENV = "NMT_DATA_MIRROR"
 DOWNLOAD_TIMEOUT_S = 60.0
@@ -411,9 +413,22 @@ def read_lines(path: Path, invalid_utf8: str = "error") -> list[str]:
     """
     try:
         with _open_binary(path) as f:
-            return decode_lines(f, str(path), invalid_utf8)
+            lines = terminal_progress(f, f"reading {path.name}", " lines", unit_scale=True)
+            return decode_lines(lines, str(path), invalid_utf8)
     except (OSError, EOFError, zlib.error) as exc:
         raise DataError(f"cannot read {path}: {exc}. Is the file truncated or not really gzip?") from exc
+
+
+def terminal_progress(items: Iterable[T], desc: str, unit: str, unit_scale: bool = False) -> Iterable[T]:
+    """``items`` behind a tqdm bar on stderr when stderr is a terminal (a large corpus takes minutes); else as is.
+
+    The bar disappears when done (``leave=False``), so logs and tests see nothing of it.
+    """
+    if not sys.stderr.isatty():
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, unit=unit, unit_scale=unit_scale, leave=False, mininterval=0.5)
 
 
 def _open_binary(path: Path) -> IO[bytes]:

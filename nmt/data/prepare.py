@@ -41,11 +41,13 @@ from nmt.data.corpora import (
     build_corpus,
     clean_pairs,
     read_parallel,
+    terminal_progress,
 )
 from nmt.data.tokenizer import Tokenizer, TokenizerSettings, text_hash, train_tokenizer
 from nmt.schema import first_unknown_key
 
 log = logging.getLogger(__name__)
+ENCODE_CHUNK_LINES = 50_000  # sentences per SentencePiece batch call (the progress bar moves once per chunk)
 
 
 
@@ -231,8 +233,12 @@ def encode_split(text: ParallelText, tokenizer: Tokenizer, cache_dir: Path | Non
         except (OSError, EOFError, ValueError, struct.error):
             pass
         log.warning("ignoring unreadable encoded cache %s", path)
-    src_ids = tokenizer.encode_src_batch(text.src)
-    tgt_ids = tokenizer.encode_tgt_batch(text.tgt)
+    src_ids, tgt_ids = [], []
+    # In chunks, so a terminal shows a bar on a large corpus; each sentence is encoded on its own either way.
+    chunks = range(0, len(text), ENCODE_CHUNK_LINES)
+    for start in terminal_progress(chunks, f"encoding {text.name} ({len(text):,} lines)", unit=" chunks"):
+        src_ids += tokenizer.encode_src_batch(text.src[start : start + ENCODE_CHUNK_LINES])
+        tgt_ids += tokenizer.encode_tgt_batch(text.tgt[start : start + ENCODE_CHUNK_LINES])
     if path is not None:
         _write_encoded(path, src_ids, tgt_ids)
     return EncodedSplit(text.name, src_ids, tgt_ids, text.src, text.tgt), False

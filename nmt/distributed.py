@@ -1,0 +1,152 @@
+"""Several training processes as one run: the process group, per-rank seeds and RNG states, and collectives.
+
+``torchrun --nproc_per_node=N train.py`` starts N processes (ranks). Each joins the process group
+(NCCL on GPU, gloo on CPU) and takes its local rank's GPU; rank 0 prepares data, validates and
+writes everything. Every helper here also works in a single process (``WORLD_SIZE`` unset), where
+it does nothing or returns its input, so the training loop has no ``world_size > 1`` branches.
+
+Collectives must be called by every rank at the same point of the loop; each helper that is one
+says so. Flags travel as one-element tensors ``[1]`` on the training device.
+
+Deliberately not here: DistributedDataParallel's gradient averaging (PyTorch), the data share of
+each rank (``nmt.data.batching``), and what rank 0 writes (``nmt.training``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from nmt.device import resolve_device
+
+DISTRIBUTED_TIMEOUT = datetime.timedelta(hours=1)  # how long a rank waits in a collective before the run aborts
+
+
+@dataclass
+class DistInfo:
+    """This process's place in the run: rank 0 of 1 for a single process."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def setup_distributed(device_name: str) -> DistInfo:
+    """Join the process group when started by ``torchrun`` (WORLD_SIZE > 1); else a single process."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return DistInfo()
+    use_cuda = torch.cuda.is_available() and device_name != "cpu"
+    if not dist.is_initialized():
+        # Rank 0 validates alone while the others wait in a collective: on a large validation set with beam
+        # search that can take longer than the default 10-minute collective timeout, which would abort the run.
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=DISTRIBUTED_TIMEOUT)
+    return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def shutdown(info: DistInfo) -> None:
+    """Leave the process group (no-op in a single process)."""
+    if info.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def choose_device(name: str, info: DistInfo) -> torch.device:
+    """``trainer.device`` resolved (``nmt.device``); under torchrun each process takes its local rank's GPU."""
+    device = resolve_device(name, "trainer.device", info.local_rank if info.distributed else None)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+def wrap_model(model: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:
+    """``model`` under DistributedDataParallel when there are several ranks (it copies rank 0's weights)."""
+    if not info.distributed:
+        return model
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+# ------------------------------------------------------------------------------------- seeds, RNG
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def gather_rng_states(info: DistInfo) -> list[dict[str, Any]]:
+    """Every rank's RNG states, indexed by rank. A collective."""
+    if not info.distributed:
+        return [rng_state()]
+    states: list[Any] = [None] * info.world_size
+    dist.all_gather_object(states, rng_state())
+    return states
+
+
+# ------------------------------------------------------------------------------------ collectives
+@contextmanager
+def main_process_first(info: DistInfo) -> Iterator[None]:
+    """Rank 0 runs the block first (downloads, caches); the others run it after, finding the cache warm."""
+    if info.distributed and not info.is_main:
+        dist.barrier()
+    yield
+    if info.distributed and info.is_main:
+        dist.barrier()
+
+
+def barrier(info: DistInfo) -> None:
+    """Wait until every rank gets here. A collective."""
+    if info.distributed:
+        dist.barrier()
+
+
+def all_ranks(flag: bool, info: DistInfo, device: torch.device) -> bool:
+    """True when ``flag`` is true on every rank. A collective."""
+    return _reduce_flag(flag, info, device, dist.ReduceOp.MIN) if info.distributed else flag
+
+
+def any_rank(flag: bool, info: DistInfo, device: torch.device) -> bool:
+    """True when ``flag`` is true on at least one rank. A collective."""
+    return _reduce_flag(flag, info, device, dist.ReduceOp.MAX) if info.distributed else flag
+
+
+def _reduce_flag(flag: bool, info: DistInfo, device: torch.device, op: dist.ReduceOp) -> bool:
+    value = torch.tensor([1.0 if flag else 0.0], device=device)  # [1]
+    dist.all_reduce(value, op=op)
+    return bool(value.item())
+
+
+def broadcast_from_main(values: list[Any], info: DistInfo) -> list[Any]:
+    """Rank 0's ``values`` on every rank (picklable objects). A collective."""
+    if info.distributed:
+        dist.broadcast_object_list(values, src=0)
+    return values
