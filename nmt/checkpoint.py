@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-from nmt import __version__
 from nmt.data import Tokenizer
 from nmt.model import Seq2Seq
+from nmt.version import __version__
 
 CHECKPOINT_FORMAT = 1
 CHECKPOINT_DIR = "checkpoints"

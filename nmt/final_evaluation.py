@@ -7,8 +7,8 @@ with ``trainer.average_last=N`` the average of the last N validation checkpoints
 summary (steps, clock, tokens/s, device, versions, every validation); the best checkpoint's test
 translations go to ``translations/<split>.<tgt_lang>``; the terminal gets a short summary.
 
-It reads the ``Trainer`` it reports on and changes only its model's weights (restored to the best
-checkpoint's at the end).
+It reads the run it reports on (``FinishedRun``: what of ``nmt.training.Trainer`` it uses) and changes
+only its model's weights (restored to the best checkpoint's at the end).
 
 Deliberately not here: decoding and teacher-forced loss (``Trainer.decode``,
 ``Trainer.teacher_forced_loss``, shared with validation), scoring (``nmt.evaluation``), and DDP
@@ -20,19 +20,46 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+import torch
 from omegaconf import DictConfig
 
+from nmt.checkpoint import RunCheckpoints
+from nmt.data import EncodedSplit, PreparedData
+from nmt.distributed import DistInfo
 from nmt.evaluation import corpus_scores
-from nmt.model import count_parameters
+from nmt.model import Seq2Seq, count_parameters
+from nmt.progress import Progress
 from nmt.provenance import device_name, host, library_versions
-
-if TYPE_CHECKING:
-    from nmt.training import Trainer
+from nmt.tensorboard import RunLogger
 
 
-def final_evaluation(trainer: Trainer, stopped_early: bool) -> dict[str, Any]:
+class FinishedRun(Protocol):
+    """What the final evaluation reads of a training run (``nmt.training.Trainer`` is one)."""
+
+    cfg: DictConfig
+    tcfg: DictConfig
+    run_dir: Path
+    info: DistInfo
+    model: Seq2Seq
+    data: PreparedData
+    device: torch.device
+    precision: str
+    use_bf16: bool
+    progress: Progress
+    checkpoints: RunCheckpoints
+    logger: RunLogger
+    batches_per_epoch: int
+    setup_seconds: float
+    gpu_utilisation: dict[str, Any]
+
+    def decode(self, split: EncodedSplit, beam_size: int) -> list[str]: ...
+
+    def teacher_forced_loss(self, split: EncodedSplit) -> tuple[float, int]: ...
+
+
+def final_evaluation(trainer: FinishedRun, stopped_early: bool) -> dict[str, Any]:
     """Score the best (and averaged) weights, write ``results.json`` and the TensorBoard HParams; print a summary.
 
     Args:
@@ -60,7 +87,7 @@ def final_evaluation(trainer: Trainer, stopped_early: bool) -> dict[str, Any]:
     return results
 
 
-def evaluate_weights(trainer: Trainer, label: str, step: int | None) -> dict[str, Any]:
+def evaluate_weights(trainer: FinishedRun, label: str, step: int | None) -> dict[str, Any]:
     """Beam-search scores of the model's current weights on the validation and test splits.
 
     Args:
@@ -84,7 +111,7 @@ def evaluate_weights(trainer: Trainer, label: str, step: int | None) -> dict[str
             "length_penalty": trainer.tcfg.length_penalty, "valid": valid, "test": test}
 
 
-def run_summary(trainer: Trainer, stopped_early: bool) -> dict[str, Any]:
+def run_summary(trainer: FinishedRun, stopped_early: bool) -> dict[str, Any]:
     """What the run was and what it took: sizes, steps, the clock, throughput, device and versions."""
     p, tcfg, data_cfg = trainer.progress, trainer.tcfg, trainer.cfg.data
     return {

@@ -23,7 +23,7 @@ import sacrebleu
 import sentencepiece
 import torch
 
-from nmt import __version__
+from nmt.version import __version__
 
 
 def utc_timestamp() -> str:

@@ -8,9 +8,9 @@ import shlex
 import sacrebleu
 import torch
 
-from nmt import __version__
 from nmt.analysis.cli import device_slug
 from nmt.provenance import command_line, device_name, provenance
+from nmt.version import __version__
 
 
 def test_command_line_quotes_the_arguments_it_was_given() -> None:
