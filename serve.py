@@ -13,7 +13,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from nmt.config import ConfigError, check_command_line_keys
+from nmt.config import ConfigError
+from nmt.entry_point import check_keys_or_exit, user_errors
 from nmt.server import ServeSettings, serve_main
 from nmt.translator import USER_ERRORS
 
@@ -21,17 +22,10 @@ from nmt.translator import USER_ERRORS
 @hydra.main(version_base="1.3", config_path="configs", config_name="serve")
 def main(cfg: DictConfig) -> None:
     """Run the server (see configs/serve.yaml for the options)."""
-    try:
+    with user_errors("serve.py", (*USER_ERRORS, ConfigError)):
         serve_main(cfg)
-    except (*USER_ERRORS, ConfigError) as error:
-        print(f"serve.py: error: {error}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":
-    # Hydra would refuse an unknown key too, but without naming the key that was meant
-    problem = check_command_line_keys(Path(__file__).parent / "configs", sys.argv[1:], ServeSettings)
-    if problem:
-        print(f"serve.py: error: {problem}", file=sys.stderr)
-        sys.exit(2)
+    check_keys_or_exit("serve.py", Path(__file__).parent / "configs", sys.argv[1:], ServeSettings)
     main()

@@ -13,7 +13,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from nmt.config import check_command_line_keys
+from nmt.entry_point import check_keys_or_exit, user_errors
 from nmt.translation import TranslateSettings, translate_main
 from nmt.translator import USER_ERRORS
 
@@ -21,17 +21,10 @@ from nmt.translator import USER_ERRORS
 @hydra.main(version_base="1.3", config_path="configs", config_name="translate")
 def main(cfg: DictConfig) -> None:
     """Run the translate job (see configs/translate.yaml for the options)."""
-    try:
+    with user_errors("translate.py", USER_ERRORS):
         translate_main(cfg)
-    except USER_ERRORS as error:
-        print(f"translate.py: error: {error}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":
-    # Hydra would refuse an unknown key too, but without naming the key that was meant
-    problem = check_command_line_keys(Path(__file__).parent / "configs", sys.argv[1:], TranslateSettings)
-    if problem:
-        print(f"translate.py: error: {problem}", file=sys.stderr)
-        sys.exit(2)
+    check_keys_or_exit("translate.py", Path(__file__).parent / "configs", sys.argv[1:], TranslateSettings)
     main()

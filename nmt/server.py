@@ -15,7 +15,8 @@ same search options are decoded together, in one ``Translator.translate`` call, 
 (the Translator is not thread-safe; the event loop never waits on it). The Translator sorts and batches
 sentences itself, and a sentence's translation does not depend on its batch-mates, so each sentence gets
 the translation it would get alone. While the worker decodes, new requests queue and form the next batch,
-whose window opens when the worker is free again (so the clients just answered can join it).
+whose window opens when the worker is free again (so the clients just answered can join it) and closes
+early once as many sentences wait as the last batch held.
 
 Bad requests get a JSON ``{"error": "..."}`` naming the problem (413 over a size limit, 422 for a wrong
 type or an option the Translator refuses, 404/405 for a wrong path or method) and the server goes on.
@@ -206,6 +207,16 @@ class _Job:
     arrived: float  # event-loop time
 
 
+def new_engine_thread() -> ThreadPoolExecutor:
+    """The one thread that runs every torch call of a server, loading included.
+
+    A thread that has run torch ops keeps its own OpenMP thread team; with the model loaded on one
+    thread and decoded on another, the two teams compete for the cores (measured on 2 cores: single
+    sentences decode at half speed, 16-sentence batches at about 0.6x).
+    """
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="translator")
+
+
 class MicroBatcher:
     """Collects requests on the event loop and decodes each batch in one worker thread.
 
@@ -213,18 +224,23 @@ class MicroBatcher:
         translator: the engine; only the worker thread calls it.
         wait_s: how long the oldest waiting request holds its batch open for others.
         batch_sentences: at most this many sentences per batch (a larger request goes alone).
+        engine_thread: the one-thread executor to decode on; best the one that loaded ``translator``
+            (``engine_thread()``). None: a new one.
     """
 
-    def __init__(self, translator: Translator, wait_s: float, batch_sentences: int) -> None:
+    def __init__(self, translator: Translator, wait_s: float, batch_sentences: int,
+                 engine_thread: ThreadPoolExecutor | None = None) -> None:
         self.translator = translator
         self.wait_s = wait_s
         self.batch_sentences = batch_sentences
         self.batches = 0
         self.sentences = 0
+        self.busy_seconds = 0.0  # time the worker spent decoding: against the uptime, how busy the server is
         self._pending: collections.deque[_Job] = collections.deque()
         self._arrival = asyncio.Event()
         self._free_since = 0.0  # event-loop time the worker last finished a batch
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="translator")
+        self._last_batch_sentences = 0  # how many sentences it held (0: none yet)
+        self._executor = engine_thread or new_engine_thread()
 
     async def translate(self, sentences: list[str], options: SearchOptions, attention: bool) -> list[dict[str, Any]]:
         """The translations of ``sentences`` (``Translation.to_dict()`` each), decoded with other requests."""
@@ -254,7 +270,10 @@ class MicroBatcher:
         # answered a moment ago are about to send again, and a batch that waits for them holds all the
         # clients instead of half of them (at idle the worker has long been free: the first job's time rules).
         deadline = max(first.arrived, self._free_since) + self.wait_s
-        while self._same_key_sentences(first.key) < self.batch_sentences and loop.time() < deadline:
+        # ... and it closes early once as many sentences wait as the last batch held: under steady load that
+        # is every client, and a lone request at idle (last batch: 1) does not wait at all.
+        enough = min(self.batch_sentences, self._last_batch_sentences or self.batch_sentences)
+        while self._same_key_sentences(first.key) < enough and loop.time() < deadline:
             self._arrival.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._arrival.wait(), deadline - loop.time())
@@ -273,7 +292,9 @@ class MicroBatcher:
 
     async def _decode(self, jobs: list[_Job]) -> None:
         sentences = [s for job in jobs for s in job.sentences]
+        self._last_batch_sentences = len(sentences)
         loop = asyncio.get_running_loop()
+        started = time.perf_counter()
         try:
             results = await loop.run_in_executor(self._executor, self._translate, sentences, *jobs[0].key)
         except Exception as error:  # each waiting request answers for itself (422 or 500)
@@ -283,6 +304,7 @@ class MicroBatcher:
             return
         finally:
             self._free_since = loop.time()
+            self.busy_seconds += time.perf_counter() - started
         self.batches += 1
         self.sentences += len(sentences)
         start = 0
@@ -306,19 +328,21 @@ class MicroBatcher:
 # --------------------------------------------------------------------------------------------------
 
 
-def create_app(translator: Translator, settings: ServeSettings) -> Starlette:
+def create_app(translator: Translator, settings: ServeSettings,
+               engine_thread: ThreadPoolExecutor | None = None) -> Starlette:
     """The ASGI app serving ``translator`` (see the module docstring for the endpoints).
 
     Args:
         translator: the engine, used from one worker thread only.
         settings: ``ServeSettings`` or a composed ``serve`` config (its checkpoint is not read):
             request defaults, limits and the batching window.
+        engine_thread: the thread that loaded ``translator`` (``new_engine_thread``), to decode on too.
 
     Raises:
         ConfigError, TranslationError: settings that cannot work (``check_serve_settings``).
     """
     defaults = check_serve_settings(settings)
-    batcher = MicroBatcher(translator, settings.batch_wait_ms / 1000, settings.batch_sentences)
+    batcher = MicroBatcher(translator, settings.batch_wait_ms / 1000, settings.batch_sentences, engine_thread)
     limits = {name: getattr(settings, name) for name in LIMITS}
     model_info = {**translator.info(), "has_attention": translator.has_attention,
                   "defaults": dataclasses.asdict(defaults), "limits": limits}
@@ -353,6 +377,7 @@ def create_app(translator: Translator, settings: ServeSettings) -> Starlette:
             "status": "ok", **model_summary, "requests": counters["requests"], "refused": counters["refused"],
             "sentences": batcher.sentences, "batches": batcher.batches,
             "search_calls": translator.search_calls, "queued": batcher.queued,
+            "busy_seconds": round(batcher.busy_seconds, 3),
             "uptime_s": round(time.monotonic() - started, 3),
         })
 
@@ -405,8 +430,9 @@ def serve_main(cfg: DictConfig) -> None:
             server starts (reported in one line by ``serve.py``).
     """
     check_serve_settings(cfg)  # before the model loads
-    translator = Translator.from_settings(cfg)  # checkpoint(s), device, precision, input limit
-    app = create_app(translator, cfg)
+    engine = new_engine_thread()
+    translator = engine.submit(Translator.from_settings, cfg).result()  # checkpoint(s), device, precision
+    app = create_app(translator, cfg, engine)
     log.info("serving %s on http://%s:%d/", ", ".join(translator.info()["checkpoints"]), cfg.host, cfg.port)
     # uvicorn handles SIGTERM/SIGINT itself (graceful shutdown), then re-raises the signal to the handler
     # it found; that handler ends the process with status 0 instead of -15 or a KeyboardInterrupt

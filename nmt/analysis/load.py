@@ -1,10 +1,12 @@
 """``benchmark.py server``: sentences/s and latency of ``serve.py`` under 1, 4 and 16 clients, beside the batch job.
 
 All in one run on one machine: (1) the batch job, ``Translator.translate`` on the whole input in this
-process after a warm-up: the ceiling micro-batching can approach; (2) ``serve.py`` as a subprocess on
-127.0.0.1 (a free port); for each client count C, C threads send the input one sentence per request
-(each once, in order, stopping after ``--seconds``): sentences/s, latency p50/p95, and from ``/health``
-the sentences per search batch; (3) single-sentence latency at idle, one request at a time, 50 ms apart.
+process after a warm-up: the ceiling micro-batching can approach (and ``translate.py`` on the same file
+as a whole process); (2) ``serve.py`` as a subprocess on
+127.0.0.1 (a free port); for each client count C, C threads, each on its own kept-open connection,
+send the input one sentence per request (each once, in order, stopping after ``--seconds``):
+sentences/s, latency p50/p95, and from ``/health`` the sentences per search batch; (3) single-sentence
+latency at idle, one request at a time, 50 ms apart.
 
 Not done here: traffic to anything but 127.0.0.1, or checking the translations.
 """
@@ -12,14 +14,17 @@ Not done here: traffic to anything but 127.0.0.1, or checking the translations.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -68,6 +73,26 @@ def request(url: str, payload: dict[str, Any] | None = None, timeout: float = 12
         return json.loads(response.read())
 
 
+class Connection:
+    """One client's HTTP/1.1 connection, kept open across its requests as a real client's would be (a new
+    connection per request would spend both processes' CPU, on the same cores, on TCP set-up)."""
+
+    def __init__(self, url: str) -> None:
+        parts = urllib.parse.urlsplit(url)
+        self.connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
+
+    def post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        self.connection.request("POST", path, json.dumps(payload), {"Content-Type": "application/json"})
+        response = self.connection.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"POST {path} answered {response.status}: {body[:200]!r}")
+        return json.loads(body)
+
+    def close(self) -> None:
+        self.connection.close()
+
+
 @contextmanager
 def running_server(args: argparse.Namespace) -> Iterator[str]:
     """``serve.py`` on a free port of 127.0.0.1; yields its URL; SIGTERM at the end."""
@@ -106,15 +131,17 @@ def client_level(url: str, lines: list[str], clients: int, seconds: float) -> di
     stop_at = time.perf_counter() + seconds
 
     def client() -> None:
+        connection = Connection(url)
         while time.perf_counter() < stop_at:
             with lock:
                 line = next(todo, None)
             if line is None:
-                return
+                break
             start = time.perf_counter()
-            request(f"{url}/v1/translate", {"text": line})
+            connection.post("/v1/translate", {"text": line})
             with lock:
                 latencies.append(time.perf_counter() - start)
+        connection.close()
 
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
@@ -126,17 +153,19 @@ def client_level(url: str, lines: list[str], clients: int, seconds: float) -> di
     return {"clients": clients, "sentences": len(latencies), "seconds": wall,
             "sentences_per_s": len(latencies) / wall, **latencies_ms(latencies), "batches": batches,
             "sentences_per_batch": (after["sentences"] - before["sentences"]) / max(batches, 1),
+            "busy_fraction": (after["busy_seconds"] - before["busy_seconds"]) / wall,
             "search_calls": after["search_calls"] - before["search_calls"]}
 
 
 def idle_latency(url: str, lines: list[str], requests: int) -> dict[str, Any]:
     """Latency of single requests with nothing else in flight (the batching window closes on its own)."""
-    latencies = []
+    latencies, connection = [], Connection(url)
     for line in lines[:requests]:
         time.sleep(0.05)
         start = time.perf_counter()
-        request(f"{url}/v1/translate", {"text": line})
+        connection.post("/v1/translate", {"text": line})
         latencies.append(time.perf_counter() - start)
+    connection.close()
     return {"requests": len(latencies), **latencies_ms(latencies)}
 
 
@@ -150,6 +179,18 @@ def batch_job(translator: Translator, lines: list[str], beam_size: int) -> dict[
     return {"sentences": len(lines), "seconds": seconds, "sentences_per_s": len(lines) / seconds}
 
 
+def translate_py(args: argparse.Namespace, src_path: Path, sentences: int) -> dict[str, Any]:
+    """``translate.py`` on the same file as a whole process (start-up and model loading included)."""
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})}
+    with tempfile.TemporaryDirectory(prefix="nmt_bench_") as folder:
+        start = time.perf_counter()
+        subprocess.run([sys.executable, str(REPO_ROOT / "translate.py"), f"checkpoint={args.checkpoint}",
+                        f"input={src_path}", f"output={Path(folder) / 'out.txt'}", f"device={args.device}",
+                        f"beam_size={args.beam_size}", "progress=false"], env=env, check=True, capture_output=True)
+        seconds = time.perf_counter() - start
+    return {"sentences": sentences, "seconds": seconds, "sentences_per_s": sentences / seconds}
+
+
 def benchmark_server(args: argparse.Namespace) -> tuple[dict[str, Any], torch.device]:
     """The ``server`` mode: the batch job, each client level, idle latency; prints each as it comes."""
     if args.threads:
@@ -160,6 +201,10 @@ def benchmark_server(args: argparse.Namespace) -> tuple[dict[str, Any], torch.de
     batch = batch_job(translator, lines, args.beam_size)
     print(f"batch job : {batch['sentences_per_s']:8.1f} sentences/s ({batch['seconds']:.2f} s for "
           f"{len(lines)} sentences, Translator.translate on the whole file)", flush=True)
+    if args.limit is None:  # translate.py reads the whole file
+        batch["translate_py"] = translate_py(args, src_path, len(lines))
+        print(f"translate.py: {batch['translate_py']['sentences_per_s']:6.1f} sentences/s as a whole process "
+              f"({batch['translate_py']['seconds']:.2f} s)", flush=True)
     device = translator.device
     del translator  # the server process holds its own copy
     levels = []
@@ -169,7 +214,8 @@ def benchmark_server(args: argparse.Namespace) -> tuple[dict[str, Any], torch.de
             levels.append(level := client_level(url, lines, clients, args.seconds))
             print(f"{clients:3d} client{'s' if clients > 1 else ' '}: {level['sentences_per_s']:8.1f} sentences/s, "
                   f"latency p50 {level['latency_p50_ms']:7.1f} ms, p95 {level['latency_p95_ms']:7.1f} ms, "
-                  f"{level['sentences_per_batch']:.1f} sentences per batch ({level['sentences']} sentences)",
+                  f"{level['sentences_per_batch']:.1f} sentences per batch, decoding {level['busy_fraction']:.0%} of "
+                  f"the time ({level['sentences']} sentences)",
                   flush=True)
         idle = idle_latency(url, lines, args.idle_requests)
         print(f"idle      : one sentence, latency p50 {idle['latency_p50_ms']:.1f} ms "
