@@ -140,3 +140,11 @@ def save_tiny_checkpoint(path: Path, attention: str, seed: int = 0, vocab_size: 
         for p in model.parameters():
             p.mul_(3.0)
     return save_checkpoint(path, {"config": config, "tokenizer": tokenizer.to_state(), "model": model.state_dict()})
+
+
+@pytest.fixture(scope="session")
+def tiny_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run dir holding checkpoints/best.pt of a tiny additive-attention model (``save_tiny_checkpoint``)."""
+    root = tmp_path_factory.mktemp("tiny_run")
+    save_tiny_checkpoint(root / "checkpoints" / "best.pt", "additive")
+    return root

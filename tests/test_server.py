@@ -59,22 +59,15 @@ def call(url: str, payload: Any = None, *, data: bytes | None = None, method: st
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("run")
-    save_tiny_checkpoint(root / "checkpoints" / "best.pt", "additive")
-    return root
-
-
-@pytest.fixture(scope="module")
-def reference(run_dir: Path) -> Translator:
+def reference(tiny_run_dir: Path) -> Translator:
     """A Translator of its own, called from the test thread only, for what a sentence gives alone."""
-    return Translator.from_checkpoint(run_dir, device="cpu")
+    return Translator.from_checkpoint(tiny_run_dir, device="cpu")
 
 
 @pytest.fixture(scope="module")
-def server(run_dir: Path) -> Iterator[tuple[str, Translator]]:
+def server(tiny_run_dir: Path) -> Iterator[tuple[str, Translator]]:
     """A server on a free port (with a 40 ms batching window, wide enough for loaded shared cores)."""
-    translator = Translator.from_checkpoint(run_dir, device="cpu")
+    translator = Translator.from_checkpoint(tiny_run_dir, device="cpu")
     with serve_in_thread(create_app(translator, serve_settings("batch_wait_ms=40"))) as url:
         yield url, translator
 
@@ -253,10 +246,10 @@ def serve_cli(*args: str, cwd: Path) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def test_serve_py_finishes_in_flight_requests_on_sigterm(run_dir: Path, tmp_path: Path) -> None:
+def test_serve_py_finishes_in_flight_requests_on_sigterm(tiny_run_dir: Path, tmp_path: Path) -> None:
     port = free_port()
     # a long batching window keeps the request in flight when SIGTERM arrives
-    process = serve_cli(f"checkpoint={run_dir}", f"port={port}", "batch_wait_ms=1500", "max_len=8", cwd=tmp_path)
+    process = serve_cli(f"checkpoint={tiny_run_dir}", f"port={port}", "batch_wait_ms=1500", "max_len=8", cwd=tmp_path)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -288,16 +281,16 @@ def test_serve_py_finishes_in_flight_requests_on_sigterm(run_dir: Path, tmp_path
     (["checkpoint=RUN", "max_words=0"], "max_words=0 must be positive"),
     ([], "no checkpoint given; pass checkpoint=PATH"),
 ])
-def test_serve_py_user_errors_are_one_line_exit_2(run_dir: Path, tmp_path: Path, args: list[str],
+def test_serve_py_user_errors_are_one_line_exit_2(tiny_run_dir: Path, tmp_path: Path, args: list[str],
                                                   message: str) -> None:
-    args = [a.replace("RUN", str(run_dir)) for a in args]
+    args = [a.replace("RUN", str(tiny_run_dir)) for a in args]
     process = serve_cli(*args, cwd=tmp_path)
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 2 and stdout == ""
     assert stderr.startswith("serve.py: error: ") and stderr.count("\n") == 1 and message in stderr, stderr
 
 
-def test_benchmark_script_reports_every_level(run_dir: Path, tmp_path: Path) -> None:
+def test_benchmark_script_reports_every_level(tiny_run_dir: Path, tmp_path: Path) -> None:
     """The benchmark runs end to end on a tiny model (its figures are not checked: timings stay out of tests)."""
     from nmt.analysis.benchmark import main as benchmark
 
@@ -305,7 +298,7 @@ def test_benchmark_script_reports_every_level(run_dir: Path, tmp_path: Path) -> 
     source.write_text("\n".join(SENTENCES * 3) + "\n", encoding="utf-8")
     out = tmp_path / "bench"
     report = benchmark([
-        "server", "--checkpoint", str(run_dir), "--input", str(source), "--clients", "1", "4", "--seconds", "20",
+        "server", "--checkpoint", str(tiny_run_dir), "--input", str(source), "--clients", "1", "4", "--seconds", "20",
         "--idle-requests", "3", "--threads", "1", "--device", "cpu", "--out", str(out)])
     assert json.loads((tmp_path / "bench.json").read_text(encoding="utf-8")) == json.loads(json.dumps(report))
     assert report["batch_job"]["sentences"] == len(SENTENCES) * 3

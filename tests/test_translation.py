@@ -42,14 +42,6 @@ def _one_thread() -> None:
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run dir holding checkpoints/best.pt of a tiny additive-attention model."""
-    root = tmp_path_factory.mktemp("run")
-    save_tiny_checkpoint(root / "checkpoints" / "best.pt", "additive")
-    return root
-
-
-@pytest.fixture(scope="module")
 def no_attention_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_checkpoint(tmp_path_factory.mktemp("none") / "none.pt", "none")
 
@@ -77,8 +69,8 @@ def test_token_batches_respect_budget_and_cover_all() -> None:
     assert batches[0] == [6]  # longest first; over the budget alone
 
 
-def test_batched_equals_one_by_one_in_input_order(run_dir: Path) -> None:
-    model, tokenizer, _ = load_for_inference(run_dir)
+def test_batched_equals_one_by_one_in_input_order(tiny_run_dir: Path) -> None:
+    model, tokenizer, _ = load_for_inference(tiny_run_dir)
     lines = SRC + [s.upper() for s in SRC[:2]] + ["Hund", "Ein Mann."]
     random.Random(0).shuffle(lines)
     for beam in (1, 3):
@@ -88,8 +80,8 @@ def test_batched_equals_one_by_one_in_input_order(run_dir: Path) -> None:
     assert len({tuple(h[0].tokens) for h in together}) > 3  # the check is not vacuous
 
 
-def test_beam_one_is_greedy_and_nbest_sorted(run_dir: Path) -> None:
-    model, tokenizer, _ = load_for_inference(run_dir)
+def test_beam_one_is_greedy_and_nbest_sorted(tiny_run_dir: Path) -> None:
+    model, tokenizer, _ = load_for_inference(tiny_run_dir)
     greedy = translate_lines(model, tokenizer, SRC, beam_size=1, max_len=8)
     beam1 = translate_lines(model, tokenizer, SRC, beam_size=2, n_best=1, max_len=8)
     nbest = translate_lines(model, tokenizer, SRC, beam_size=4, n_best=4, max_len=8)
@@ -111,7 +103,7 @@ def test_beam_one_is_greedy_and_nbest_sorted(run_dir: Path) -> None:
         translate_lines(model, tokenizer, SRC, beam_size=2, n_best=3)
 
 
-def test_file_job_keeps_one_line_per_input_line(run_dir: Path, tmp_path: Path,
+def test_file_job_keeps_one_line_per_input_line(tiny_run_dir: Path, tmp_path: Path,
                                                 caplog: pytest.LogCaptureFixture) -> None:
     long_line = " ".join(["Hund"] * (MAX_WORDS + 5))
     lines = [SRC[0], "", SRC[1], "   ", long_line, long_line + " Park", SRC[2]]
@@ -119,7 +111,7 @@ def test_file_job_keeps_one_line_per_input_line(run_dir: Path, tmp_path: Path,
     ref = write_lines(tmp_path / "ref.en", [TGT[0], "", TGT[1], "", "dog", "dog park", TGT[2]])
     out = tmp_path / "out" / "out.en"
     with caplog.at_level(logging.WARNING):
-        metrics = translate_main(translate_cfg(f"checkpoint={run_dir}", f"input={src}", f"output={out}",
+        metrics = translate_main(translate_cfg(f"checkpoint={tiny_run_dir}", f"input={src}", f"output={out}",
                                                f"reference={ref}", "beam_size=3"))
     hyps = read_lines(out)
     assert len(hyps) == len(lines)
@@ -131,10 +123,10 @@ def test_file_job_keeps_one_line_per_input_line(run_dir: Path, tmp_path: Path,
     assert "tok:13a" in metrics["bleu_signature"] and "nc:6" in metrics["chrf_signature"]
 
 
-def test_stdin_to_stdout_and_nbest_format(run_dir: Path, monkeypatch: pytest.MonkeyPatch,
+def test_stdin_to_stdout_and_nbest_format(tiny_run_dir: Path, monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(f"{SRC[0]}\n\n{SRC[1]}\n".encode())))
-    translate_main(translate_cfg(f"checkpoint={run_dir}", "beam_size=3", "n_best=3"))
+    translate_main(translate_cfg(f"checkpoint={tiny_run_dir}", "beam_size=3", "n_best=3"))
     captured = capsys.readouterr()
     rows = captured.out.split("\n")
     assert len(rows) == 4 and rows[3] == "" and rows[1] == ""
@@ -145,15 +137,15 @@ def test_stdin_to_stdout_and_nbest_format(run_dir: Path, monkeypatch: pytest.Mon
         assert scores == sorted(scores, reverse=True)
     # one-best of the same input: the first field
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(f"{SRC[0]}\n".encode())))
-    translate_main(translate_cfg(f"checkpoint={run_dir}", "beam_size=3"))
+    translate_main(translate_cfg(f"checkpoint={tiny_run_dir}", "beam_size=3"))
     assert capsys.readouterr().out == rows[0].split("\t")[0] + "\n"
 
 
-def test_heatmaps_and_alignments(run_dir: Path, tmp_path: Path) -> None:
+def test_heatmaps_and_alignments(tiny_run_dir: Path, tmp_path: Path) -> None:
     lines = [SRC[0], "", SRC[3]]
     src = write_lines(tmp_path / "in.de", lines)
     out, align, plots = tmp_path / "out.en", tmp_path / "out.align", tmp_path / "plots"
-    translate_main(translate_cfg(f"checkpoint={run_dir}", f"input={src}", f"output={out}",
+    translate_main(translate_cfg(f"checkpoint={tiny_run_dir}", f"input={src}", f"output={out}",
                                  f"attention_dir={plots}", f"alignments={align}"))
     hyps, links = read_lines(out), read_lines(align)
     assert len(links) == len(lines) and links[1] == ""
@@ -165,12 +157,12 @@ def test_heatmaps_and_alignments(run_dir: Path, tmp_path: Path) -> None:
     pngs = sorted(p.name for p in plots.iterdir())
     assert pngs == ["1.png", "3.png"]  # none for the empty line
     assert all((plots / name).read_bytes()[:8] == PNG_SIGNATURE for name in pngs)
-    translate_main(translate_cfg(f"checkpoint={run_dir}", f"input={src}", f"output={out}",
+    translate_main(translate_cfg(f"checkpoint={tiny_run_dir}", f"input={src}", f"output={out}",
                                  f"attention_dir={tmp_path / 'sub'}", "attention_words=false"))
     assert (tmp_path / "sub" / "1.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
-def test_user_errors_say_what_is_wrong(run_dir: Path, no_attention_ckpt: Path, tmp_path: Path) -> None:
+def test_user_errors_say_what_is_wrong(tiny_run_dir: Path, no_attention_ckpt: Path, tmp_path: Path) -> None:
     src = write_lines(tmp_path / "in.de", SRC[:2])
     with pytest.raises(TranslationError, match="pass checkpoint=PATH"):
         translate_main(translate_cfg(f"input={src}"))
@@ -181,28 +173,28 @@ def test_user_errors_say_what_is_wrong(run_dir: Path, no_attention_ckpt: Path, t
     bad = tmp_path / "bad.de"
     bad.write_bytes(SRC[0].encode() + b"\nok\n\xff\xfe broken\n")
     with pytest.raises(TranslationError, match=r"line 3: invalid UTF-8"):
-        translate_main(translate_cfg(f"checkpoint={run_dir}", f"input={bad}"))
+        translate_main(translate_cfg(f"checkpoint={tiny_run_dir}", f"input={bad}"))
     out = tmp_path / "out.en"
-    translate_main(translate_cfg(f"checkpoint={run_dir}", f"input={bad}", f"output={out}", "invalid_utf8=replace"))
+    translate_main(translate_cfg(f"checkpoint={tiny_run_dir}", f"input={bad}", f"output={out}", "invalid_utf8=replace"))
     assert len(read_lines(out)) == 3
     ref = write_lines(tmp_path / "short.en", TGT[:1])
     with pytest.raises(TranslationError, match="has 1 lines but the input has 2"):
-        translate_main(translate_cfg(f"checkpoint={run_dir}", f"input={src}", f"reference={ref}"))
+        translate_main(translate_cfg(f"checkpoint={tiny_run_dir}", f"input={src}", f"reference={ref}"))
     with pytest.raises(TranslationError, match="precision='fp16' is not one of auto, bf16, fp32"):
-        translate_main(translate_cfg(f"checkpoint={run_dir}", f"input={src}", "precision=fp16"))
-    old = torch.load(run_dir / "checkpoints" / "best.pt", weights_only=True)
+        translate_main(translate_cfg(f"checkpoint={tiny_run_dir}", f"input={src}", "precision=fp16"))
+    old = torch.load(tiny_run_dir / "checkpoints" / "best.pt", weights_only=True)
     old["format_version"] = 999
     torch.save(old, tmp_path / "old.pt")
     with pytest.raises(ValueError, match="format 999"):
         translate_main(translate_cfg(f"checkpoint={tmp_path / 'old.pt'}", f"input={src}"))
 
 
-def test_cli_stdout_has_only_translations(run_dir: Path, tmp_path: Path) -> None:
+def test_cli_stdout_has_only_translations(tiny_run_dir: Path, tmp_path: Path) -> None:
     def cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, str(REPO_ROOT / "translate.py"), *args], input=stdin, text=True,
                               capture_output=True, cwd=tmp_path, timeout=120)
 
-    done = cli(f"checkpoint={run_dir}", "max_len=5", stdin=f"{SRC[0]}\n\n{SRC[1]}\n")
+    done = cli(f"checkpoint={tiny_run_dir}", "max_len=5", stdin=f"{SRC[0]}\n\n{SRC[1]}\n")
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.split("\n")) == 4 and done.stdout.split("\n")[1] == ""
     assert list(tmp_path.iterdir()) == []  # no Hydra output folder, no log file
