@@ -55,7 +55,7 @@ class Hypothesis:
             divided by the GNMT length penalty (beam).
         attention: ``[T_hyp, S_src]`` on the CPU: row j is the attention used to emit ``tokens[j]``,
             over the real source positions (EOS included, padding excluded); None when the model
-            has no attention.
+            has no attention or the search was asked not to keep it.
     """
 
     tokens: list[int]
@@ -106,6 +106,7 @@ def greedy_search(
     src_lengths: Tensor,
     max_len: int,
     max_len_ratio: float | None = None,
+    keep_attention: bool = True,
 ) -> list[Hypothesis]:
     """Decode a batch by taking the most probable token at every step.
 
@@ -115,6 +116,8 @@ def greedy_search(
         src_lengths: ``[B]`` real lengths, EOS included.
         max_len: at most this many output tokens per sentence.
         max_len_ratio: if set, also at most ``ceil(ratio * src_len) + 5``.
+        keep_attention: record each step's attention in the hypotheses (False saves the copies when
+            nobody reads them).
 
     Returns:
         One hypothesis per row of ``src``, in order.
@@ -142,7 +145,7 @@ def greedy_search(
         out_len = torch.where(ended, torch.full_like(out_len, step), out_len)
         finished = finished | ended | (step + 1 >= limits)
         steps_tokens.append(best)
-        if model.has_attention:
+        if keep_attention and model.has_attention:
             steps_attn.append(attn.float())
         prev = best
         if (step + 1) % sync_every == 0 and bool(finished.all()):
@@ -169,6 +172,7 @@ def beam_search(
     max_len: int = 200,
     max_len_ratio: float | None = None,
     n_best: int = 1,
+    keep_attention: bool = True,
 ) -> list[list[Hypothesis]]:
     """Batched beam search with the GNMT length penalty.
 
@@ -181,6 +185,7 @@ def beam_search(
         max_len: at most this many output tokens per sentence.
         max_len_ratio: if set, also at most ``ceil(ratio * src_len) + 5``.
         n_best: hypotheses returned per sentence (at most ``beam_size``).
+        keep_attention: record the attention of each hypothesis (False saves the per-step copies).
 
     Returns:
         For each row of ``src``, up to ``n_best`` hypotheses, best (highest score) first.
@@ -243,7 +248,7 @@ def beam_search(
         keep_token = cand_token.gather(1, keep_pos)  # [A, K]
         hist_tokens.append(_scatter_rows(keep_token, active, batch, PAD_ID))  # [B, K]
         hist_back.append(_scatter_rows(keep_slot, active, batch, 0))  # [B, K]
-        if model.has_attention:
+        if keep_attention and model.has_attention:
             step_attn = attn.float().view(n_active, k, -1)  # [A, K, S]
             step_attn = step_attn.gather(1, keep_slot.unsqueeze(2).expand_as(step_attn))  # [A, K, S]
             hist_attn.append(_scatter_rows(step_attn, active, batch, 0.0))  # [B, K, S]

@@ -158,7 +158,8 @@ class Translation:
         nbest: up to ``n_best`` candidates, best first (the first is ``text``).
         attention: word attention of the best translation, when asked for and the model attends.
         src_ids: the source subword ids the model read (no EOS; [] for an empty input).
-        hypotheses: the raw hypotheses (subword ids, subword attention ``[T, S]``), best first.
+        hypotheses: the raw hypotheses (subword ids; subword attention ``[T, S]`` when attention was
+            asked for, else None), best first.
     """
 
     text: str
@@ -302,11 +303,12 @@ class Translator:
             raise TranslationError(f"attention was asked for, but this model was trained with "
                                    f"attention={self.attention_name}, which has none")
         src_ids = self.encode(sentences)
-        results = self.translate_ids(src_ids, search, progress=progress)
+        results = self.translate_ids(src_ids, search, progress=progress, attention=attention)
         return [self._result(ids, nbest, attention) for ids, nbest in zip(src_ids, results)]
 
     def translate_ids(
-        self, src_ids: Sequence[Sequence[int]], options: SearchOptions | None = None, progress: bool = False
+        self, src_ids: Sequence[Sequence[int]], options: SearchOptions | None = None, progress: bool = False,
+        attention: bool = True,
     ) -> list[list[Hypothesis]]:
         """Decode encoded sentences in length-sorted token batches, in input order.
 
@@ -314,6 +316,7 @@ class Translator:
             src_ids: subword ids per sentence, without EOS; an empty list gives one empty hypothesis.
             options: the search options (defaults if None).
             progress: show a tqdm bar on stderr.
+            attention: keep each hypothesis' subword attention (validation's heatmaps read it).
 
         Returns:
             Per sentence, up to ``n_best`` hypotheses, best first.
@@ -327,12 +330,12 @@ class Translator:
             bar.update(len(src_ids) - len(todo))
             for batch in token_batches(lengths, opts.batch_tokens):
                 rows = [todo[k] for k in batch]
-                for i, nbest in zip(rows, self._search([src_ids[i] for i in rows], opts)):
+                for i, nbest in zip(rows, self._search([src_ids[i] for i in rows], opts, attention)):
                     results[i] = nbest
                 bar.update(len(rows))
         return results
 
-    def _search(self, batch_ids: list[Sequence[int]], opts: SearchOptions) -> list[list[Hypothesis]]:
+    def _search(self, batch_ids: list[Sequence[int]], opts: SearchOptions, attention: bool) -> list[list[Hypothesis]]:
         """One search call on one padded batch: src ``[B, S]``."""
         lengths = [len(ids) + 1 for ids in batch_ids]
         width = max(lengths)
@@ -341,9 +344,10 @@ class Translator:
         src_lengths = torch.tensor(lengths, dtype=torch.long)  # [B]
         self.search_calls += 1
         if opts.beam_size == 1:
-            return [[h] for h in greedy_search(self.model, src, src_lengths, opts.max_len, opts.max_len_ratio)]
+            return [[h] for h in greedy_search(self.model, src, src_lengths, opts.max_len, opts.max_len_ratio,
+                                               keep_attention=attention)]
         return beam_search(self.model, src, src_lengths, opts.beam_size, opts.length_penalty, opts.max_len,
-                           opts.max_len_ratio, opts.n_best)
+                           opts.max_len_ratio, opts.n_best, keep_attention=attention)
 
     def _result(self, src_ids: list[int], nbest: list[Hypothesis], attention: bool) -> Translation:
         candidates = [Candidate(self.tokenizer.decode_tgt(h.tokens), h.score) for h in nbest]

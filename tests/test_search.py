@@ -88,6 +88,22 @@ def test_length_limits() -> None:
     assert length_penalty_factor(torch.tensor([7.0]), 1.0).item() == pytest.approx(2.0)
 
 
+def test_not_keeping_attention_changes_nothing_else() -> None:
+    model = tiny_model("additive")
+    src, src_lengths = batch(LENGTHS)
+    for keep in (True, False):
+        greedy = greedy_search(model, src, src_lengths, max_len=12, max_len_ratio=1.0, keep_attention=keep)
+        beam = beam_search(model, src, src_lengths, beam_size=3, n_best=3, max_len=12, max_len_ratio=1.0,
+                           keep_attention=keep)
+        if keep:
+            kept_greedy, kept_beam = greedy, beam
+            continue
+        assert [(h.tokens, h.score) for h in greedy] == [(h.tokens, h.score) for h in kept_greedy]
+        assert [[(h.tokens, h.score) for h in n] for n in beam] == [[(h.tokens, h.score) for h in n] for n in kept_beam]
+        assert all(h.attention is None for h in greedy) and all(h.attention is None for n in beam for h in n)
+        assert all(h.attention is not None for h in kept_greedy)
+
+
 @pytest.mark.parametrize("name", TYPES)
 def test_beam_one_equals_greedy(name: str) -> None:
     model = tiny_model(name)
