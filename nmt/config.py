@@ -34,7 +34,7 @@ from omegaconf.errors import OmegaConfBaseException
 from nmt.attention import attention_names, attention_options
 from nmt.data.prepare import DataSchema
 from nmt.device import PRECISIONS
-from nmt.schema import first_unknown_key, unknown_dotted_key, unknown_key_message
+from nmt.schema import bad_value_message, first_unknown_key, unknown_dotted_key, unknown_key_message
 
 
 class ConfigError(ValueError):
@@ -136,9 +136,7 @@ def validate_config(cfg: DictConfig) -> None:
         try:  # types: OmegaConf names the full key and the expected type
             OmegaConf.merge(OmegaConf.structured(schema), cfg[group])
         except OmegaConfBaseException as error:
-            key = getattr(error, "full_key", None) or "?"
-            message = getattr(error, "msg", str(error)).strip()
-            raise ConfigError(f"bad value for {group}.{key}: {message}") from None
+            raise ConfigError(bad_value_message(f"{group}.", error)) from None
     _check_attention(cfg.attention)
     for key, choices in CHOICES.items():
         value = OmegaConf.select(cfg, key)
@@ -218,7 +216,7 @@ def _bad_value(schema: type, key: str, value: Any) -> str | None:
     try:
         OmegaConf.merge(OmegaConf.structured(schema), nested)
     except OmegaConfBaseException as error:
-        return f"bad value for {key}: {getattr(error, 'msg', str(error)).strip()}"
+        return bad_value_message("", error, key)
     return None
 
 

@@ -29,6 +29,14 @@ def unknown_key_message(path: str, key: str, valid: Iterable[str]) -> str:
     return f"unknown config key {path}{key}: {hint}valid keys under {path or 'the top level'}: {', '.join(valid)}"
 
 
+def bad_value_message(path: str, error: Exception, key: str | None = None) -> str:
+    """``bad value for PATH.KEY: WHAT`` from an OmegaConf validation error, its first line only (the rest
+    repeats the key and names the dataclass)."""
+    key = key or getattr(error, "full_key", None) or "?"
+    message = str(getattr(error, "msg", error)).strip().splitlines()[0]
+    return f"bad value for {path}{key}: {message}"
+
+
 def field_schema(schema: type, name: str) -> type | object | None:
     """The dataclass of a nested section, ``OPEN`` for a free-form field, None for a plain value."""
     hint = typing.get_type_hints(schema)[name]

@@ -44,7 +44,7 @@ from nmt.data.corpora import (
     terminal_progress,
 )
 from nmt.data.tokenizer import Tokenizer, TokenizerSettings, text_hash, train_tokenizer
-from nmt.schema import first_unknown_key
+from nmt.schema import bad_value_message, first_unknown_key
 
 log = logging.getLogger(__name__)
 ENCODE_CHUNK_LINES = 50_000  # sentences per SentencePiece batch call (the progress bar moves once per chunk)
@@ -133,8 +133,7 @@ def resolve_data_config(data_cfg: Any) -> dict[str, Any]:
     try:
         merged = OmegaConf.merge(OmegaConf.structured(DataSchema), given)
     except OmegaConfBaseException as error:
-        key, message = getattr(error, "full_key", "?"), getattr(error, "msg", str(error))
-        raise DataError(f"bad value for data.{key}: {message}") from None
+        raise DataError(bad_value_message("data.", error)) from None
     if missing := sorted(OmegaConf.missing_keys(merged)):
         raise DataError(f"the data config lacks {', '.join('data.' + key for key in missing)}; start from "
                         "configs/data/multi30k.yaml or configs/data/files.yaml")
