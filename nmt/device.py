@@ -14,6 +14,9 @@ Precision:
            instructions (AVX512-BF16 or AMX; not measured here); elsewhere it is emulated and
            slower than float32
     fp32   float32 throughout: no autocast, and TF32 off on CUDA
+    int8   decoding only, on the CPU: dynamic int8 quantization of the linear layers and the
+           encoder GRU (weights stored in int8, activations quantized per batch); everything
+           else, the decoder's recurrent matrix included, stays float32
 
 bf16 keeps float32's exponent range, so no loss scaling is needed (the trainer's ``GradScaler`` stays
 disabled). Under autocast the matmuls (``nn.Linear``, ``bmm``, the decoder GRU's input and hidden
@@ -29,12 +32,15 @@ project targets), and choosing bf16 on a CPU automatically (its numerics would t
 from __future__ import annotations
 
 import functools
+import warnings
 from contextlib import AbstractContextManager
 from pathlib import Path
 
 import torch
+from torch import nn
 
-PRECISIONS = ("auto", "bf16", "fp32")
+PRECISIONS = ("auto", "bf16", "fp32")  # training's choices
+INFERENCE_PRECISIONS = (*PRECISIONS, "int8")  # translating's
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -68,17 +74,47 @@ def resolve_device(name: str | torch.device, key: str = "device", local_rank: in
     return torch.device(name)
 
 
-def check_precision(precision: str, key: str = "precision") -> str:
-    """``precision`` if it is one of ``PRECISIONS``; else a DeviceError that names ``key`` and the choices."""
-    if precision not in PRECISIONS:
-        raise DeviceError(f"{key}={precision!r} is not one of {', '.join(PRECISIONS)}")
+def check_precision(precision: str, key: str = "precision", choices: tuple[str, ...] = PRECISIONS) -> str:
+    """``precision`` if it is one of ``choices``; else a DeviceError that names ``key`` and the choices."""
+    if precision not in choices:
+        raise DeviceError(f"{key}={precision!r} is not one of {', '.join(choices)}")
+    return precision
+
+
+def check_inference_precision(precision: str, device: torch.device, key: str = "precision") -> str:
+    """``precision`` if a trained model can decode in it on ``device`` (int8: the CPU only); else a DeviceError."""
+    check_precision(precision, key, INFERENCE_PRECISIONS)
+    if precision == "int8" and device.type != "cpu":
+        raise DeviceError(f"{key}=int8 is for CPU decoding (PyTorch's dynamic int8 kernels are CPU kernels); "
+                          f"on {device.type} use {key}=auto or bf16")
     return precision
 
 
 def uses_bf16(precision: str, device: torch.device) -> bool:
     """Whether ``precision`` means bf16 autocast on ``device``."""
-    check_precision(precision)
+    check_precision(precision, choices=INFERENCE_PRECISIONS)
     return precision == "bf16" or (precision == "auto" and device.type == "cuda")
+
+
+def quantize_int8(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` for ``precision=int8``: its ``nn.Linear`` and ``nn.GRU`` layers quantized dynamically.
+
+    Weights are stored in int8 (per tensor); each call quantizes its input on the fly and accumulates in
+    int32 (fbgemm's kernels, which use AVX-512 VNNI where the CPU has it). Linear layers with one output
+    are left in float32: the additive scorer reads its ``energy`` vector's weight directly, and a
+    one-column matmul gains nothing from int8.
+
+    Why ``torch.ao.quantization``: it is part of torch 2.13, which marks it deprecated in favour of the
+    separate ``torchao`` package. That package is not a dependency of this project, so the deprecation
+    warning is silenced here, in the one place that quantizes.
+    """
+    from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
+
+    layers = {name: default_dynamic_qconfig for name, module in model.named_modules()
+              if isinstance(module, nn.GRU) or (isinstance(module, nn.Linear) and module.out_features > 1)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", (DeprecationWarning, FutureWarning, UserWarning))
+        return quantize_dynamic(model, layers, dtype=torch.qint8)
 
 
 def autocast(precision: str, device: torch.device) -> AbstractContextManager[None]:

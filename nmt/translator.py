@@ -37,7 +37,8 @@ from nmt.alignment import pharaoh_alignment
 from nmt.checkpoint import CheckpointError, load_for_inference, resolve_checkpoint
 from nmt.data import EOS_ID, PAD_ID, DataError, Tokenizer
 from nmt.data.batching import token_batches
-from nmt.device import DeviceError, autocast, check_precision, configure_matmul, resolve_device, slow_bf16_warning
+from nmt.device import (DeviceError, autocast, check_inference_precision, configure_matmul, quantize_int8,
+                        resolve_device, slow_bf16_warning)
 from nmt.ensemble import Ensemble
 from nmt.model import Seq2Seq, count_parameters
 from nmt.plotting import merge_subword_attention
@@ -110,7 +111,8 @@ class EngineSettings(SearchOptions):
     Attributes:
         checkpoint: a run dir (its checkpoints/best.pt, else last.pt), a .pt file, or a list (an ensemble).
         device: ``auto`` (CUDA when available) | ``cpu`` | ``cuda`` | ``cuda:N``.
-        precision: ``auto`` (bf16 autocast on CUDA, float32 on the CPU) | ``bf16`` | ``fp32``.
+        precision: ``auto`` (bf16 autocast on CUDA, float32 on the CPU) | ``bf16`` | ``fp32`` | ``int8``
+            (dynamic int8 linear layers, CPU only).
         max_input_words: longer input lines are cut to this many words (one warning); ``auto`` = the
             training config's ``data.clean.max_len``; None = no limit.
     """
@@ -186,7 +188,8 @@ class Translator:
         models: the model, or an ensemble's members (same tokenizer and language pair), in eval mode
             and on one device. The Translator does not change their mode or device.
         tokenizer: the models' tokenizer.
-        precision: ``auto``, ``bf16`` or ``fp32`` (``nmt.device``).
+        precision: ``auto``, ``bf16``, ``fp32`` or ``int8`` (CPU decoding with int8 copies of the models'
+            linear layers; ``nmt.device``).
         max_input_words: longer input lines are cut to this many words (one warning); None = no limit.
         configs: the models' resolved training configs (for ``info``), if known.
         checkpoints: the checkpoint files the models came from, if any.
@@ -205,13 +208,15 @@ class Translator:
         checkpoints: Sequence[Path] = (),
     ) -> None:
         self.models = [models] if isinstance(models, Seq2Seq) else list(models)
+        self.device = next(self.models[0].parameters()).device
+        self.precision = _checked_precision(precision, self.device)
+        if self.precision == "int8":
+            self.models = [quantize_int8(model) for model in self.models]  # copies: the caller's stay float32
         self.model: Seq2Seq | Ensemble = self.models[0] if len(self.models) == 1 else Ensemble(self.models)
         self.tokenizer = tokenizer
-        self.precision = _checked_precision(precision)
         self.max_input_words = max_input_words
         self.configs = list(configs)
         self.checkpoints = list(checkpoints)
-        self.device = next(self.models[0].parameters()).device
         self.search_calls = 0  # one per decoded batch: lets a server show how well it batches
 
     @classmethod
@@ -227,7 +232,7 @@ class Translator:
         Args:
             path: a run dir (its ``checkpoints/best.pt``, else ``last.pt``), a checkpoint file, or a list.
             device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
-            precision: ``auto``, ``bf16`` or ``fp32``.
+            precision: ``auto``, ``bf16``, ``fp32`` or ``int8`` (CPU only).
             max_input_words: ``auto`` = the training config's ``data.clean.max_len``; a number; None.
 
         Raises:
@@ -242,7 +247,7 @@ class Translator:
             device = resolve_device(device)
         except DeviceError as error:
             raise TranslationError(str(error)) from None
-        precision = _checked_precision(precision)
+        precision = _checked_precision(precision, device)
         if warning := slow_bf16_warning(precision, device):
             log.warning(warning)
         configure_matmul(precision, device)
@@ -408,9 +413,9 @@ def truncate_words(lines: Sequence[str], max_words: int | None) -> tuple[list[st
     return out, cut
 
 
-def _checked_precision(precision: str) -> str:
+def _checked_precision(precision: str, device: torch.device) -> str:
     try:
-        return check_precision(precision)
+        return check_inference_precision(precision, device)
     except DeviceError as error:
         raise TranslationError(str(error)) from None
 

@@ -8,7 +8,7 @@ import torch
 from nmt import device as device_module
 from nmt.attention import build_attention
 from nmt.config import upgrade_saved_config
-from nmt.device import autocast, check_precision, slow_bf16_warning, uses_bf16
+from nmt.device import autocast, check_inference_precision, check_precision, quantize_int8, slow_bf16_warning, uses_bf16
 from nmt.model import Seq2Seq
 from nmt.translator import SearchOptions, TranslationError, Translator
 
@@ -46,7 +46,7 @@ def test_the_translator_decodes_in_the_precision_asked_for(setting: str, expecte
 
 
 def test_unknown_precision_is_a_translation_error() -> None:
-    with pytest.raises(TranslationError, match="precision='half' is not one of auto, bf16, fp32"):
+    with pytest.raises(TranslationError, match="precision='half' is not one of auto, bf16, fp32, int8"):
         Translator(_tiny_model(), tokenizer=None, precision="half")
 
 
@@ -60,7 +60,8 @@ def test_bf16_on_a_cpu_without_bf16_instructions_warns(monkeypatch: pytest.Monke
 
 def test_configs_saved_with_the_old_amp_key_are_upgraded() -> None:
     old = {"model": {"emb_size": 8}, "trainer": {"amp": True, "lr": 0.1}}
-    assert upgrade_saved_config(old) == {"model": {"emb_size": 8}, "trainer": {"precision": "auto", "lr": 0.1}}
+    assert upgrade_saved_config(old) == {"model": {"emb_size": 8, "output_hidden_size": None, "layer_norm": False},
+                                         "trainer": {"precision": "auto", "lr": 0.1}}
     assert upgrade_saved_config({"trainer": {"amp": False}})["trainer"] == {"precision": "fp32"}
     assert old["trainer"]["amp"] is True  # the caller's dict is left as it was
     current = {"trainer": {"precision": "bf16"}}
@@ -92,3 +93,36 @@ def test_bf16_training_step_on_cuda_keeps_the_encoder_in_float32() -> None:
     assert enc_out.dtype == torch.float32 and logits.dtype == torch.bfloat16
     logits.float().sum().backward()
     assert all(p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all() for p in model.encoder.rnn.parameters())
+
+
+def test_int8_quantizes_the_linear_layers_of_a_copy_and_stays_close_to_float32() -> None:
+    from torch.ao.nn.quantized.dynamic import GRU as Int8GRU, Linear as Int8Linear
+
+    model = _tiny_model()
+    int8 = quantize_int8(model)
+    assert isinstance(int8.decoder.output, Int8Linear) and isinstance(int8.decoder.pre_output, Int8Linear)
+    assert isinstance(int8.encoder.rnn, Int8GRU)
+    assert isinstance(int8.decoder.attention.energy, torch.nn.Linear)  # one output: read directly, kept float
+    assert type(model.decoder.output) is torch.nn.Linear  # the original is left as it was
+    src, lengths = torch.tensor([[4, 5, 6, 7, 2], [8, 9, 2, 0, 0]]), torch.tensor([5, 3])
+    tgt_in = torch.tensor([[1, 4, 5, 6], [1, 7, 8, 0]])
+    with torch.no_grad():
+        reference, _ = model(src, lengths, tgt_in)
+        quantized, _ = int8(src, lengths, tgt_in)
+    error = (quantized - reference).abs().max() / reference.abs().max()
+    assert 0 < error < 0.05  # int8 rounding: small, but not zero (so the int8 path really ran)
+
+
+def test_int8_decoding_through_the_translator_and_its_limits() -> None:
+    model = _tiny_model()
+    src = [[4, 5, 6, 7], [8, 9], [10, 11, 12, 4, 5]]
+    translator = Translator(model, tokenizer=None, precision="int8")
+    assert translator.model is not model and translator.precision == "int8"
+    for beam in (1, 3):
+        nbest = translator.translate_ids(src, SearchOptions(beam_size=beam, max_len=6))
+        assert len(nbest) == 3 and all(torch.isfinite(torch.tensor(h[0].score)) for h in nbest)
+    assert check_inference_precision("int8", CPU) == "int8"
+    with pytest.raises(ValueError, match="precision=int8 is for CPU decoding"):
+        check_inference_precision("int8", CUDA)
+    with pytest.raises(ValueError, match=r"trainer\.precision='int8' is not one of auto, bf16, fp32"):
+        check_precision("int8", key="trainer.precision")  # training has no int8

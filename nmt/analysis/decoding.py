@@ -29,7 +29,7 @@ from typing import Any
 from nmt.analysis.cli import one_line_errors, parser, write_report
 from nmt.checkpoint import resolve_checkpoint
 from nmt.data import prepare_data
-from nmt.device import PRECISIONS, uses_bf16
+from nmt.device import INFERENCE_PRECISIONS, uses_bf16
 from nmt.evaluation import corpus_scores
 from nmt.provenance import device_name, provenance
 from nmt.translator import SearchOptions, Translator
@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="GNMT alpha values (beam only; 0 = raw log-probability)")
     p.add_argument("--batch-tokens", type=int, default=4096, help="padded source tokens per batch")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--precision", default="auto", choices=PRECISIONS,
+    p.add_argument("--precision", default="auto", choices=INFERENCE_PRECISIONS,
                    help="auto (bf16 autocast on CUDA, as train.py's final test; fp32 on CPU) | bf16 | fp32")
     p.add_argument("--out", type=Path, help="output path without extension (default: <run_dir>/decoding_grid)")
     args = p.parse_args(argv)
