@@ -50,6 +50,8 @@ class ModelSchema:
     dec_layers: int = MISSING
     dropout: float = MISSING
     tie_embeddings: bool = MISSING
+    output_hidden_size: int | None = MISSING
+    layer_norm: bool = MISSING
 
 
 @dataclass
@@ -154,13 +156,16 @@ def validate_config(cfg: DictConfig) -> None:
 def upgrade_saved_config(config: dict[str, Any]) -> dict[str, Any]:
     """A config saved by an earlier nmt, with renamed keys brought up to date (for resuming its run).
 
-    ``trainer.amp`` (true: bf16 autocast on CUDA) became ``trainer.precision`` (``auto`` does the same).
+    ``trainer.amp`` (true: bf16 autocast on CUDA) became ``trainer.precision`` (``auto`` does the same);
+    ``model.output_hidden_size`` and ``model.layer_norm`` came later (null and false: what earlier models were).
     """
     trainer = dict(config.get("trainer") or {})
     if "amp" in trainer:
         amp = trainer.pop("amp")
         trainer.setdefault("precision", "auto" if amp else "fp32")
         config = {**config, "trainer": trainer}
+    if "model" in config:
+        config = {**config, "model": {"output_hidden_size": None, "layer_norm": False, **config["model"]}}
     return config
 
 

@@ -6,7 +6,7 @@
     c_j = sum_i a_ji h_i
     s_j = GRU([emb(y_{j-1}) ; c_j], s_{j-1})
     logits_j = E_out tanh(W_o [s_j ; c_j ; emb(y_{j-1})])   a deep output layer (Pascanu et al., 2014):
-                                                             W_o factored through the embedding size so
+                                                             W_o maps to the embedding size by default, so
                                                              the output matrix E_out can be tied to the
                                                              target embeddings (Press & Wolf, 2017)
 
@@ -47,7 +47,9 @@ class EncoderMemory:
         return EncoderMemory(*(getattr(self, f.name).index_select(0, index) for f in fields(self)))
 
 
-def gru_cell(input_gates: Tensor, state: Tensor, weight_hh: Tensor, bias_hh: Tensor) -> Tensor:
+def gru_cell(
+    input_gates: Tensor, state: Tensor, weight_hh: Tensor, bias_hh: Tensor, hidden_norm: GateNorm | None = None
+) -> Tensor:
     """One GRU step from precomputed input gates (same equations and gate order as ``nn.GRUCell``).
 
     Args:
@@ -55,17 +57,39 @@ def gru_cell(input_gates: Tensor, state: Tensor, weight_hh: Tensor, bias_hh: Ten
         state: ``[B, Hd]``.
         weight_hh: ``[3Hd, Hd]``.
         bias_hh: ``[3Hd]``.
+        hidden_norm: layer normalisation of ``W_hh h + b_hh``, per gate (a layer-normalised GRU).
 
     Returns:
         The next state ``[B, Hd]``.
     """
     hidden_gates = F.linear(state, weight_hh, bias_hh)  # [B, 3Hd]
+    if hidden_norm is not None:
+        hidden_gates = hidden_norm(hidden_gates)
     i_r, i_z, i_n = input_gates.chunk(3, dim=1)
     h_r, h_z, h_n = hidden_gates.chunk(3, dim=1)
     reset = torch.sigmoid(i_r + h_r)
     update = torch.sigmoid(i_z + h_z)
     new = torch.tanh(i_n + reset * h_n)
     return new + update * (state - new)  # = (1 - z) * n + z * h
+
+
+class GateNorm(nn.Module):
+    """Layer normalisation of each of a GRU's three gate pre-activations on its own (Ba et al., 2016).
+
+    Normalising the input and the recurrent contributions separately keeps their scales equal from
+    step to step, whatever the attention context does. Gain and bias are per gate: ``[3, Hd]``.
+    """
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(3, hidden_size))
+        self.bias = nn.Parameter(torch.zeros(3, hidden_size))
+
+    def forward(self, gates: Tensor) -> Tensor:
+        """``[B, 3Hd]`` -> ``[B, 3Hd]``, each Hd-wide gate normalised over its own units."""
+        per_gate = gates.view(*gates.shape[:-1], 3, -1)  # [B, 3, Hd]
+        normed = F.layer_norm(per_gate, per_gate.shape[-1:]) * self.weight + self.bias
+        return normed.view(gates.shape)
 
 
 class Encoder(nn.Module):
@@ -125,7 +149,7 @@ class Decoder(nn.Module):
 
     Args:
         vocab_size: V.
-        emb_size: E (also the size the output layer projects through, so it can be tied).
+        emb_size: E.
         hidden_size: Hd.
         enc_size: size of the encoder states, 2He.
         num_layers: L stacked GRU layers; the top layer's state is the attention query.
@@ -133,6 +157,9 @@ class Decoder(nn.Module):
         attention: the plug-in; its ``context_size`` may be 0 (no attention).
         tie_embeddings: share the output matrix with the target embeddings.
         pad_id: padding id.
+        output_hidden_size: O, the width of the deep output layer before the output matrix; None = E
+            (needed to tie). JoeyNMT-style models use an untied, wider one (e.g. 512).
+        layer_norm: a layer-normalised first GRU layer (``GateNorm`` on its input and recurrent gates).
     """
 
     def __init__(
@@ -146,8 +173,14 @@ class Decoder(nn.Module):
         attention: Attention,
         tie_embeddings: bool,
         pad_id: int,
+        output_hidden_size: int | None = None,
+        layer_norm: bool = False,
     ) -> None:
         super().__init__()
+        output_hidden_size = output_hidden_size or emb_size
+        if tie_embeddings and output_hidden_size != emb_size:
+            raise ValueError(f"tied embeddings need output_hidden_size ({output_hidden_size}) = emb_size "
+                             f"({emb_size}); set tie_embeddings=false or output_hidden_size=null")
         self.num_layers = num_layers
         self.hidden_size = hidden_size
         self.attention = attention
@@ -161,10 +194,12 @@ class Decoder(nn.Module):
         self.ctx_gates = nn.Linear(self.context_size, 3 * hidden_size, bias=False) if self.context_size else None
         self.weight_hh = nn.Parameter(torch.empty(3 * hidden_size, hidden_size))
         self.bias_hh = nn.Parameter(torch.zeros(3 * hidden_size))
+        self.input_norm = GateNorm(hidden_size) if layer_norm else None
+        self.hidden_norm = GateNorm(hidden_size) if layer_norm else None
         self.upper_layers = nn.ModuleList(nn.GRUCell(hidden_size, hidden_size) for _ in range(num_layers - 1))
 
-        self.pre_output = nn.Linear(hidden_size + self.context_size + emb_size, emb_size)
-        self.output = nn.Linear(emb_size, vocab_size, bias=False)
+        self.pre_output = nn.Linear(hidden_size + self.context_size + emb_size, output_hidden_size)
+        self.output = nn.Linear(output_hidden_size, vocab_size, bias=False)
         if tie_embeddings:
             self.output.weight = self.embedding.weight
         nn.init.orthogonal_(self.weight_hh.view(3, hidden_size, hidden_size)[0])
@@ -180,7 +215,9 @@ class Decoder(nn.Module):
     def _recur(self, emb_gates: Tensor, context: Tensor, state: Tensor) -> Tensor:
         """One step of the stacked GRU. emb_gates ``[B, 3Hd]``, context ``[B, C]``, state ``[L, B, Hd]``."""
         input_gates = emb_gates if self.ctx_gates is None else emb_gates + self.ctx_gates(context)
-        layer_out = gru_cell(input_gates, state[0], self.weight_hh, self.bias_hh)  # [B, Hd]
+        if self.input_norm is not None:
+            input_gates = self.input_norm(input_gates)
+        layer_out = gru_cell(input_gates, state[0], self.weight_hh, self.bias_hh, self.hidden_norm)  # [B, Hd]
         new_states = [layer_out]
         for layer, cell in enumerate(self.upper_layers, start=1):
             layer_out = cell(self.dropout(layer_out), state[layer])  # [B, Hd]
@@ -189,7 +226,7 @@ class Decoder(nn.Module):
 
     def _logits(self, top_state: Tensor, context: Tensor, embedded: Tensor) -> Tensor:
         """Deep output: ``[..., Hd]``, ``[..., C]``, ``[..., E]`` -> logits ``[..., V]``."""
-        hidden = torch.tanh(self.pre_output(torch.cat([top_state, context, embedded], dim=-1)))  # [..., E]
+        hidden = torch.tanh(self.pre_output(torch.cat([top_state, context, embedded], dim=-1)))  # [..., O]
         return self.output(self.dropout(hidden))  # [..., V]
 
     def _attend(self, query: Tensor, memory: EncoderMemory) -> tuple[Tensor, Tensor]:
@@ -263,6 +300,8 @@ class Seq2Seq(nn.Module):
         dropout: dropout probability throughout.
         tie_embeddings: tie the decoder's output matrix to its embeddings.
         pad_id: padding id of both vocabularies.
+        output_hidden_size: the deep output layer's width; None = emb_size.
+        layer_norm: layer normalisation in the decoder's first GRU layer.
     """
 
     def __init__(
@@ -278,6 +317,8 @@ class Seq2Seq(nn.Module):
         dropout: float = 0.3,
         tie_embeddings: bool = True,
         pad_id: int = 0,
+        output_hidden_size: int | None = None,
+        layer_norm: bool = False,
     ) -> None:
         super().__init__()
         self.encoder = Encoder(src_vocab_size, emb_size, enc_hidden_size, enc_layers, dropout, pad_id)
@@ -291,6 +332,8 @@ class Seq2Seq(nn.Module):
             attention,
             tie_embeddings,
             pad_id,
+            output_hidden_size,
+            layer_norm,
         )
         self.has_attention = attention.context_size(self.encoder.output_size) > 0
         self._init_embeddings(emb_size, pad_id)

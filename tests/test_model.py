@@ -12,12 +12,13 @@ TYPES = ["additive", "dot", "scaled_dot", "general", "multihead", "none"]
 SRC_V, TGT_V = 17, 19
 
 
-def tiny_model(name: str, dec_layers: int = 2, enc_layers: int = 2) -> Seq2Seq:
+def tiny_model(name: str, dec_layers: int = 2, enc_layers: int = 2, layer_norm: bool = False) -> Seq2Seq:
     torch.manual_seed(0)
     options = {"heads": 3} if name == "multihead" else {}
     attention = build_attention(name, query_size=9, key_size=10, hidden_size=9, **options)
     model = Seq2Seq(SRC_V, TGT_V, attention, emb_size=7, enc_hidden_size=5, dec_hidden_size=9,
-                    enc_layers=enc_layers, dec_layers=dec_layers, dropout=0.1, tie_embeddings=True)
+                    enc_layers=enc_layers, dec_layers=dec_layers, dropout=0.1, tie_embeddings=True,
+                    layer_norm=layer_norm)
     return model.double().eval()
 
 
@@ -141,3 +142,42 @@ def test_default_model_parameter_count() -> None:
     expected = embeddings + encoder + bridge + decoder_gru + additive + deep_output
     assert expected == 7_970_048
     assert count_parameters(model) == expected
+
+
+def test_the_joeynmt_shaped_output_is_untied_and_wider() -> None:
+    from hydra import compose, initialize_config_dir
+
+    from nmt.config import validate_config
+    from tests.conftest import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["model.tie_embeddings=false", "model.output_hidden_size=512"])
+        validate_config(cfg)
+        mismatched = compose(config_name="train", overrides=["model.output_hidden_size=512"])
+    model = Seq2Seq.from_config(cfg.model, cfg.attention, 8000, 8000)
+    assert model.decoder.pre_output.out_features == 512 and model.decoder.output.in_features == 512
+    # against the default (7,970,048): the deep output layer 256 -> 512 wide, plus an untied 512 x V matrix
+    assert count_parameters(model) == 7_970_048 + (512 + 512 + 256 + 1) * 256 + 512 * 8000
+    with pytest.raises(ValueError, match=r"tied embeddings need output_hidden_size \(512\) = emb_size \(256\)"):
+        Seq2Seq.from_config(mismatched.model, mismatched.attention, 8000, 8000)
+
+
+def test_the_layer_normalised_gru_normalises_each_gate_and_decodes_step_by_step_as_in_training() -> None:
+    from nmt.model import GateNorm
+
+    norm = GateNorm(4).double()
+    with torch.no_grad():
+        norm.weight.copy_(torch.tensor([[1.0] * 4, [2.0] * 4, [3.0] * 4]))
+    gates = torch.randn(5, 12, dtype=torch.float64) * 7 + 3
+    out = norm(gates).view(5, 3, 4)
+    assert torch.allclose(out.mean(-1), torch.zeros(5, 3, dtype=torch.float64), atol=1e-12)
+    torch.testing.assert_close(out.std(-1, unbiased=False), torch.tensor([1.0, 2.0, 3.0]).double().expand(5, 3),
+                               rtol=1e-4, atol=1e-4)  # each gate alone: mean 0, its own gain
+    model = tiny_model("additive", layer_norm=True)
+    assert count_parameters(model) == count_parameters(tiny_model("additive")) + 2 * 2 * 3 * 9
+    src, src_lengths, tgt, _, _ = padded_batch()
+    logits, _ = model(src, src_lengths, tgt)
+    memory, state = model.encode(src, src_lengths)
+    for step in range(tgt.shape[1]):
+        step_logits, state, _ = model.decode_step(tgt[:, step], state, memory)
+        torch.testing.assert_close(step_logits, logits[:, step], rtol=1e-9, atol=1e-10)
