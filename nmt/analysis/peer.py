@@ -3,6 +3,7 @@
     python scripts/peer_compare.py --checkpoint outputs/RUN --peer-dir PEER_DIR --out runs/peer_cmp   # ~45 min
     python scripts/peer_compare.py --checkpoint RUN --skip-peer-run PEER_WORKDIR --out OUT   # reuse the peer's run
     python scripts/peer_compare.py --checkpoint RUN --our-steps 200 --peer-dir PEER_DIR --out OUT
+    python scripts/peer_compare.py time-to-bleu --ours RUN --peer-workdir PEER_WORKDIR --out OUT   # nmt.analysis.time_to_bleu
 
 ``PEER_DIR`` holds JoeyNMT 2.3.0's harness: its ``run.sh`` stages ``venv data throughput decode summary``
 run with ``WORKDIR`` under ``--work-dir`` and ``CORPUS`` from the mirror (``--mirror``, default
@@ -49,6 +50,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="do not run the peer; read PEER_WORKDIR/results/summary.json of an earlier run")
     p.add_argument("--ours-from", type=Path, metavar="JSON", help="reuse the 'ours' section of an earlier report")
     p.add_argument("--our-steps", type=int, help="timed training steps (default: one epoch)")
+    p.add_argument("--our-overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="more Hydra overrides for our training figure, e.g. the JoeyNMT-shaped output: "
+                        "model.tie_embeddings=false model.output_hidden_size=512")
     p.add_argument("--warmup-steps", type=int, default=10, help="untimed training steps before timing")
     p.add_argument("--reps", type=int, default=3, help="translation runs per setting; the median counts")
     p.add_argument("--batch-sentences", type=int, default=128)
@@ -130,7 +134,8 @@ def measure_our_training(args: argparse.Namespace, work_dir: Path) -> dict[str, 
     from nmt.analysis.benchmark import compose_config, measure_training  # heavy: not for decode-once
     from nmt.training import DistInfo, Trainer
 
-    overrides = [*OUR_TRAINING_OVERRIDES, f"trainer.device={args.device}", f"data.mirror={args.mirror}"]
+    overrides = [*OUR_TRAINING_OVERRIDES, *args.our_overrides, f"trainer.device={args.device}",
+                 f"data.mirror={args.mirror}"]
     trainer = Trainer(compose_config(overrides), work_dir / "train_run", DistInfo())
     try:
         result = measure_training(trainer, args.our_steps, args.warmup_steps)
@@ -138,7 +143,7 @@ def measure_our_training(args: argparse.Namespace, work_dir: Path) -> dict[str, 
         trainer.logger.close()
     epochs = result["steps"] / result["batches_per_epoch"]
     return {
-        "source": f"{result['steps']} steps ({epochs:.2f} epochs) of {' '.join(OUR_TRAINING_OVERRIDES)}, max_tokens "
+        "source": f"{result['steps']} steps ({epochs:.2f} epochs) of {' '.join(overrides[:-2])}, max_tokens "
                   f"{trainer.cfg.data.max_tokens} (~{result['sentences_per_batch_mean']:.0f} sentences per batch)",
         "overrides": overrides, "epochs": epochs, "seconds": result["seconds"],
         "target_tokens_per_s": result["target_tokens_per_s_total"],
@@ -290,6 +295,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if argv[:1] == ["decode-once"]:
         decode_once(argv[1:])
         return {}
+    if argv[:1] == ["time-to-bleu"]:
+        from nmt.analysis import time_to_bleu
+
+        return time_to_bleu.main(argv[1:])
     args = parse_args(argv)
     from nmt.provenance import provenance  # imported here: decode-once's start-up stays lean
 
