@@ -53,6 +53,26 @@ def test_benchmark_writes_the_report(tmp_path: Path) -> None:
     assert all(row["sentences_per_s"] > 0 and "bleu" in row for row in translation["results"])
 
 
+def test_profile_counts_matmul_flops_in_every_part_and_groups_the_time(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    files = write_reversal_corpus(tmp_path / "corpus")
+    files_override = "data.files={" + ",".join(
+        f"{split}:{{src:'{paths['src']}',tgt:'{paths['tgt']}'}}" for split, paths in files.items()) + "}"
+    overrides = [*TINY, files_override, f"data.cache_dir={tmp_path / 'cache'}", "trainer.device=cpu"]
+    report = benchmark.main(["profile", *overrides, "--steps", "2", "--profile-steps", "1", "--warmup-steps", "1",
+                             "--matmul-size", "64", "--out", str(tmp_path / "profile")])
+    shares = report["flops_share_by_module"]
+    # the encoder is an embedding plus nn.GRU: a share above 0 means the GRU's inner matmuls were counted
+    assert shares["Seq2Seq.encoder"] > 0 and shares["Seq2Seq.decoder"] > shares["Seq2Seq.encoder"]
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert report["multiply_adds_per_target_token"] == report["matmul_flops_per_target_token"] / 2 > 0
+    assert report["achieved_flops"] > 0 and report["measured_matmul_flops"] > 0
+    groups = report["time_by_op_group"]["groups"]
+    assert groups["matmul"]["seconds"] > 0 and "outside ATen ops (Python, dispatch, profiler)" in groups
+    assert sum(g["share"] for g in groups.values()) == pytest.approx(1.0, abs=0.05)
+    assert json.loads((tmp_path / "profile.json").read_text())["benchmark"] == "profile"
+
+
 # --- peer_compare ---------------------------------------------------------------------------------
 
 
