@@ -119,11 +119,7 @@ class RequestError(Exception):
         self.status = status
 
 
-# --------------------------------------------------------------------------------------------------
-# Requests in: size limits, JSON types
-# --------------------------------------------------------------------------------------------------
-
-
+# ------------------------------------------------------------- Requests in: size limits, JSON types
 async def read_body(request: Request, max_bytes: int) -> bytes:
     """The request body, refused with 413 as soon as it passes ``max_bytes`` (declared or streamed)."""
     declared = request.headers.get("content-length", "")
@@ -144,15 +140,8 @@ def parse_translate_request(body: bytes, settings: ServeSettings, defaults: Sear
                             ) -> tuple[list[str], SearchOptions, bool]:
     """Sentences, search options and the attention flag of a ``/v1/translate`` body.
 
-    The server checks the JSON and its own limits; ``SearchOptions`` (the engine) checks the options.
-
-    Args:
-        body: the raw request body.
-        settings: the limits.
-        defaults: the search options before the request's overrides.
-
-    Returns:
-        The sentences, the options (the config's, then the request's overrides) and whether to return attention.
+    The server checks the JSON and the limits of ``settings``; ``SearchOptions`` (the engine) checks the
+    options: ``defaults`` (the config's) with the request's overrides.
 
     Raises:
         RequestError: 422 for invalid JSON or a wrong type, 413 for a limit.
@@ -194,11 +183,7 @@ def _refuse_constant(name: str) -> None:
     raise ValueError(f"{name} is not a JSON number")
 
 
-# --------------------------------------------------------------------------------------------------
-# Micro-batching: one worker thread, batches of requests that share their options
-# --------------------------------------------------------------------------------------------------
-
-
+# ------------------ Micro-batching: one worker thread, batches of requests that share their options
 @dataclass
 class _Job:
     sentences: list[str]
@@ -323,11 +308,7 @@ class MicroBatcher:
         self._executor.shutdown(wait=True)
 
 
-# --------------------------------------------------------------------------------------------------
-# The app
-# --------------------------------------------------------------------------------------------------
-
-
+# ------------------------------------------------------------------------------------------ The app
 def create_app(translator: Translator, settings: ServeSettings,
                engine_thread: ThreadPoolExecutor | None = None) -> Starlette:
     """The ASGI app serving ``translator`` (see the module docstring for the endpoints).
@@ -417,11 +398,7 @@ async def internal_error(request: Request, error: Exception) -> Response:
     return error_response(500, f"internal error ({type(error).__name__}); see the server log")
 
 
-# --------------------------------------------------------------------------------------------------
-# Running it
-# --------------------------------------------------------------------------------------------------
-
-
+# --------------------------------------------------------------------------------------- Running it
 def serve_main(cfg: DictConfig) -> None:
     """Load the model(s) of ``cfg.checkpoint`` and serve them until SIGTERM or Ctrl-C (``serve.py``).
 
@@ -448,12 +425,9 @@ def _exit_after_shutdown(signum: int, frame: object) -> None:
 
 @contextlib.contextmanager
 def serve_in_thread(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """Run ``app`` with uvicorn on a background thread (tests, benchmarks); yields its base URL.
+    """Run ``app`` (``create_app``) with uvicorn on a background thread (tests); yields its base URL.
 
-    Args:
-        app: from ``create_app``.
-        host: address to bind.
-        port: 0 = a free port chosen by the system.
+    ``port=0`` binds a free port chosen by the system.
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
