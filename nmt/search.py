@@ -177,15 +177,10 @@ def beam_search(
     """Batched beam search with the GNMT length penalty.
 
     Args:
-        model: the model, already in eval mode.
-        src: ``[B, S]`` source ids (EOS-terminated, right-padded).
-        src_lengths: ``[B]`` real lengths, EOS included.
+        model, src, src_lengths, max_len, max_len_ratio, keep_attention: as for ``greedy_search``.
         beam_size: K, hypotheses kept per sentence (1 = greedy).
         length_penalty: alpha of the GNMT length penalty (0 = none).
-        max_len: at most this many output tokens per sentence.
-        max_len_ratio: if set, also at most ``ceil(ratio * src_len) + 5``.
         n_best: hypotheses returned per sentence (at most ``beam_size``).
-        keep_attention: record the attention of each hypothesis (False saves the per-step copies).
 
     Returns:
         For each row of ``src``, up to ``n_best`` hypotheses, best (highest score) first.
@@ -290,16 +285,10 @@ class _Beams:
 
     def advance(self, step: int, cand_score: Tensor, cand_slot: Tensor, cand_token: Tensor, alpha: float,
                 slots: Tensor) -> tuple[Tensor, Tensor]:
-        """Pool the hypotheses that finish at ``step`` and keep the K best that continue.
+        """Pool the hypotheses that finish at (0-based) ``step`` and keep the K best that continue.
 
-        Args:
-            step: the decoding step (0-based).
-            cand_score, cand_slot, cand_token: ``[A, 2K]`` candidates, best first (``_best_candidates``).
-            alpha: the exponent of the GNMT length penalty.
-            slots: ``[A, K]`` slot numbers.
-
-        Returns:
-            The slot each continuing hypothesis extends and its new token, ``[A, K]`` each.
+        ``cand_*`` are ``_best_candidates``' ``[A, 2K]``, ``alpha`` the GNMT length penalty's exponent, ``slots``
+        ``[A, K]`` slot numbers. Returns the slot each continuing hypothesis extends and its token, ``[A, K]`` each.
         """
         k = slots.shape[1]
         # every hypothesis finished at this step took step+1 decoding steps: one penalty for all
@@ -380,14 +369,7 @@ def _best_candidates(logits: Tensor, beam_score: Tensor, blocked: Tensor) -> tup
 
 
 def _read_back(pool: _Pool, history: _History, src_lengths: Tensor, n_best: int) -> list[list[Hypothesis]]:
-    """Follow the back-pointers of the ``n_best`` best pooled hypotheses of each sentence, on the CPU.
-
-    Args:
-        pool: ``[B, K]`` every sentence's finished hypotheses.
-        history: every step's tokens, back-pointers and attention.
-        src_lengths: ``[B]``.
-        n_best: entries to return per sentence.
-    """
+    """Follow the back-pointers of the ``n_best`` best pooled hypotheses ``[B, K]`` of each sentence, on the CPU."""
     score, end, slot = (t[:, :n_best].cpu() for t in (pool.score, pool.end, pool.slot))  # [B, N] each
     tokens_hist = torch.stack(history.tokens).cpu()  # [T, B, K]
     back_hist = torch.stack(history.back).cpu()  # [T, B, K]
