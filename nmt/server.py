@@ -210,7 +210,7 @@ class MicroBatcher:
         wait_s: how long the oldest waiting request holds its batch open for others.
         batch_sentences: at most this many sentences per batch (a larger request goes alone).
         engine_thread: the one-thread executor to decode on; best the one that loaded ``translator``
-            (``engine_thread()``). None: a new one.
+            (``new_engine_thread()``). None: a new one.
     """
 
     def __init__(self, translator: Translator, wait_s: float, batch_sentences: int,
