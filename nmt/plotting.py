@@ -86,29 +86,27 @@ def word_groups(pieces: Sequence[str], unk_is_word: bool = False) -> tuple[list[
             groups[-1].append(i)
         prev_alone = alone(piece)
 
-    def blank(group: list[int]) -> bool:
-        return all(pieces[i] == WORD_START for i in group)
+    def special(group: list[int]) -> bool:
+        return len(group) == 1 and pieces[group[0]] in SPECIAL_PIECES
 
     merged: list[list[int]] = []
     pending: list[int] = []  # bare "▁" pieces waiting for the word they precede
     for group in groups:
-        if blank(group):
+        if all(pieces[i] == WORD_START for i in group):
             pending += group
             continue
-        if pending and not (len(group) == 1 and pieces[group[0]] in SPECIAL_PIECES):
-            group, pending = pending + group, []
-        elif pending and merged:
+        if pending and not special(group):
+            group = pending + group
+        elif pending and merged:  # before a special piece they join the previous word
             merged[-1] += pending
-            pending = []
         elif pending:
             merged.append(pending)
-            pending = []
         merged.append(group)
-    if pending:
-        if merged and not (len(merged[-1]) == 1 and pieces[merged[-1][0]] in SPECIAL_PIECES):
-            merged[-1] += pending
-        else:
-            merged.append(pending)
+        pending = []
+    if pending and merged and not special(merged[-1]):
+        merged[-1] += pending
+    elif pending:
+        merged.append(pending)
     words = []
     for group in merged:
         text = "".join(pieces[i] for i in group)
