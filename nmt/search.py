@@ -64,16 +64,8 @@ class Hypothesis:
 
 
 def length_limits(src_lengths: Tensor, max_len: int, max_len_ratio: float | None) -> list[int]:
-    """Per-sentence output limits: ``min(max_len, ceil(ratio * src_len) + 5)``.
-
-    Args:
-        src_lengths: ``[B]`` source lengths (EOS included).
-        max_len: the absolute limit.
-        max_len_ratio: the limit relative to the source length, or None for ``max_len`` only.
-
-    Returns:
-        B limits (at least 1 each).
-    """
+    """B output limits, at least 1 each: ``min(max_len, ceil(max_len_ratio * src_len) + 5)``, or ``max_len`` when
+    ``max_len_ratio`` is None; ``src_lengths`` ``[B]`` count EOS."""
     if max_len < 1:
         raise ValueError(f"max_len must be at least 1, got {max_len}")
     lengths = src_lengths.tolist()

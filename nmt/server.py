@@ -424,14 +424,12 @@ def _exit_after_shutdown(signum: int, frame: object) -> None:
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """Run ``app`` (``create_app``) with uvicorn on a background thread (tests); yields its base URL.
-
-    ``port=0`` binds a free port chosen by the system.
-    """
+def serve_in_thread(app: Starlette) -> Iterator[str]:
+    """Run ``app`` (``create_app``) with uvicorn on a background thread, on a free port of 127.0.0.1 (tests);
+    yields its base URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    sock.bind(("127.0.0.1", 0))  # 0: the system chooses the port
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="uvicorn")
     thread.start()
@@ -441,7 +439,7 @@ def serve_in_thread(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> I
             if not thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("the server thread did not start; see its log above")
             time.sleep(0.01)
-        yield f"http://{host}:{sock.getsockname()[1]}"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(timeout=30)

@@ -252,11 +252,7 @@ class Trainer:
         return self._finish(stopped_early)
 
     def _loop(self) -> bool:
-        """One optimizer step per batch until the plan, a signal or early stopping ends it. True = early stop.
-
-        Each turn: roll over a finished epoch -> validate and checkpoint when due -> stop when planned or
-        signalled -> this step's learning rate, forward/backward, clip, step (``_train_step``) -> log.
-        """
+        """One optimizer step per batch until the plan, a signal or early stopping ends it. True = early stop."""
         batches = self._batches()
         nonfinite_in_row = 0
         while True:
