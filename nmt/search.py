@@ -114,19 +114,17 @@ def greedy_search(
     Returns:
         One hypothesis per row of ``src``, in order.
     """
-    device = src.device
+    device, batch = src.device, src.shape[0]
     limits_list = length_limits(src_lengths, max_len, max_len_ratio)
     limits = torch.tensor(limits_list, device=device)  # [B]
-    batch = src.shape[0]
     memory, state = model.encode(src, src_lengths)  # state: [L, B, H]
     prev = torch.full((batch,), BOS_ID, dtype=torch.long, device=device)  # [B]
     finished = torch.zeros(batch, dtype=torch.bool, device=device)  # [B]
     out_len = limits.clone()  # [B] tokens kept per row, fixed when EOS comes
     scores = torch.zeros(batch, device=device)  # [B]
-    blocked = _blocked_ids(device)
+    blocked, sync_every = _blocked_ids(device), _sync_every(device)
     steps_tokens: list[Tensor] = []
     steps_attn: list[Tensor] = []
-    sync_every = _sync_every(device)
     for step in range(max(limits_list)):
         logits, state, attn = model.decode_step(prev, state, memory)  # [B, V], [L, B, H], [B, S]
         log_probs = F.log_softmax(logits.float(), dim=-1).index_fill_(1, blocked, NEG_INF)  # [B, V]
