@@ -29,9 +29,7 @@ def _real_words(pieces: Sequence[str], unk_is_word: bool) -> list[int]:
     return [k for k, g in enumerate(groups) if not (len(g) == 1 and pieces[g[0]] in SPECIAL_PIECES)]
 
 
-def pharaoh_alignment(
-    weights: Tensor | np.ndarray, src_pieces: Sequence[str], tgt_pieces: Sequence[str]
-) -> str:
+def pharaoh_alignment(weights: Tensor | np.ndarray, src_pieces: Sequence[str], tgt_pieces: Sequence[str]) -> str:
     """Hard word alignment from attention: for each target word, the source word it attends to most.
 
     Special pieces (a source ``</s>`` column) are merged as words of their own and then left out,

@@ -27,6 +27,7 @@ Deliberately not here: what to put in ``progress`` (``nmt.training``), training 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -97,10 +98,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
             candidate = path / CHECKPOINT_DIR / name
             if candidate.is_file():
                 return candidate
-        raise CheckpointError(
-            f"{path} is a directory without {CHECKPOINT_DIR}/best.pt or {CHECKPOINT_DIR}/last.pt; "
-            "pass a run dir written by train.py or a checkpoint file"
-        )
+        raise CheckpointError(f"{path} is a directory without {CHECKPOINT_DIR}/best.pt or {CHECKPOINT_DIR}/last.pt; "
+                              "pass a run dir written by train.py or a checkpoint file")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist; pass a run dir or a .pt file written by train.py")
     return path
@@ -116,32 +115,24 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if not isinstance(state, dict) or "format_version" not in state:
         raise CheckpointError(f"{path} is not a checkpoint written by this project's train.py")
     if state["format_version"] != CHECKPOINT_FORMAT:
-        raise CheckpointError(
-            f"{path} has checkpoint format {state['format_version']} (written by nmt "
-            f"{state.get('nmt_version', '?')}); this nmt {__version__} reads format {CHECKPOINT_FORMAT}"
-        )
+        raise CheckpointError(f"{path} has checkpoint format {state['format_version']} (written by nmt "
+                              f"{state.get('nmt_version', '?')}); this nmt {__version__} reads format "
+                              f"{CHECKPOINT_FORMAT}")
     if "tokenizer" in state:
         state["tokenizer"] = _tensors_to_bytes(state["tokenizer"])
     return state
 
 
-def build_model(config: dict[str, Any], tokenizer: Tokenizer) -> Seq2Seq:
-    """The model described by a resolved training config, sized for ``tokenizer``'s vocabularies."""
+def build_model(config: Mapping[str, Any], tokenizer: Tokenizer) -> Seq2Seq:
+    """The model described by a training config (a dict or the run's DictConfig), sized for ``tokenizer``'s
+    vocabularies."""
     return Seq2Seq.from_config(config["model"], config["attention"], tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
 
 
-def load_for_inference(
-    path: str | Path, device: str | torch.device = "cpu"
-) -> tuple[Seq2Seq, Tokenizer, dict[str, Any]]:
-    """Rebuild a trained model for translation.
-
-    Args:
-        path: a checkpoint file or a run dir.
-        device: where to put the model.
-
-    Returns:
-        The model in eval mode, its tokenizer and the resolved training config (a plain dict).
-    """
+def load_for_inference(path: str | Path, device: str | torch.device = "cpu"
+                       ) -> tuple[Seq2Seq, Tokenizer, dict[str, Any]]:
+    """The model of a checkpoint file or run dir, in eval mode on ``device``; its tokenizer; its resolved
+    training config (a plain dict)."""
     state = load_checkpoint(path)
     tokenizer = Tokenizer.from_state(state["tokenizer"])
     model = build_model(state["config"], tokenizer)

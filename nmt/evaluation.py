@@ -21,18 +21,12 @@ from sacrebleu.metrics import BLEU, CHRF
 def check_parallel(hyps: Sequence[str], refs: Sequence[str]) -> None:
     """Raise ValueError unless there is one reference per hypothesis."""
     if len(hyps) != len(refs):
-        raise ValueError(
-            f"got {len(hyps)} hypotheses but {len(refs)} references; "
-            "the reference file must have one line per input line"
-        )
+        raise ValueError(f"got {len(hyps)} hypotheses but {len(refs)} references; "
+                         "the reference file must have one line per input line")
 
 
 def corpus_scores(hyps: Sequence[str], refs: Sequence[str]) -> dict:
-    """Score detokenized hypotheses against one reference each with sacreBLEU.
-
-    Args:
-        hyps: System outputs, one detokenized sentence each.
-        refs: References, parallel to ``hyps``.
+    """Score detokenized ``hyps`` against parallel ``refs`` (one reference each) with sacreBLEU.
 
     Returns:
         ``{"bleu", "chrf", "length_ratio", "bleu_signature", "chrf_signature"}``: cased 13a BLEU and

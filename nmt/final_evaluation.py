@@ -56,19 +56,12 @@ class FinishedRun(Protocol):
 
     def decode(self, split: EncodedSplit, beam_size: int) -> list[str]: ...
 
-    def teacher_forced_loss(self, split: EncodedSplit) -> tuple[float, int]: ...
+    def teacher_forced_loss(self, split: EncodedSplit) -> float: ...
 
 
 def final_evaluation(trainer: FinishedRun, stopped_early: bool) -> dict[str, Any]:
-    """Score the best (and averaged) weights, write ``results.json`` and the TensorBoard HParams; print a summary.
-
-    Args:
-        trainer: the run, after its loop ended.
-        stopped_early: whether early stopping ended the loop (recorded).
-
-    Returns:
-        The contents of ``results.json``.
-    """
+    """Score the best (and averaged) weights of ``trainer`` after its loop, write ``results.json`` (recording
+    ``stopped_early``) and the TensorBoard HParams, print a summary; returns the contents of ``results.json``."""
     started = time.perf_counter()
     best = trainer.checkpoints.load("best")
     trainer.model.load_state_dict(best["model"])
@@ -96,9 +89,8 @@ def evaluate_weights(trainer: FinishedRun, label: str, step: int | None) -> dict
         step: the checkpoint's step; given for the best checkpoint, whose test translations are written.
     """
     beam, data = trainer.tcfg.test_beam_size, trainer.data
-    loss_sum, tokens = trainer.teacher_forced_loss(data.valid)
-    valid = corpus_scores(trainer.decode(data.valid, beam), data.valid.tgt_text)
-    valid["loss"] = loss_sum / max(1, tokens)
+    loss = trainer.teacher_forced_loss(data.valid)
+    valid = {**corpus_scores(trainer.decode(data.valid, beam), data.valid.tgt_text), "loss": loss}
     test = {}
     for name, split in data.tests.items():
         hypotheses = trainer.decode(split, beam)

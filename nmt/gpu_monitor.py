@@ -26,13 +26,11 @@ QUERY = "utilization.gpu,memory.used"
 
 def parse_sample(line: str) -> tuple[float, float] | None:
     """``"87, 10240"`` -> (87.0, 10240.0): utilisation in percent, memory used in MiB; None when unreadable."""
-    fields = [field.strip() for field in line.split(",")]
-    if len(fields) != 2:
-        return None
     try:
-        return float(fields[0]), float(fields[1])
-    except ValueError:  # "[N/A]", "[Not Supported]", a warning line
+        utilisation, memory = map(float, line.split(","))  # float() ignores the spaces around each field
+    except ValueError:  # not two fields, "[N/A]", "[Not Supported]", a warning line
         return None
+    return utilisation, memory
 
 
 def gpu_id(device: torch.device) -> str:

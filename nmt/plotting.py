@@ -25,6 +25,7 @@ import numpy as np
 from torch import Tensor
 
 if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn: translating without plots skips it
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 WORD_START = "\u2581"  # SentencePiece's word-boundary marker "▁"
@@ -33,13 +34,26 @@ SPECIAL_PIECES = frozenset({"<s>", "</s>", "<pad>"})
 UNK_PIECE = "<unk>"
 
 
-def _as_array(weights: Tensor | np.ndarray) -> np.ndarray:
+def _as_array(weights: Tensor | np.ndarray, tgt: Sequence[str], src: Sequence[str], what: str) -> np.ndarray:
+    """``weights`` as a float64 ``[T, S]`` array, checked against T target and S source ``what`` (pieces, labels)."""
     if isinstance(weights, Tensor):
         weights = weights.detach().float().cpu().numpy()
     array = np.asarray(weights, dtype=np.float64)
     if array.ndim != 2:
         raise ValueError(f"attention weights must be a [T, S] matrix, got shape {tuple(array.shape)}")
+    if array.shape != (len(tgt), len(src)):
+        raise ValueError(f"attention shape {array.shape} does not match {len(tgt)} target x {len(src)} source {what}")
     return array
+
+
+def new_figure(width: float, height: float) -> tuple[Figure, Axes]:
+    """A Figure with one Axes on an Agg canvas, not registered with pyplot (nothing to close, no display)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot()
 
 
 def word_groups(pieces: Sequence[str], unk_is_word: bool = False) -> tuple[list[list[int]], list[str]]:
@@ -72,29 +86,27 @@ def word_groups(pieces: Sequence[str], unk_is_word: bool = False) -> tuple[list[
             groups[-1].append(i)
         prev_alone = alone(piece)
 
-    def blank(group: list[int]) -> bool:
-        return all(pieces[i] == WORD_START for i in group)
+    def special(group: list[int]) -> bool:
+        return len(group) == 1 and pieces[group[0]] in SPECIAL_PIECES
 
     merged: list[list[int]] = []
     pending: list[int] = []  # bare "▁" pieces waiting for the word they precede
     for group in groups:
-        if blank(group):
+        if all(pieces[i] == WORD_START for i in group):
             pending += group
             continue
-        if pending and not (len(group) == 1 and pieces[group[0]] in SPECIAL_PIECES):
-            group, pending = pending + group, []
-        elif pending and merged:
+        if pending and not special(group):
+            group = pending + group
+        elif pending and merged:  # before a special piece they join the previous word
             merged[-1] += pending
-            pending = []
         elif pending:
             merged.append(pending)
-            pending = []
         merged.append(group)
-    if pending:
-        if merged and not (len(merged[-1]) == 1 and pieces[merged[-1][0]] in SPECIAL_PIECES):
-            merged[-1] += pending
-        else:
-            merged.append(pending)
+        pending = []
+    if pending and merged and not special(merged[-1]):
+        merged[-1] += pending
+    elif pending:
+        merged.append(pending)
     words = []
     for group in merged:
         text = "".join(pieces[i] for i in group)
@@ -102,9 +114,8 @@ def word_groups(pieces: Sequence[str], unk_is_word: bool = False) -> tuple[list[
     return merged, words
 
 
-def merge_subword_attention(
-    weights: Tensor | np.ndarray, src_pieces: Sequence[str], tgt_pieces: Sequence[str]
-) -> tuple[np.ndarray, list[str], list[str]]:
+def merge_subword_attention(weights: Tensor | np.ndarray, src_pieces: Sequence[str], tgt_pieces: Sequence[str]
+                            ) -> tuple[np.ndarray, list[str], list[str]]:
     """Turn a subword attention matrix into a word attention matrix.
 
     Args:
@@ -119,12 +130,7 @@ def merge_subword_attention(
     Raises:
         ValueError: When the matrix does not match the number of pieces.
     """
-    array = _as_array(weights)
-    if array.shape != (len(tgt_pieces), len(src_pieces)):
-        raise ValueError(
-            f"attention shape {tuple(array.shape)} does not match "
-            f"{len(tgt_pieces)} target x {len(src_pieces)} source pieces"
-        )
+    array = _as_array(weights, tgt_pieces, src_pieces, "pieces")
     src_groups, src_words = word_groups(src_pieces)
     tgt_groups, tgt_words = word_groups(tgt_pieces, unk_is_word=True)  # words of the decoded output
     # membership matrices: sum columns into source words, average rows into target words
@@ -143,12 +149,8 @@ def _escape(label: str) -> str:
     return label.replace("$", r"\$")
 
 
-def attention_figure(
-    weights: Tensor | np.ndarray,
-    src_labels: Sequence[str],
-    tgt_labels: Sequence[str],
-    title: str | None = None,
-) -> Figure:
+def attention_figure(weights: Tensor | np.ndarray, src_labels: Sequence[str], tgt_labels: Sequence[str],
+                     title: str | None = None) -> Figure:
     """Draw an attention heatmap with the source along x (top) and the target along y.
 
     Args:
@@ -163,30 +165,16 @@ def attention_figure(
     Raises:
         ValueError: When the labels do not match the matrix.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    array = _as_array(weights)
+    array = _as_array(weights, tgt_labels, src_labels, "labels")
     n_tgt, n_src = array.shape
-    if (n_tgt, n_src) != (len(tgt_labels), len(src_labels)):
-        raise ValueError(
-            f"attention shape {(n_tgt, n_src)} does not match {len(tgt_labels)} target x "
-            f"{len(src_labels)} source labels"
-        )
     # grow with the sentence so labels stay readable, within what a PNG viewer handles
-    width = min(40.0, max(4.0, 0.4 * n_src + 2.0))
-    height = min(40.0, max(3.0, 0.4 * n_tgt + 1.5 + (0.4 if title else 0.0)))
-    fig = Figure(figsize=(width, height))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
+    fig, ax = new_figure(min(40.0, max(4.0, 0.4 * n_src + 2.0)),
+                         min(40.0, max(3.0, 0.4 * n_tgt + 1.5 + (0.4 if title else 0.0))))
     image = ax.imshow(array, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
-    ax.set_xticks(range(n_src))
-    ax.set_xticklabels([_escape(s) for s in src_labels], rotation=60, ha="left", rotation_mode="anchor")
-    ax.set_yticks(range(n_tgt))
-    ax.set_yticklabels([_escape(t) for t in tgt_labels])
+    ax.set_xticks(range(n_src), [_escape(s) for s in src_labels], rotation=60, ha="left", rotation_mode="anchor")
+    ax.set_yticks(range(n_tgt), [_escape(t) for t in tgt_labels])
     ax.xaxis.tick_top()
-    ax.set_xlabel("source")
-    ax.set_ylabel("target")
+    ax.set(xlabel="source", ylabel="target")
     fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02)
     if title:
         fig.suptitle(_escape(title), fontsize=10)
@@ -194,31 +182,9 @@ def attention_figure(
     return fig
 
 
-def save_attention_png(
-    path: str | Path,
-    weights: Tensor | np.ndarray,
-    src_labels: Sequence[str],
-    tgt_labels: Sequence[str],
-    title: str | None = None,
-) -> None:
-    """Write ``attention_figure(...)`` to ``path`` as a PNG, creating parent folders.
-
-    Args:
-        path: Output file (``.png``).
-        weights: Attention ``[T, S]``.
-        src_labels: S column labels.
-        tgt_labels: T row labels.
-        title: Optional title.
-    """
+def save_attention_png(path: str | Path, weights: Tensor | np.ndarray, src_labels: Sequence[str],
+                       tgt_labels: Sequence[str], title: str | None = None) -> None:
+    """Write ``attention_figure(...)`` (weights ``[T, S]``) to ``path`` as a PNG, creating parent folders."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig = attention_figure(weights, src_labels, tgt_labels, title=title)
-    fig.savefig(path, format="png", dpi=100)
-
-
-__all__ = [
-    "attention_figure",
-    "merge_subword_attention",
-    "save_attention_png",
-    "word_groups",
-]
+    attention_figure(weights, src_labels, tgt_labels, title=title).savefig(path, format="png", dpi=100)

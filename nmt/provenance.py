@@ -26,11 +26,6 @@ import torch
 from nmt.version import __version__
 
 
-def utc_timestamp() -> str:
-    """Now, as ``2026-11-23T15:40:28+00:00``."""
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
 def command_line(script: str, argv: Sequence[str] | None = None) -> str:
     """The shell command that reproduces this run: ``python <script> <args>``.
 
@@ -72,5 +67,5 @@ def host() -> dict[str, Any]:
 
 def provenance(script: str, argv: Sequence[str] | None = None) -> dict[str, Any]:
     """The fields every results file starts with: ``date``, ``command``, ``host``, ``versions``."""
-    return {"date": utc_timestamp(), "command": command_line(script, argv), "host": host(),
-            "versions": library_versions()}
+    date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")  # 2026-11-23T15:40:28+00:00
+    return {"date": date, "command": command_line(script, argv), "host": host(), "versions": library_versions()}

@@ -64,16 +64,8 @@ class Hypothesis:
 
 
 def length_limits(src_lengths: Tensor, max_len: int, max_len_ratio: float | None) -> list[int]:
-    """Per-sentence output limits: ``min(max_len, ceil(ratio * src_len) + 5)``.
-
-    Args:
-        src_lengths: ``[B]`` source lengths (EOS included).
-        max_len: the absolute limit.
-        max_len_ratio: the limit relative to the source length, or None for ``max_len`` only.
-
-    Returns:
-        B limits (at least 1 each).
-    """
+    """B output limits, at least 1 each: ``min(max_len, ceil(max_len_ratio * src_len) + 5)``, or ``max_len`` when
+    ``max_len_ratio`` is None; ``src_lengths`` ``[B]`` count EOS."""
     if max_len < 1:
         raise ValueError(f"max_len must be at least 1, got {max_len}")
     lengths = src_lengths.tolist()
@@ -122,19 +114,17 @@ def greedy_search(
     Returns:
         One hypothesis per row of ``src``, in order.
     """
-    device = src.device
+    device, batch = src.device, src.shape[0]
     limits_list = length_limits(src_lengths, max_len, max_len_ratio)
     limits = torch.tensor(limits_list, device=device)  # [B]
-    batch = src.shape[0]
     memory, state = model.encode(src, src_lengths)  # state: [L, B, H]
     prev = torch.full((batch,), BOS_ID, dtype=torch.long, device=device)  # [B]
     finished = torch.zeros(batch, dtype=torch.bool, device=device)  # [B]
     out_len = limits.clone()  # [B] tokens kept per row, fixed when EOS comes
     scores = torch.zeros(batch, device=device)  # [B]
-    blocked = _blocked_ids(device)
+    blocked, sync_every = _blocked_ids(device), _sync_every(device)
     steps_tokens: list[Tensor] = []
     steps_attn: list[Tensor] = []
-    sync_every = _sync_every(device)
     for step in range(max(limits_list)):
         logits, state, attn = model.decode_step(prev, state, memory)  # [B, V], [L, B, H], [B, S]
         log_probs = F.log_softmax(logits.float(), dim=-1).index_fill_(1, blocked, NEG_INF)  # [B, V]
@@ -177,15 +167,10 @@ def beam_search(
     """Batched beam search with the GNMT length penalty.
 
     Args:
-        model: the model, already in eval mode.
-        src: ``[B, S]`` source ids (EOS-terminated, right-padded).
-        src_lengths: ``[B]`` real lengths, EOS included.
+        model, src, src_lengths, max_len, max_len_ratio, keep_attention: as for ``greedy_search``.
         beam_size: K, hypotheses kept per sentence (1 = greedy).
         length_penalty: alpha of the GNMT length penalty (0 = none).
-        max_len: at most this many output tokens per sentence.
-        max_len_ratio: if set, also at most ``ceil(ratio * src_len) + 5``.
         n_best: hypotheses returned per sentence (at most ``beam_size``).
-        keep_attention: record the attention of each hypothesis (False saves the per-step copies).
 
     Returns:
         For each row of ``src``, up to ``n_best`` hypotheses, best (highest score) first.
@@ -194,106 +179,155 @@ def beam_search(
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best must be between 1 and beam_size ({beam_size}), got {n_best}")
-    device = src.device
-    batch, k = src.shape[0], beam_size
-    limits_list = length_limits(src_lengths, max_len, max_len_ratio)
-    # Sentences still searching ("active"), A of them: every per-step tensor has A (or A*K) rows. A
-    # finished sentence is dropped at the next sync point, so the batch shrinks as sentences end.
-    active = torch.arange(batch, device=device)  # [A] original row of each active sentence
-    limits = torch.tensor(limits_list, device=device)  # [A]
-    # pool of finished hypotheses: normalised score, last step index and beam slot for back-tracking
-    pool_score = torch.full((batch, k), NEG_INF, device=device)  # [A, K]
-    pool_end = torch.full((batch, k), -1, dtype=torch.long, device=device)  # [A, K] -1 = empty output
-    pool_slot = torch.zeros((batch, k), dtype=torch.long, device=device)  # [A, K]
-    n_finished = torch.zeros(batch, dtype=torch.long, device=device)  # [A]
-    done = torch.zeros(batch, dtype=torch.bool, device=device)  # [A]
-    # the pools of sentences that have left the batch, in original order
-    final_score, final_end, final_slot = pool_score.clone(), pool_end.clone(), pool_slot.clone()  # [B, K]
-
+    device, batch, k = src.device, src.shape[0], beam_size
+    limits = length_limits(src_lengths, max_len, max_len_ratio)
     memory, state = model.encode(src, src_lengths)  # state: [L, B, H]
     # K rows of decoder state per sentence; the memory keeps one row per sentence (see Decoder._attend)
     state = state.repeat_interleave(k, dim=1)  # [L, A*K, H]
-    # only slot 0 is live at the start, so the first step does not pick K copies of one token
-    beam_score = torch.full((batch, k), NEG_INF, device=device)  # [A, K] summed log-probs
-    beam_score[:, 0] = 0.0
     prev = torch.full((batch * k,), BOS_ID, dtype=torch.long, device=device)  # [A*K]
-    hist_tokens: list[Tensor] = []  # per step [B, K]: token now in each slot
-    hist_back: list[Tensor] = []  # per step [B, K]: the slot it extends
-    hist_attn: list[Tensor] = []  # per step [B, K, S]: attention that emitted it
-    blocked = _blocked_ids(device)
+    beams = _Beams.start(torch.tensor(limits, device=device), k)
+    final = _Pool.empty(batch, k, device)  # the pools of the sentences that have left the batch, in original order
+    history = _History(batch, keep_attention and model.has_attention)
+    blocked, sync_every = _blocked_ids(device), _sync_every(device)
     # after a compaction the A active sentences are rows 0..A-1, so the first A rows of these serve
     row_base = (torch.arange(batch, device=device) * k).unsqueeze(1)  # [B, 1] first beam row of each sentence
     slots = torch.arange(k, device=device).expand(batch, k)  # [B, K] slot numbers
-    sync_every = _sync_every(device)
 
-    for step in range(max(limits_list)):
-        n_active = active.shape[0]
+    for step in range(max(limits)):
+        n_active = beams.rows.shape[0]
         logits, state, attn = model.decode_step(prev, state, memory)  # [A*K, V], [L, A*K, H], [A*K, S]
-        cand_score, cand_slot, cand_token = _best_candidates(logits, beam_score, blocked)  # [A, 2K] each
-        is_eos = cand_token == EOS_ID  # [A, 2K]
-
-        # every hypothesis finished at this step took step+1 decoding steps: one penalty for all
-        penalty = length_penalty_factor(step + 1, length_penalty)
-
-        # an EOS among the first K candidates finishes a hypothesis of `step` tokens
-        eos_ok = is_eos[:, :k] & torch.isfinite(cand_score[:, :k]) & ~done.unsqueeze(1)  # [A, K]
-        eos_score = (cand_score[:, :k] / penalty).masked_fill(~eos_ok, NEG_INF)  # [A, K]
-        eos_end = torch.full_like(cand_slot[:, :k], step - 1)  # [A, K] its last token came at step-1
-        n_finished = n_finished + eos_ok.sum(dim=1)
-
-        # the K best non-EOS candidates continue
-        live_score = cand_score.masked_fill(is_eos, NEG_INF)  # [A, 2K]
-        keep_score, keep_pos = live_score.topk(k, dim=1)  # [A, K]
-        keep_slot = cand_slot.gather(1, keep_pos)  # [A, K]
-        keep_token = cand_token.gather(1, keep_pos)  # [A, K]
-        hist_tokens.append(_scatter_rows(keep_token, active, batch, PAD_ID))  # [B, K]
-        hist_back.append(_scatter_rows(keep_slot, active, batch, 0))  # [B, K]
-        if keep_attention and model.has_attention:
-            step_attn = attn.float().view(n_active, k, -1)  # [A, K, S]
-            step_attn = step_attn.gather(1, keep_slot.unsqueeze(2).expand_as(step_attn))  # [A, K, S]
-            hist_attn.append(_scatter_rows(step_attn, active, batch, 0.0))  # [B, K, S]
-
-        # at its length limit a sentence's live hypotheses are finished as they are (step+1 tokens)
-        at_limit = (step + 1 >= limits) & ~done  # [A]
-        forced_ok = at_limit.unsqueeze(1) & torch.isfinite(keep_score)  # [A, K]
-        forced_score = (keep_score / penalty).masked_fill(~forced_ok, NEG_INF)  # [A, K]
-
-        # merge both kinds into the pool, keeping the K best per sentence
-        all_score = torch.cat([pool_score, eos_score, forced_score], dim=1)  # [A, 3K]
-        all_end = torch.cat([pool_end, eos_end, torch.full_like(keep_slot, step)], dim=1)  # [A, 3K]
-        all_slot = torch.cat([pool_slot, cand_slot[:, :k], slots[:n_active]], dim=1)  # [A, 3K]
-        pool_score, pick = all_score.topk(k, dim=1)  # [A, K]
-        pool_end = all_end.gather(1, pick)  # [A, K]
-        pool_slot = all_slot.gather(1, pick)  # [A, K]
-
-        done = done | at_limit | (n_finished >= k)
-        # between sync points finished sentences keep running, but can add nothing more
-        beam_score = keep_score.masked_fill(done.unsqueeze(1), NEG_INF)  # [A, K]
+        candidates = _best_candidates(logits, beams.score, blocked)  # scores, slots, tokens: [A, 2K] each
+        keep_slot, keep_token = beams.advance(step, *candidates, length_penalty, slots[:n_active])
+        history.record(keep_token, keep_slot, attn, beams.rows)
         reorder = (row_base[:n_active] + keep_slot).view(-1)  # [A*K] rows of the previous beam to continue
         prev = keep_token.view(-1)  # [A*K]
-        if (step + 1) % sync_every == 0 and bool(done.any()):
-            leaving = done.nonzero().squeeze(1)  # [A_done]
-            final_score[active[leaving]] = pool_score[leaving]
-            final_end[active[leaving]] = pool_end[leaving]
-            final_slot[active[leaving]] = pool_slot[leaving]
-            staying = (~done).nonzero().squeeze(1)  # [A']
+        if (step + 1) % sync_every == 0 and bool(beams.done.any()):
+            leaving, staying = beams.done.nonzero().squeeze(1), (~beams.done).nonzero().squeeze(1)  # [A_done], [A']
+            final.store(beams.rows[leaving], beams.pool.select(leaving))
             if staying.numel() == 0:
                 break
             staying_rows = (row_base[staying] + slots[0]).view(-1)  # [A'*K] their beam rows
-            reorder = reorder.index_select(0, staying_rows)
-            prev = prev.index_select(0, staying_rows)
-            memory = memory.index_select(staying)
-            active, limits, done, n_finished = (t.index_select(0, staying) for t in (active, limits, done, n_finished))
-            beam_score, pool_score, pool_end, pool_slot = (
-                t.index_select(0, staying) for t in (beam_score, pool_score, pool_end, pool_slot)
-            )
+            reorder, prev = reorder.index_select(0, staying_rows), prev.index_select(0, staying_rows)
+            memory, beams = memory.index_select(staying), beams.select(staying)
         state = state.index_select(1, reorder)  # [L, A*K, H]
     else:  # the step limit ended the loop: every sentence still active is done at its limit
-        final_score[active] = pool_score
-        final_end[active] = pool_end
-        final_slot[active] = pool_slot
+        final.store(beams.rows, beams.pool)
+    return _read_back(final, history, src_lengths, n_best)
 
-    return _read_back(final_score, final_end, final_slot, hist_tokens, hist_back, hist_attn, src_lengths, n_best)
+
+@dataclass
+class _Pool:
+    """Finished hypotheses, K per sentence, best first: their scores and where back-tracking starts."""
+
+    score: Tensor  # [N, K] normalised score (-inf = empty entry)
+    end: Tensor  # [N, K] step of the last token (-1 = empty output)
+    slot: Tensor  # [N, K] beam slot of that last token
+
+    @staticmethod
+    def empty(rows: int, k: int, device: torch.device) -> _Pool:
+        return _Pool(torch.full((rows, k), NEG_INF, device=device),
+                     torch.full((rows, k), -1, dtype=torch.long, device=device),
+                     torch.zeros((rows, k), dtype=torch.long, device=device))
+
+    def select(self, rows: Tensor) -> _Pool:
+        return _Pool(self.score.index_select(0, rows), self.end.index_select(0, rows), self.slot.index_select(0, rows))
+
+    def store(self, rows: Tensor, other: _Pool) -> None:
+        """``other``'s rows into rows ``rows`` of this pool."""
+        self.score[rows], self.end[rows], self.slot[rows] = other.score, other.end, other.slot
+
+    def merge(self, *finished: tuple[Tensor, Tensor, Tensor]) -> _Pool:
+        """The K best per sentence of this pool and ``finished`` (score, end, slot: ``[N, K]`` each)."""
+        scores, ends, slots = (torch.cat(part, dim=1) for part in zip((self.score, self.end, self.slot), *finished))
+        score, pick = scores.topk(self.score.shape[1], dim=1)  # [N, K]
+        return _Pool(score, ends.gather(1, pick), slots.gather(1, pick))
+
+
+@dataclass
+class _Beams:
+    """The search state of the A sentences still in the batch; row a is the sentence of ``src`` row ``rows[a]``.
+
+    Every per-step tensor has A (or A*K) rows; a done sentence leaves at the next sync point, so the
+    batch shrinks as sentences end.
+    """
+
+    rows: Tensor  # [A]
+    limits: Tensor  # [A] output length limit
+    score: Tensor  # [A, K] summed log-probs of the live hypotheses (-inf = empty slot)
+    n_finished: Tensor  # [A] hypotheses finished with EOS
+    done: Tensor  # [A] K finished or at the limit: can add nothing more, leaves at the next sync point
+    pool: _Pool  # [A, K]
+
+    @staticmethod
+    def start(limits: Tensor, k: int) -> _Beams:
+        batch, device = limits.shape[0], limits.device
+        # only slot 0 is live at the start, so the first step does not pick K copies of one token
+        score = torch.full((batch, k), NEG_INF, device=device)  # [B, K]
+        score[:, 0] = 0.0
+        n_finished = torch.zeros(batch, dtype=torch.long, device=device)  # [B]
+        return _Beams(torch.arange(batch, device=device), limits, score, n_finished, n_finished.bool(),
+                      _Pool.empty(batch, k, device))
+
+    def select(self, rows: Tensor) -> _Beams:
+        """Only the sentences at ``rows`` ``[A']``."""
+        tensors = (t.index_select(0, rows) for t in (self.rows, self.limits, self.score, self.n_finished, self.done))
+        return _Beams(*tensors, self.pool.select(rows))
+
+    def advance(self, step: int, cand_score: Tensor, cand_slot: Tensor, cand_token: Tensor, alpha: float,
+                slots: Tensor) -> tuple[Tensor, Tensor]:
+        """Pool the hypotheses that finish at (0-based) ``step`` and keep the K best that continue.
+
+        ``cand_*`` are ``_best_candidates``' ``[A, 2K]``, ``alpha`` the GNMT length penalty's exponent, ``slots``
+        ``[A, K]`` slot numbers. Returns the slot each continuing hypothesis extends and its token, ``[A, K]`` each.
+        """
+        k = slots.shape[1]
+        # every hypothesis finished at this step took step+1 decoding steps: one penalty for all
+        penalty = length_penalty_factor(step + 1, alpha)
+        is_eos = cand_token == EOS_ID  # [A, 2K]
+        # an EOS among the first K candidates finishes a hypothesis of `step` tokens, the last at step-1
+        eos_ok = is_eos[:, :k] & torch.isfinite(cand_score[:, :k]) & ~self.done.unsqueeze(1)  # [A, K]
+        eos_score = (cand_score[:, :k] / penalty).masked_fill(~eos_ok, NEG_INF)  # [A, K]
+        self.n_finished = self.n_finished + eos_ok.sum(dim=1)
+        # the K best non-EOS candidates continue
+        keep_score, keep_pos = cand_score.masked_fill(is_eos, NEG_INF).topk(k, dim=1)  # [A, K]
+        keep_slot, keep_token = cand_slot.gather(1, keep_pos), cand_token.gather(1, keep_pos)  # [A, K]
+        # at its length limit a sentence's live hypotheses are finished as they are (step+1 tokens)
+        at_limit = (step + 1 >= self.limits) & ~self.done  # [A]
+        forced_ok = at_limit.unsqueeze(1) & torch.isfinite(keep_score)  # [A, K]
+        forced_score = (keep_score / penalty).masked_fill(~forced_ok, NEG_INF)  # [A, K]
+        # into the pool, keeping the K best: an EOS-finished hypothesis ends at step-1 in the slot it extends,
+        # a forced one at this step in its own slot
+        self.pool = self.pool.merge((eos_score, torch.full_like(cand_slot[:, :k], step - 1), cand_slot[:, :k]),
+                                    (forced_score, torch.full_like(keep_slot, step), slots))
+        self.done = self.done | at_limit | (self.n_finished >= k)
+        # between sync points finished sentences keep running, but can add nothing more
+        self.score = keep_score.masked_fill(self.done.unsqueeze(1), NEG_INF)  # [A, K]
+        return keep_slot, keep_token
+
+
+class _History:
+    """Every step's continuing hypotheses in ``src`` rows: tokens, back-pointers, the attention that emitted them."""
+
+    def __init__(self, batch: int, keep_attention: bool) -> None:
+        self.batch, self.keep_attention = batch, keep_attention
+        self.tokens: list[Tensor] = []  # per step [B, K]: token now in each slot
+        self.back: list[Tensor] = []  # per step [B, K]: the slot it extends
+        self.attn: list[Tensor] = []  # per step [B, K, S]; empty without attention
+
+    def record(self, token: Tensor, slot: Tensor, attn: Tensor, rows: Tensor) -> None:
+        """Tokens and back-pointers ``[A, K]`` of sentences ``rows`` ``[A]``; ``attn`` ``[A*K, S]`` by beam row."""
+        self.tokens.append(self._scatter(token, rows, PAD_ID))  # [B, K]
+        self.back.append(self._scatter(slot, rows, 0))  # [B, K]
+        if self.keep_attention:
+            step_attn = attn.float().view(*slot.shape, -1)  # [A, K, S]
+            step_attn = step_attn.gather(1, slot.unsqueeze(2).expand_as(step_attn))  # [A, K, S]
+            self.attn.append(self._scatter(step_attn, rows, 0.0))  # [B, K, S]
+
+    def _scatter(self, values: Tensor, rows: Tensor, fill: float | int) -> Tensor:
+        """``values`` ``[A, ...]`` into ``[B, ...]`` at ``rows``, ``fill`` elsewhere."""
+        full = values.new_full((self.batch, *values.shape[1:]), fill)
+        full[rows] = values
+        return full
 
 
 def _best_candidates(logits: Tensor, beam_score: Tensor, blocked: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -324,41 +358,12 @@ def _best_candidates(logits: Tensor, beam_score: Tensor, blocked: Tensor) -> tup
     return cand_score, cand_pos // per_row, cand_token
 
 
-def _scatter_rows(values: Tensor, active: Tensor, batch: int, fill: float | int) -> Tensor:
-    """``values`` ``[A, ...]`` of the active sentences into ``[B, ...]`` (original rows), ``fill`` elsewhere."""
-    full = values.new_full((batch, *values.shape[1:]), fill)
-    full[active] = values
-    return full
-
-
-def _read_back(
-    pool_score: Tensor,
-    pool_end: Tensor,
-    pool_slot: Tensor,
-    hist_tokens: list[Tensor],
-    hist_back: list[Tensor],
-    hist_attn: list[Tensor],
-    src_lengths: Tensor,
-    n_best: int,
-) -> list[list[Hypothesis]]:
-    """Follow the back-pointers of the ``n_best`` pooled hypotheses per sentence, on the CPU.
-
-    Args:
-        pool_score: ``[B, K]`` normalised scores, best first (-inf = empty entry).
-        pool_end: ``[B, K]`` step of each hypothesis' last token (-1 for an empty output).
-        pool_slot: ``[B, K]`` beam slot of that last token.
-        hist_tokens: per step ``[B, K]`` tokens.
-        hist_back: per step ``[B, K]`` back-pointers.
-        hist_attn: per step ``[B, K, S]`` attention (empty without attention).
-        src_lengths: ``[B]``.
-        n_best: entries to return per sentence.
-    """
-    score = pool_score[:, :n_best].cpu()  # [B, N]
-    end = pool_end[:, :n_best].cpu()  # [B, N]
-    slot = pool_slot[:, :n_best].cpu()  # [B, N]
-    tokens_hist = torch.stack(hist_tokens).cpu()  # [T, B, K]
-    back_hist = torch.stack(hist_back).cpu()  # [T, B, K]
-    attn_hist = torch.stack(hist_attn).cpu() if hist_attn else None  # [T, B, K, S]
+def _read_back(pool: _Pool, history: _History, src_lengths: Tensor, n_best: int) -> list[list[Hypothesis]]:
+    """Follow the back-pointers of the ``n_best`` best pooled hypotheses ``[B, K]`` of each sentence, on the CPU."""
+    score, end, slot = (t[:, :n_best].cpu() for t in (pool.score, pool.end, pool.slot))  # [B, N] each
+    tokens_hist = torch.stack(history.tokens).cpu()  # [T, B, K]
+    back_hist = torch.stack(history.back).cpu()  # [T, B, K]
+    attn_hist = torch.stack(history.attn).cpu() if history.attn else None  # [T, B, K, S]
     steps = tokens_hist.shape[0]
     batch, n = score.shape
     # walk back from the last step, all hypotheses at once; a hypothesis joins when its end is reached

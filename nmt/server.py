@@ -119,11 +119,7 @@ class RequestError(Exception):
         self.status = status
 
 
-# --------------------------------------------------------------------------------------------------
-# Requests in: size limits, JSON types
-# --------------------------------------------------------------------------------------------------
-
-
+# ------------------------------------------------------------- Requests in: size limits, JSON types
 async def read_body(request: Request, max_bytes: int) -> bytes:
     """The request body, refused with 413 as soon as it passes ``max_bytes`` (declared or streamed)."""
     declared = request.headers.get("content-length", "")
@@ -144,15 +140,8 @@ def parse_translate_request(body: bytes, settings: ServeSettings, defaults: Sear
                             ) -> tuple[list[str], SearchOptions, bool]:
     """Sentences, search options and the attention flag of a ``/v1/translate`` body.
 
-    The server checks the JSON and its own limits; ``SearchOptions`` (the engine) checks the options.
-
-    Args:
-        body: the raw request body.
-        settings: the limits.
-        defaults: the search options before the request's overrides.
-
-    Returns:
-        The sentences, the options (the config's, then the request's overrides) and whether to return attention.
+    The server checks the JSON and the limits of ``settings``; ``SearchOptions`` (the engine) checks the
+    options: ``defaults`` (the config's) with the request's overrides.
 
     Raises:
         RequestError: 422 for invalid JSON or a wrong type, 413 for a limit.
@@ -194,11 +183,7 @@ def _refuse_constant(name: str) -> None:
     raise ValueError(f"{name} is not a JSON number")
 
 
-# --------------------------------------------------------------------------------------------------
-# Micro-batching: one worker thread, batches of requests that share their options
-# --------------------------------------------------------------------------------------------------
-
-
+# ------------------ Micro-batching: one worker thread, batches of requests that share their options
 @dataclass
 class _Job:
     sentences: list[str]
@@ -225,7 +210,7 @@ class MicroBatcher:
         wait_s: how long the oldest waiting request holds its batch open for others.
         batch_sentences: at most this many sentences per batch (a larger request goes alone).
         engine_thread: the one-thread executor to decode on; best the one that loaded ``translator``
-            (``engine_thread()``). None: a new one.
+            (``new_engine_thread()``). None: a new one.
     """
 
     def __init__(self, translator: Translator, wait_s: float, batch_sentences: int,
@@ -323,11 +308,7 @@ class MicroBatcher:
         self._executor.shutdown(wait=True)
 
 
-# --------------------------------------------------------------------------------------------------
-# The app
-# --------------------------------------------------------------------------------------------------
-
-
+# ------------------------------------------------------------------------------------------ The app
 def create_app(translator: Translator, settings: ServeSettings,
                engine_thread: ThreadPoolExecutor | None = None) -> Starlette:
     """The ASGI app serving ``translator`` (see the module docstring for the endpoints).
@@ -417,11 +398,7 @@ async def internal_error(request: Request, error: Exception) -> Response:
     return error_response(500, f"internal error ({type(error).__name__}); see the server log")
 
 
-# --------------------------------------------------------------------------------------------------
-# Running it
-# --------------------------------------------------------------------------------------------------
-
-
+# --------------------------------------------------------------------------------------- Running it
 def serve_main(cfg: DictConfig) -> None:
     """Load the model(s) of ``cfg.checkpoint`` and serve them until SIGTERM or Ctrl-C (``serve.py``).
 
@@ -447,17 +424,12 @@ def _exit_after_shutdown(signum: int, frame: object) -> None:
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """Run ``app`` with uvicorn on a background thread (tests, benchmarks); yields its base URL.
-
-    Args:
-        app: from ``create_app``.
-        host: address to bind.
-        port: 0 = a free port chosen by the system.
-    """
+def serve_in_thread(app: Starlette) -> Iterator[str]:
+    """Run ``app`` (``create_app``) with uvicorn on a background thread, on a free port of 127.0.0.1 (tests);
+    yields its base URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    sock.bind(("127.0.0.1", 0))  # 0: the system chooses the port
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="uvicorn")
     thread.start()
@@ -467,7 +439,7 @@ def serve_in_thread(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> I
             if not thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("the server thread did not start; see its log above")
             time.sleep(0.01)
-        yield f"http://{host}:{sock.getsockname()[1]}"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(timeout=30)

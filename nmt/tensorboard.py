@@ -51,12 +51,10 @@ class RunLogger:
 
     def progress(self, step: int, line: str, postfix: dict[str, str]) -> None:
         """On a terminal, advance the bar to ``step`` showing ``postfix``; otherwise log ``line``."""
-        if not self.enabled:
-            return
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
             self.bar.set_postfix(postfix, refresh=False)
-        else:
+        elif self.enabled:
             log.info(line)
 
     def end_progress(self) -> None:
@@ -67,11 +65,11 @@ class RunLogger:
 
     def message(self, text: str) -> None:
         """A log line that does not break the progress bar."""
-        if not self.enabled:
-            return
         if self.bar is not None:
             self.bar.write(text)
-        log.info(text) if self.bar is None else log.debug(text)
+            log.debug(text)
+        elif self.enabled:
+            log.info(text)
 
     def attention(self, tag: str, weights: Tensor, src_labels: list[str], tgt_labels: list[str], step: int) -> None:
         """A labelled heatmap of weights ``[T, S]`` (target rows x source columns)."""

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
-from nmt.checkpoint import CheckpointError, RunCheckpoints, load_checkpoint, resume_paths
+from nmt.checkpoint import CheckpointError, RunCheckpoints, build_model, load_checkpoint, resume_paths
 from nmt.config import ConfigError, to_plain_dict, upgrade_saved_config, validate_config
 from nmt.data import PAD_ID, Batch, DataError, EncodedSplit, PreparedData, Tokenizer, build_loader, prepare_data
 from nmt.device import DeviceError, autocast, configure_matmul, slow_bf16_warning, uses_bf16
@@ -100,13 +100,9 @@ def lr_factor(schedule: str, warmup_steps: int, total_steps: int, min_ratio: flo
 
 def sequence_loss(logits: Tensor, targets: Tensor, label_smoothing: float = 0.0) -> Tensor:
     """Summed cross-entropy over real target tokens. logits ``[B, T, V]``, targets ``[B, T]`` -> scalar."""
-    return F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]).float(),  # [B*T, V], float32 for a stable log-softmax
-        targets.reshape(-1),
-        ignore_index=PAD_ID,
-        label_smoothing=label_smoothing,
-        reduction="sum",
-    )
+    flat = logits.reshape(-1, logits.shape[-1]).float()  # [B*T, V], float32 for a stable log-softmax
+    return F.cross_entropy(flat, targets.reshape(-1), ignore_index=PAD_ID, label_smoothing=label_smoothing,
+                           reduction="sum")
 
 
 def run_dir_from_hydra() -> Path:
@@ -179,9 +175,7 @@ class Trainer:
             world_size=info.world_size, pin_memory=self.device.type == "cuda", num_workers=cfg.data.num_workers,
         )
         self.batches_per_epoch = len(self.train_loader.batch_sampler)
-        self.total_steps = self.tcfg.max_epochs * self.batches_per_epoch
-        if self.tcfg.max_steps:
-            self.total_steps = min(self.total_steps, self.tcfg.max_steps)
+        self.total_steps = min(self.tcfg.max_epochs * self.batches_per_epoch, self.tcfg.max_steps or math.inf)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lr_factor(self.tcfg.lr_schedule, self.tcfg.warmup_steps, self.total_steps, self.tcfg.min_lr_ratio),
@@ -207,10 +201,8 @@ class Trainer:
         return data
 
     def _build_model(self) -> Seq2Seq:
-        tokenizer = self.data.tokenizer
         try:
-            return Seq2Seq.from_config(self.cfg.model, self.cfg.attention, tokenizer.src_vocab_size,
-                                       tokenizer.tgt_vocab_size)
+            return build_model(self.cfg, self.data.tokenizer)
         except ValueError as error:  # sizes that do not fit together, e.g. multihead heads not dividing hidden_size
             raise ConfigError(f"model/attention settings do not work together: {error}") from error
 
@@ -260,11 +252,7 @@ class Trainer:
         return self._finish(stopped_early)
 
     def _loop(self) -> bool:
-        """One optimizer step per batch until the plan, a signal or early stopping ends it. True = early stop.
-
-        Each turn: roll over a finished epoch -> validate and checkpoint when due -> stop when planned or
-        signalled -> this step's learning rate, forward/backward, clip, step (``_train_step``) -> log.
-        """
+        """One optimizer step per batch until the plan, a signal or early stopping ends it. True = early stop."""
         batches = self._batches()
         nonfinite_in_row = 0
         while True:
@@ -465,8 +453,8 @@ class Trainer:
         return improved
 
     @torch.no_grad()
-    def teacher_forced_loss(self, split: EncodedSplit) -> tuple[float, int]:
-        """Summed cross-entropy (no label smoothing) and token count over ``split``."""
+    def teacher_forced_loss(self, split: EncodedSplit) -> float:
+        """Cross-entropy (no label smoothing) per target token over ``split``."""
         self.model.eval()
         total, tokens = 0.0, 0
         for batch in build_loader(split, self.cfg.data.valid_max_tokens, shuffle=False):
@@ -475,7 +463,7 @@ class Trainer:
                 logits, _ = self.model(batch.src, batch.src_lengths, batch.tgt_in)
             total += sequence_loss(logits, batch.tgt_out).item()
             tokens += batch.num_tgt_tokens
-        return total, tokens
+        return total / max(1, tokens)
 
     def best_hypotheses(self, split: EncodedSplit, beam_size: int) -> list[Hypothesis]:
         """The best translation (ids and attention) of each of ``split``'s sources, in its order.
@@ -496,11 +484,10 @@ class Trainer:
     def validate(self) -> dict[str, float]:
         """Validation metrics at the current step, logged to TensorBoard (rank 0 only)."""
         split, step = self.data.valid, self.progress.step
-        loss_sum, tokens = self.teacher_forced_loss(split)
+        loss = self.teacher_forced_loss(split)
         best = self.best_hypotheses(split, self.tcfg.val_beam_size)
         hypotheses = [self.data.tokenizer.decode_tgt(h.tokens) for h in best]
         scores = corpus_scores(hypotheses, split.tgt_text)
-        loss = loss_sum / max(1, tokens)
         metrics = {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "bleu": scores["bleu"], "chrf": scores["chrf"]}
         self.logger.scalars("val", metrics, step)
         self._log_examples(split, hypotheses, best, step)

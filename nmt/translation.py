@@ -22,7 +22,6 @@ import logging
 import sys
 import time
 import zlib
-from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,11 +42,7 @@ STDIO = "-"
 PROGRESS_MIN_LINES = 300  # a bar for short inputs is only noise
 
 
-# --------------------------------------------------------------------------------------------------
-# Lines in
-# --------------------------------------------------------------------------------------------------
-
-
+# ----------------------------------------------------------------------------------------- Lines in
 def read_input_lines(path: str | Path, invalid_utf8: str = "error") -> list[str]:
     """The stripped lines of a file, a ``.gz`` file, or stdin (``-``), as in training.
 
@@ -73,7 +68,8 @@ def read_input_lines(path: str | Path, invalid_utf8: str = "error") -> list[str]
 
 def _open_input(path: str | Path) -> AbstractContextManager[Any]:
     if str(path) == STDIO:  # nullcontext: reading must not close stdin
-        return nullcontext(getattr(sys.stdin, "buffer", None) or _EncodedText(sys.stdin))
+        stdin = sys.stdin  # a test's StringIO has no .buffer: its lines are encoded back
+        return nullcontext(getattr(stdin, "buffer", None) or (s.encode("utf-8", "surrogateescape") for s in stdin))
     path = Path(path)
     if not path.is_file():
         raise TranslationError(f"file {path} does not exist")
@@ -82,21 +78,7 @@ def _open_input(path: str | Path) -> AbstractContextManager[Any]:
     return gzip.open(path, "rb") if path.suffix == ".gz" or magic == b"\x1f\x8b" else open(path, "rb")
 
 
-class _EncodedText:
-    """Byte lines from a text stream that has no ``.buffer`` (e.g. a test's StringIO)."""
-
-    def __init__(self, stream: IO[str]) -> None:
-        self.stream = stream
-
-    def __iter__(self) -> Iterator[bytes]:
-        return (line.encode("utf-8", errors="surrogateescape") for line in self.stream)
-
-
-# --------------------------------------------------------------------------------------------------
-# The job behind translate.py
-# --------------------------------------------------------------------------------------------------
-
-
+# ---------------------------------------------------------------------- The job behind translate.py
 @dataclass
 class TranslateSettings(EngineSettings):
     """``translate.py``'s settings: the engine's (checkpoint, device, precision, search options) and these.
@@ -131,9 +113,8 @@ def format_output(result: Translation, n_best: int) -> str:
 def _open_output(path: str) -> AbstractContextManager[IO[str]]:
     if path == STDIO:
         stream = sys.stdout
-        if (getattr(stream, "encoding", None) or "utf-8").lower().replace("-", "") != "utf8" and hasattr(
-            stream, "reconfigure"
-        ):
+        encoding = (getattr(stream, "encoding", None) or "utf-8").lower().replace("-", "")
+        if encoding != "utf8" and hasattr(stream, "reconfigure"):
             stream.reconfigure(encoding="utf-8")
         return nullcontext(stream)  # writing must not close stdout
     out = Path(path)
@@ -172,10 +153,8 @@ def _write_attention(cfg: DictConfig, translator: Translator, lines: list[str], 
 
 
 def translate_main(cfg: DictConfig) -> dict[str, Any]:
-    """Translate ``cfg.input`` to ``cfg.output`` with ``cfg.checkpoint``; see configs/translate.yaml.
-
-    Args:
-        cfg: the composed ``translate`` config.
+    """Translate ``cfg.input`` to ``cfg.output`` with ``cfg.checkpoint`` (the composed ``translate`` config; see
+    configs/translate.yaml).
 
     Returns:
         ``{"lines", "seconds", "sentences_per_s"}``, plus ``corpus_scores`` keys (``bleu``, ``chrf``,
@@ -212,11 +191,8 @@ def translate_main(cfg: DictConfig) -> dict[str, Any]:
     if wants_attention:
         _write_attention(cfg, translator, lines, results)
 
-    metrics: dict[str, Any] = {
-        "lines": len(lines),
-        "seconds": seconds,
-        "sentences_per_s": len(lines) / seconds if seconds > 0 else float("inf"),
-    }
+    metrics: dict[str, Any] = {"lines": len(lines), "seconds": seconds,
+                               "sentences_per_s": len(lines) / seconds if seconds > 0 else float("inf")}
     if refs is not None:
         scores = corpus_scores([r.text for r in results], refs)
         metrics.update(scores)

@@ -36,6 +36,7 @@ from nmt.analysis.measures import TUTORIAL_BLEU_LABEL, attention_sharpness, bleu
 from nmt.checkpoint import CheckpointError, resolve_checkpoint
 from nmt.data import prepare_data
 from nmt.evaluation import corpus_scores
+from nmt.plotting import new_figure
 from nmt.provenance import provenance
 from nmt.translator import Translator
 
@@ -268,12 +269,7 @@ def render_markdown(runs: list[dict[str, Any]]) -> str:
 
 def plot(runs: list[dict[str, Any]], out: Path) -> None:
     """``<out>.png``: test BLEU and chrF per run as bars; ``<out>_length.png``: BLEU per length bucket."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # no display, nothing left in pyplot
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(max(5.0, 1.1 * len(runs) + 2), 4.0))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    fig, ax = new_figure(max(5.0, 1.1 * len(runs) + 2), 4.0)
     for offset, key, name in ((-0.19, "bleu", "BLEU"), (0.19, "chrf", "chrF")):
         ax.bar_label(ax.bar([x + offset for x in range(len(runs))], [r["test"][key] for r in runs], 0.38,
                             label=name), fmt="%.1f", fontsize=8)
@@ -283,9 +279,7 @@ def plot(runs: list[dict[str, Any]], out: Path) -> None:
     fig.tight_layout()
     fig.savefig(f"{out}.png", format="png", dpi=100)
 
-    fig = Figure(figsize=(6.5, 4.0))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    fig, ax = new_figure(6.5, 4.0)
     labels = [f"{b['range']}\n(n={b['n']})" for b in runs[0]["by_length"]]
     for r in runs:
         ax.plot(range(len(labels)), [float("nan") if b["bleu"] is None else b["bleu"] for b in r["by_length"]],

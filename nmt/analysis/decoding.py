@@ -111,13 +111,9 @@ def load_splits(cfg: dict[str, Any], split: str, test_split: str | None) -> dict
     return {data_cfg["valid_split"]: data.valid, **data.tests}
 
 
+@one_line_errors("tune_decoding.py")
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Decode the grid, choose, score on test, write the report; returns it."""
-    with one_line_errors("tune_decoding.py"):
-        return _tune(argv)
-
-
-def _tune(argv: list[str] | None) -> dict[str, Any]:
     args = parse_args(argv)
     run_dir = args.run_dir.resolve()
     checkpoint = resolve_checkpoint(args.checkpoint or run_dir)

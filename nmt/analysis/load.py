@@ -73,24 +73,21 @@ def request(url: str, payload: dict[str, Any] | None = None, timeout: float = 12
         return json.loads(response.read())
 
 
-class Connection:
+class Connection(http.client.HTTPConnection):
     """One client's HTTP/1.1 connection, kept open across its requests as a real client's would be (a new
     connection per request would spend both processes' CPU, on the same cores, on TCP set-up)."""
 
     def __init__(self, url: str) -> None:
         parts = urllib.parse.urlsplit(url)
-        self.connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
+        super().__init__(parts.hostname, parts.port, timeout=120)
 
     def post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
-        self.connection.request("POST", path, json.dumps(payload), {"Content-Type": "application/json"})
-        response = self.connection.getresponse()
+        self.request("POST", path, json.dumps(payload), {"Content-Type": "application/json"})
+        response = self.getresponse()
         body = response.read()
         if response.status != 200:
             raise RuntimeError(f"POST {path} answered {response.status}: {body[:200]!r}")
         return json.loads(body)
-
-    def close(self) -> None:
-        self.connection.close()
 
 
 @contextmanager

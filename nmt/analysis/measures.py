@@ -24,15 +24,13 @@ from nmt.model import Seq2Seq
 
 TUTORIAL_BLEU_LABEL = "tutorial-style BLEU (lowercased, 13a-tokenized; not comparable to cased sacreBLEU)"
 
+
 def tutorial_bleu(hyps: Sequence[str], refs: Sequence[str]) -> dict:
-    """BLEU as the well-known PyTorch/torchtext tutorials compute it: lowercased and tokenized.
+    """BLEU of detokenized ``hyps`` against parallel ``refs`` as the well-known PyTorch/torchtext tutorials
+    compute it: lowercased and tokenized.
 
-    Those tutorials score lowercased, tokenized text, which inflates BLEU by a few points over cased
-    sacreBLEU; this function exists only to compare against such numbers and says so in its label.
-
-    Args:
-        hyps: System outputs, one detokenized sentence each.
-        refs: References, parallel to ``hyps``.
+    Lowercased, tokenized text inflates BLEU by a few points over cased sacreBLEU; this function exists
+    only to compare against such numbers and says so in its label.
 
     Returns:
         ``{"bleu", "signature", "label"}``: the score (0-100), its sacreBLEU signature and a
@@ -47,20 +45,14 @@ def tutorial_bleu(hyps: Sequence[str], refs: Sequence[str]) -> dict:
     return {"bleu": float(score.score), "signature": str(bleu.get_signature()), "label": TUTORIAL_BLEU_LABEL}
 
 
-def bleu_by_length(
-    srcs: Sequence[str],
-    hyps: Sequence[str],
-    refs: Sequence[str],
-    buckets: Sequence[int] = (10, 20, 30, 40),
-) -> list[dict]:
-    """Corpus BLEU per source-length bucket, length counted in whitespace-separated words.
+def bleu_by_length(srcs: Sequence[str], hyps: Sequence[str], refs: Sequence[str],
+                   buckets: Sequence[int] = (10, 20, 30, 40)) -> list[dict]:
+    """Corpus BLEU of ``hyps`` against ``refs`` per bucket of source length (whitespace-separated words).
 
     With the default ``buckets`` the ranges are ``<=10``, ``11-20``, ``21-30``, ``31-40`` and ``>40``.
 
     Args:
         srcs: Source sentences (untokenized), parallel to ``hyps`` and ``refs``.
-        hyps: System outputs.
-        refs: References.
         buckets: Increasing upper bounds (inclusive) of all but the last, open-ended bucket.
 
     Returns:
@@ -109,7 +101,6 @@ def attention_sharpness(model: Seq2Seq, split: EncodedSplit, batch_tokens: int =
 
     Args:
         model: The model, in eval mode.
-        split: Encoded sentence pairs.
         batch_tokens: Padded source tokens per batch.
 
     Returns:
