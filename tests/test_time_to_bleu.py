@@ -61,3 +61,17 @@ def test_the_report_gives_ratios_and_a_bound_where_the_peer_never_got_there(tmp_
 def test_a_missing_log_names_the_file_and_the_fix(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="run the peer's `run.sh full`"):
         time_to_bleu.load_peer(tmp_path)
+
+
+def test_a_continued_peer_run_starts_at_the_checkpoint_it_loaded(tmp_path: Path) -> None:
+    peer_dir = tmp_path / "peer"
+    (peer_dir / "models" / "full").mkdir(parents=True)
+    (peer_dir / "models" / "full" / "train.log").write_text(PEER_LOG)
+    continued = tmp_path / "continued.log"
+    continued.write_text("2026-01-02 08:00:00,000 - INFO - root - Hello! This is Joey-NMT (version 2.3.0).\n"
+                         "2026-01-02 08:10:00,000 - INFO - joeynmt.training - Epoch   3, Step:      700, Batch\n"
+                         "2026-01-02 08:12:00,000 - INFO - joeynmt.prediction - Evaluation result (greedy): bleu:"
+                         "  35.50, loss:   2.3, ppl:  10.0, acc:   0.52, 20.0[sec]\n")
+    peer = time_to_bleu.load_peer(peer_dir, [continued])
+    assert [p["minutes"] for p in peer["timeline"]] == [6.0, 16.0, 40.0, 52.0]  # the first log ends at 40, + 12
+    assert peer["minutes_to"]["35"] == 52.0 and peer["timeline"][-1]["step"] == 700

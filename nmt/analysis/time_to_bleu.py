@@ -6,7 +6,8 @@
 Ours: each run's ``results.json`` (``setup_seconds`` plus the ``wall_seconds`` recorded at each
 validation: data, model, training and validations, from the start of ``train.py``'s work). The peer:
 JoeyNMT's ``models/full/train.log`` in its WORKDIR, the minutes from the log's first line to each
-"Evaluation result (greedy)" line; its final test BLEU from the ``decode`` stage's sacreBLEU JSON.
+"Evaluation result (greedy)" line, continued by ``--peer-continued`` logs of runs resumed from its
+last checkpoint; its final test BLEU from the ``decode`` stage's sacreBLEU JSON.
 Both validate with greedy search on Multi30k val and score cased sacreBLEU against the raw references.
 
 A threshold a run never reached is reported as not reached, with the minutes it trained for; the ratio
@@ -44,8 +45,12 @@ def our_timeline(results: dict[str, Any]) -> list[dict[str, float]]:
             for v in results["validations"]]
 
 
-def peer_timeline(log_text: str) -> list[dict[str, float]]:
-    """``[{minutes, step, bleu}]`` per validation in JoeyNMT's train.log, minutes since the log's first line."""
+def peer_timeline(log_text: str, start_minutes: float = 0.0) -> list[dict[str, float]]:
+    """``[{minutes, step, bleu}]`` per validation in JoeyNMT's train.log, minutes since the log's first line.
+
+    ``start_minutes`` is added to each: a run continued from a checkpoint starts where the run that
+    wrote it ended.
+    """
     first = re.search(_STAMP, log_text)
     if first is None:
         raise SystemExit("the peer's train.log has no timestamped lines; is it JoeyNMT 2.3's models/full/train.log?")
@@ -53,8 +58,15 @@ def peer_timeline(log_text: str) -> list[dict[str, float]]:
     timeline = []
     for match in _PEER_VALIDATION.finditer(log_text):
         step = max((s for stamp, s in steps if stamp <= match[1]), default=0)  # the last logged step before it
-        timeline.append({"minutes": _minutes_between(first[1], match[1]), "step": step, "bleu": float(match[2])})
+        minutes = start_minutes + _minutes_between(first[1], match[1])
+        timeline.append({"minutes": minutes, "step": step, "bleu": float(match[2])})
     return timeline
+
+
+def _span_minutes(log_text: str) -> float:
+    """Minutes from a log's first timestamped line to its last."""
+    stamps = re.findall(_STAMP, log_text)
+    return _minutes_between(stamps[0], stamps[-1]) if stamps else 0.0
 
 
 def first_reached(timeline: list[dict[str, float]], threshold: float) -> float | None:
@@ -81,17 +93,29 @@ def load_ours(run_dir: Path) -> dict[str, Any]:
     return summarize(name, our_timeline(results), test.get("bleu"), str(path))
 
 
-def load_peer(workdir: Path) -> dict[str, Any]:
+def load_peer(workdir: Path, continued: list[Path] = ()) -> dict[str, Any]:
+    """The peer's row from ``models/full/train.log`` and the logs of runs continued from its last checkpoint.
+
+    JoeyNMT saves the weights when a run ends (``latest.ckpt``), so a run continued from there starts
+    at the previous log's last line; only its own start-up (reading data, building the model) is added.
+    """
     log = workdir / "models" / "full" / "train.log"
     if not log.is_file():
         raise SystemExit(f"no {log}: run the peer's `run.sh full` with WORKDIR={workdir}")
+    text = log.read_text(encoding="utf-8", errors="replace")
+    timeline, start = peer_timeline(text), _span_minutes(text)
+    for path in continued:
+        if not path.is_file():
+            raise SystemExit(f"no {path}: pass the train.log of a JoeyNMT run continued from {log.parent}")
+        text = path.read_text(encoding="utf-8", errors="replace")
+        timeline += peer_timeline(text, start)
+        start += _span_minutes(text)
     scores = workdir / "results" / f"sacrebleu_beam5.{TEST_SPLIT}.json"
     test_bleu = None
     if scores.is_file():
         metrics = json.loads(scores.read_text(encoding="utf-8"))
         test_bleu = next((float(m["score"]) for m in metrics if m.get("name") == "BLEU"), None)
-    return summarize("JoeyNMT 2.3.0", peer_timeline(log.read_text(encoding="utf-8", errors="replace")),
-                     test_bleu, str(log))
+    return summarize("JoeyNMT 2.3.0", timeline, test_bleu, " + ".join(map(str, [log, *continued])))
 
 
 def ratios(ours: dict[str, Any], peer: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -133,12 +157,14 @@ def main(argv: list[str]) -> dict[str, Any]:
     p.prog = "peer_compare.py time-to-bleu"
     p.add_argument("--ours", type=Path, nargs="+", required=True, help="our run dirs (each with results.json)")
     p.add_argument("--peer-workdir", type=Path, required=True, help="the WORKDIR of the peer's run.sh")
+    p.add_argument("--peer-continued", type=Path, nargs="*", default=[], metavar="TRAIN_LOG",
+                   help="train.log of JoeyNMT runs continued from the previous one's last checkpoint, in order")
     p.add_argument("--out", type=Path, required=True, help="report path without extension")
     args: argparse.Namespace = p.parse_args(argv)
     from nmt.provenance import provenance
 
     ours = [load_ours(run) for run in args.ours]
-    peer = load_peer(args.peer_workdir)
+    peer = load_peer(args.peer_workdir, args.peer_continued)
     speedups = ratios(ours[0], peer)
     markdown = render_markdown([*ours, peer], speedups)
     report = {**provenance("scripts/peer_compare.py", ["time-to-bleu", *argv]), "thresholds": list(THRESHOLDS),
