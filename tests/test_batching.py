@@ -295,3 +295,22 @@ def test_the_batches_are_the_ones_made_before_numpy(max_tokens: int) -> None:
 def test_multi30k_batches_are_the_ones_made_before_numpy(multi30k_data: PreparedData) -> None:
     _check_same_batches_as_before(multi30k_data.train, 4096, epochs=(0, 1, 2))
     _check_same_batches_as_before(multi30k_data.valid, 8192, epochs=(0,))
+
+
+@pytest.mark.slow
+def test_an_epoch_of_millions_of_pairs_covers_each_once_in_equal_shares() -> None:
+    """WMT14's size (4.5M pairs): the numpy plan, two ranks; every pair once, equal shares, within the budget."""
+    rng = np.random.default_rng(0)
+    src = rng.integers(2, 120, 4_500_000)
+    tgt = np.clip(src + rng.integers(-9, 10, len(src)), 2, None)
+    shares = [TokenBucketSampler(src, tgt, 4096, shuffle=True, seed=1, rank=r, world_size=2) for r in range(2)]
+    plans = [sampler._rank_plan() for sampler in shares]
+    assert np.array_equal(plans[0][0], plans[1][0]) and len(plans[0][1]) == len(plans[1][1])
+    spans = np.concatenate([plans[0][1], plans[1][1]])  # [num_batches, 2]
+    sizes = spans[:, 1] - spans[:, 0]
+    assert sizes.sum() == len(src) and np.bincount(plans[0][0], minlength=len(src)).max() == 1
+    starts = np.sort(spans[:, 0])
+    assert np.array_equal(starts[1:], np.sort(spans[:, 1])[:-1])  # the spans tile the order
+    widths = np.maximum(src, tgt)[plans[0][0]]
+    batch_width = np.maximum.reduceat(widths, starts)
+    assert np.all((batch_width * np.diff(np.r_[starts, len(src)]) <= 4096) | (np.diff(np.r_[starts, len(src)]) == 1))
