@@ -114,3 +114,8 @@ def test_files_that_do_not_match_their_manifest_are_rebuilt_with_a_warning(
 
 def test_token_dtype_fits_the_vocabulary() -> None:
     assert token_dtype(8000) == np.uint16 and token_dtype(65536) == np.uint16 and token_dtype(65537) == np.int32
+
+
+def test_cache_files_are_readable_by_all(tmp_path: Path) -> None:
+    _write(tmp_path / "s")
+    assert {p.stat().st_mode & 0o777 for p in tmp_path.iterdir()} == {0o644}  # a shared cache serves every user

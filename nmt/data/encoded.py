@@ -39,7 +39,7 @@ from typing import IO, Any
 import numpy as np
 
 from nmt.data.corpora import DataError
-from nmt.data.tokenizer import atomic_write
+from nmt.data.tokenizer import CACHE_FILE_MODE, atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +196,7 @@ class _SideWriter:
     def _temp(self, what: str) -> tuple[IO[bytes], Path]:
         prefix = f".{self.stem.name}.{self.side}.{what}."
         fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=self.stem.parent)
+        os.fchmod(fd, CACHE_FILE_MODE)
         self.temps.append(Path(name))
         return os.fdopen(fd, "w+b"), Path(name)
 

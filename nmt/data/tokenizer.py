@@ -50,6 +50,9 @@ _STATE_FORMAT = 1
 # SentencePiece holds its training sentences in memory: sample at most this many (shuffled) from
 # a big corpus. 2M sentences give a good vocabulary in a few GB of RAM; Multi30k is far below it.
 INPUT_SENTENCE_SIZE = 2_000_000
+# Cache files are readable by all, as open() makes them under the usual umask (mkstemp's 0600 would
+# hide a shared cache from the other users of a cluster).
+CACHE_FILE_MODE = 0o644
 
 
 @dataclass(frozen=True)
@@ -242,6 +245,7 @@ def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to a temporary file beside ``path``, then rename it into place."""
     # Write-then-rename: a crash (or a concurrent DDP rank) never leaves a half-written file.
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, CACHE_FILE_MODE)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
