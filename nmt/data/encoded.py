@@ -251,6 +251,7 @@ class SplitWriter:
 
     def __init__(self, stem: Path, dtype: np.dtype) -> None:
         stem.parent.mkdir(parents=True, exist_ok=True)
+        manifest_path(stem).unlink(missing_ok=True)  # a split being rewritten is not trusted until it is done
         self.stem = stem
         self.temps: list[Path] = []
         self.sides = {side: _SideWriter(stem, side, np.dtype(dtype), self.temps) for side in SIDES}
