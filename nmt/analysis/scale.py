@@ -17,6 +17,8 @@ only the page cache is warm:
 The model and optimizer's share of the RSS is estimated from the parameter count in the run's log
 (weights, gradients and AdamW's two moments: 16 bytes a parameter).
 
+Linux only: memory is read from ``/proc``.
+
 Not done here: assertions (a benchmark reports), training to a score.
 """
 
