@@ -1,10 +1,17 @@
-"""nmt.data.batching: token budget, exactly-once epochs, seeded and resumable order, DDP shares, padding."""
+"""nmt.data.batching: token budget, exactly-once epochs, seeded and resumable order, DDP shares, padding.
+
+The sampler plans epochs with numpy; ``reference_epoch_batches`` below is the per-pair algorithm it
+replaced (commit e482fb1), kept here only so that the tests can check the batches are the same.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections import Counter
+from collections.abc import Sequence
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,7 +27,7 @@ from nmt.data import (
     build_loader,
     collate_batch,
 )
-from nmt.data.batching import split_until_divisible
+from nmt.data.batching import cut_sorted, pack_batches, split_until_divisible
 
 
 def _split(n: int = 503, seed: int = 0, max_len: int = 37) -> EncodedSplit:
@@ -111,11 +118,22 @@ def test_ddp_shares_are_disjoint_cover_the_epoch_and_have_equal_counts(world_siz
 
 
 def test_split_until_divisible_splits_the_largest_batches() -> None:
-    batches = [[0], [1, 2, 3, 4], [5, 6], [7]]
-    out = split_until_divisible(batches, 3)
-    assert out == [[0], [1], [2], [3, 4], [5, 6], [7]]  # no pair lost, order kept
+    bounds = np.array([0, 1, 5, 7, 8])  # batches [0], [1, 2, 3, 4], [5, 6], [7]
+    out = split_until_divisible(bounds, 3)
+    assert out.tolist() == [0, 1, 2, 3, 5, 7, 8]  # [0], [1], [2], [3, 4], [5, 6], [7]: no pair lost, order kept
     with pytest.raises(DataError, match="equal number of batches"):
-        split_until_divisible([[0], [1], [2]], 2)
+        split_until_divisible(np.array([0, 1, 2, 3]), 2)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 7, 40, 211, 4096])
+def test_cut_sorted_makes_the_cuts_of_pack_batches(max_tokens: int) -> None:
+    rng = np.random.default_rng(max_tokens)
+    for n in (1, 2, 17, 400):
+        widths = np.sort(rng.integers(1, 60, n))
+        for ordered in (widths, widths[::-1].copy()):  # narrowest first (training), widest first (evaluation)
+            bounds = cut_sorted(ordered, max_tokens)
+            expected = pack_batches(range(n), ordered.tolist(), ordered.tolist(), max_tokens)
+            assert [list(range(a, b)) for a, b in zip(bounds[:-1], bounds[1:])] == expected
 
 
 def test_unshuffled_batches_are_length_sorted_and_fixed() -> None:
@@ -188,3 +206,111 @@ def test_multi30k_batches_pad_little(multi30k_data: PreparedData) -> None:
         real += int(batch.src_mask.sum() + batch.tgt_mask.sum())
         padded += batch.src.numel() + batch.tgt_out.numel()
     assert 1 - real / padded <= 0.10
+
+
+# -- the same batches as before the numpy sampler ------------------------------------------------------
+
+
+def _reference_generator(seed: int, epoch: int) -> torch.Generator:
+    digest = hashlib.sha256(f"nmt-batches:{seed}:{epoch}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+
+
+def _reference_pack(order: list[int], src_lengths: list[int], tgt_lengths: list[int], max_tokens: int) -> list:
+    batches: list[list[int]] = []
+    current: list[int] = []
+    current_max = 0
+    for i in order:
+        length = max(src_lengths[i], tgt_lengths[i])
+        new_max = max(current_max, length)
+        if current and new_max * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, current_max = [i], length
+        else:
+            current.append(i)
+            current_max = new_max
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _reference_split(batches: list[list[int]], world_size: int) -> list[list[int]]:
+    batches = list(batches)
+    while len(batches) % world_size:
+        largest = max(range(len(batches)), key=lambda k: len(batches[k]))
+        batch = batches[largest]
+        half = len(batch) // 2
+        batches[largest : largest + 1] = [batch[:half], batch[half:]]
+    return batches
+
+
+def reference_epoch_batches(src_lengths: Sequence[int], tgt_lengths: Sequence[int], max_tokens: int, *,
+                            shuffle: bool, seed: int, epoch: int, world_size: int) -> list[list[int]]:
+    """All ranks' batches of an epoch, as the sampler made them with torch and per-pair Python (e482fb1)."""
+    src_lengths, tgt_lengths = [int(n) for n in src_lengths], [int(n) for n in tgt_lengths]
+    src = torch.tensor(src_lengths, dtype=torch.long)
+    tgt = torch.tensor(tgt_lengths, dtype=torch.long)
+    width = int(torch.maximum(src, tgt).max()) + 1
+    key = (torch.maximum(src, tgt) * width + src) * width + tgt
+    if shuffle:
+        generator = _reference_generator(seed, epoch)
+        perm = torch.randperm(len(src_lengths), generator=generator)
+        order = perm[torch.argsort(key[perm], stable=True)]
+    else:
+        generator = None
+        order = torch.argsort(-key, stable=True)
+    batches = _reference_pack(order.tolist(), src_lengths, tgt_lengths, max_tokens)
+    batches = _reference_split(batches, world_size)
+    if generator is not None:
+        batches = [batches[k] for k in torch.randperm(len(batches), generator=generator).tolist()]
+    return batches
+
+
+def _check_same_batches_as_before(split: EncodedSplit, max_tokens: int, epochs: Sequence[int]) -> None:
+    """Every rank's batches, from the start and resumed mid-epoch, equal the reference's, for 1 and 2 ranks."""
+    src, tgt = split.src_ids.lengths + 1, split.tgt_ids.lengths + 1
+    for shuffle in (True, False):
+        for world_size in (1, 2):
+            for epoch in epochs:
+                expected = reference_epoch_batches(src, tgt, max_tokens, shuffle=shuffle, seed=3, epoch=epoch,
+                                                   world_size=world_size)
+                for rank in range(world_size):
+                    share = expected[rank::world_size]
+                    sampler = TokenBucketSampler.from_split(split, max_tokens, shuffle=shuffle, seed=3, rank=rank,
+                                                            world_size=world_size)
+                    assert _epoch(sampler, epoch) == share
+                    middle = len(share) // 2 + 1
+                    resumed = TokenBucketSampler.from_split(split, max_tokens, shuffle=shuffle, seed=3, rank=rank,
+                                                            world_size=world_size)
+                    resumed.load_state_dict({"epoch": epoch, "position": middle})
+                    assert list(resumed) == share[middle:]
+
+
+@pytest.mark.parametrize("max_tokens", [37, 300, 4096])
+def test_the_batches_are_the_ones_made_before_numpy(max_tokens: int) -> None:
+    _check_same_batches_as_before(_split(n=997, seed=max_tokens, max_len=45), max_tokens, epochs=(0, 1, 5))
+
+
+@pytest.mark.slow
+def test_multi30k_batches_are_the_ones_made_before_numpy(multi30k_data: PreparedData) -> None:
+    _check_same_batches_as_before(multi30k_data.train, 4096, epochs=(0, 1, 2))
+    _check_same_batches_as_before(multi30k_data.valid, 8192, epochs=(0,))
+
+
+@pytest.mark.slow
+def test_an_epoch_of_millions_of_pairs_covers_each_once_in_equal_shares() -> None:
+    """WMT14's size (4.5M pairs): the numpy plan, two ranks; every pair once, equal shares, within the budget."""
+    rng = np.random.default_rng(0)
+    src = rng.integers(2, 120, 4_500_000)
+    tgt = np.clip(src + rng.integers(-9, 10, len(src)), 2, None)
+    shares = [TokenBucketSampler(src, tgt, 4096, shuffle=True, seed=1, rank=r, world_size=2) for r in range(2)]
+    plans = [sampler._rank_plan() for sampler in shares]
+    assert np.array_equal(plans[0][0], plans[1][0]) and len(plans[0][1]) == len(plans[1][1])
+    spans = np.concatenate([plans[0][1], plans[1][1]])  # [num_batches, 2]
+    sizes = spans[:, 1] - spans[:, 0]
+    assert sizes.sum() == len(src) and np.bincount(plans[0][0], minlength=len(src)).max() == 1
+    starts = np.sort(spans[:, 0])
+    assert np.array_equal(starts[1:], np.sort(spans[:, 1])[:-1])  # the spans tile the order
+    widths = np.maximum(src, tgt)[plans[0][0]]
+    batch_width = np.maximum.reduceat(widths, starts)
+    assert np.all((batch_width * np.diff(np.r_[starts, len(src)]) <= 4096) | (np.diff(np.r_[starts, len(src)]) == 1))

@@ -349,3 +349,148 @@ def test_a_utf8_byte_order_mark_is_dropped(tmp_path: Path) -> None:
     path = tmp_path / "bom.en"
     path.write_bytes(b"\xef\xbb\xbfHello\nWorld\n")
     assert read_lines(path) == ["Hello", "World"]
+
+
+# -- at scale: streamed checks, caches that are never trusted half-written, files shared by ranks -----
+
+
+def _encoded_names(cache: Path) -> list[str]:
+    return sorted(p.name for p in (cache / "encoded").iterdir()) if (cache / "encoded").is_dir() else []
+
+
+def test_the_training_split_keeps_no_text_and_a_fingerprint_names_the_data(
+    tmp_path: Path, tiny_parallel: tuple[list[str], list[str]]
+) -> None:
+    cfg = _files_cfg(tmp_path, tiny_parallel[0][:300], tiny_parallel[1][:300])
+    data = prepare_data(cfg, cache_dir=tmp_path / "cache")
+    assert data.train.src_text is None and data.train.tgt_text is None
+    assert data.train.src_ids.paths is not None  # memory-mapped
+    assert data.fingerprint == prepare_data(cfg, cache_dir=tmp_path / "other_cache").fingerprint
+    cfg["clean"] = {"max_len": 5, "max_ratio": 3.0}
+    assert prepare_data(cfg, cache_dir=tmp_path / "cache").fingerprint != data.fingerprint
+
+
+def test_a_line_count_mismatch_names_the_first_line_without_a_partner(
+    tmp_path: Path, tiny_parallel: tuple[list[str], list[str]]
+) -> None:
+    cfg = _files_cfg(tmp_path, tiny_parallel[0][:300], tiny_parallel[1][:299])
+    with pytest.raises(DataError) as err:
+        prepare_data(cfg, cache_dir=tmp_path / "cache")
+    message = str(err.value)
+    assert "train.de has 300 lines" in message and "train.en has 299" in message
+    assert "line 300 of" in message and message.count("\n") == 0
+    assert _encoded_names(tmp_path / "cache") == []
+
+
+def test_invalid_utf8_deep_in_a_file_names_the_line_and_leaves_no_cache(
+    tmp_path: Path, tiny_parallel: tuple[list[str], list[str]]
+) -> None:
+    cfg = _files_cfg(tmp_path, tiny_parallel[0][:300], tiny_parallel[1][:300])
+    dev = Path(cfg["files"]["dev"]["src"])
+    dev.write_bytes(b"gut\nnoch gut\nM\xfcnchen\n")  # validation is encoded after the tokenizer is trained
+    with pytest.raises(DataError, match=r"dev\.de, line 3: invalid UTF-8.*invalid_utf8=replace"):
+        prepare_data(cfg, cache_dir=tmp_path / "cache")
+    assert not [name for name in _encoded_names(tmp_path / "cache") if name.startswith(("dev.", ".dev."))]
+
+
+def test_an_interrupted_preparation_is_done_again(
+    tmp_path: Path, tiny_parallel: tuple[list[str], list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nmt.data import prepare as prepare_module
+    from nmt.data.tokenizer import Tokenizer
+
+    cfg = _files_cfg(tmp_path, tiny_parallel[0][:300], tiny_parallel[1][:300])
+    expected = prepare_data(cfg, cache_dir=tmp_path / "reference")
+    calls = []
+    real_encode = Tokenizer.encode_src_batch
+
+    def interrupted(self: Tokenizer, texts: list[str]) -> list[list[int]]:
+        calls.append(len(texts))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_encode(self, texts)
+
+    monkeypatch.setattr(prepare_module, "ENCODE_CHUNK_LINES", 100)
+    monkeypatch.setattr(Tokenizer, "encode_src_batch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_data(cfg, cache_dir=tmp_path / "cache")
+    assert calls == [100, 100, 100] and _encoded_names(tmp_path / "cache") == []  # nothing half-written
+    monkeypatch.undo()
+    again = prepare_data(cfg, cache_dir=tmp_path / "cache")
+    assert again.stats["encoded_cache_hits"] == 0 and again.train.src_ids == expected.train.src_ids
+
+
+def test_a_damaged_cache_is_rebuilt_with_a_warning(
+    tmp_path: Path, tiny_parallel: tuple[list[str], list[str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = _files_cfg(tmp_path, tiny_parallel[0][:300], tiny_parallel[1][:300])
+    first = prepare_data(cfg, cache_dir=tmp_path / "cache")
+    expected, tokens = list(first.train.tgt_ids), Path(first.train.tgt_ids.paths[0])
+    del first  # its mapping would see the damage below: caches are only ever replaced, never written in place
+    tokens.write_bytes(tokens.read_bytes()[:-10])  # a disk that filled up, a copy cut short
+    with caplog.at_level(logging.WARNING):
+        second = prepare_data(cfg, cache_dir=tmp_path / "cache")
+    assert "does not match its manifest" in caplog.text and tokens.name in caplog.text
+    assert second.stats["encoded_cache_hits"] == 2 and second.train.tgt_ids == expected
+
+
+def test_a_cached_run_reads_no_training_file(
+    tmp_path: Path, tiny_parallel: tuple[list[str], list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nmt.data import prepare as prepare_module
+
+    cfg = _files_cfg(tmp_path, tiny_parallel[0][:300], tiny_parallel[1][:300])
+    prepare_data(cfg, cache_dir=tmp_path / "cache")
+    read: list[str] = []
+    real_iter_pairs = prepare_module.iter_pairs
+    monkeypatch.setattr(prepare_module, "iter_pairs",
+                        lambda name, *args: read.append(name) or real_iter_pairs(name, *args))
+    monkeypatch.setattr(prepare_module, "sha256_of", lambda path: pytest.fail(f"{path} was hashed again"))
+    prepare_data(cfg, cache_dir=tmp_path / "cache")
+    assert sorted(read) == ["dev", "tst"]  # the text of the scored splits only
+
+    train_src = Path(cfg["files"]["train"]["src"])
+    train_src.write_text(train_src.read_text().replace(tiny_parallel[0][5], "ein neuer Satz", 1))
+    monkeypatch.undo()
+    changed = prepare_data(cfg, cache_dir=tmp_path / "cache")  # a changed file is hashed and prepared again
+    assert changed.stats["encoded_cache_hits"] == 0  # a new tokenizer, so every split is encoded again
+
+
+def test_two_preparations_map_the_same_files(tmp_path: Path, tiny_parallel: tuple[list[str], list[str]]) -> None:
+    import os
+
+    cfg = _files_cfg(tmp_path, tiny_parallel[0][:300], tiny_parallel[1][:300])
+    rank0, rank1 = (prepare_data(cfg, cache_dir=tmp_path / "cache") for _ in range(2))  # as two ranks on one machine
+    for split in ("train", "valid"):
+        ids0, ids1 = getattr(rank0, split).src_ids, getattr(rank1, split).src_ids
+        assert ids0.paths == ids1.paths and ids0.paths is not None
+        assert os.stat(ids0.paths[0]).st_ino == os.stat(ids1.paths[0]).st_ino
+
+
+@pytest.mark.slow
+def test_two_processes_map_the_same_cache_files(tmp_path: Path, tiny_parallel: tuple[list[str], list[str]]) -> None:
+    """What DDP ranks on one machine do: both map the files of one cache, so the page cache holds one copy."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cfg = _files_cfg(tmp_path, tiny_parallel[0][:300], tiny_parallel[1][:300])
+    parent = prepare_data(cfg, cache_dir=tmp_path / "cache")  # rank 0 first, as main_process_first does
+    child = (
+        "import json, sys\n"
+        "from nmt.data import prepare_data\n"
+        "data = prepare_data(json.loads(sys.argv[1]), cache_dir=sys.argv[2])\n"
+        "assert data.train.src_ids[-1] and data.train.tgt_ids[0] is not None  # touch the mapped pages\n"
+        "rows = [line.split() for line in open('/proc/self/maps')]\n"
+        "mapped = sorted({(int(r[4]), r[5]) for r in rows if len(r) > 5 and r[5].endswith('.npy')})\n"
+        "print(json.dumps({'mapped': mapped, 'fingerprint': data.fingerprint}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    ranks = [subprocess.Popen([sys.executable, "-c", child, json.dumps(cfg), str(tmp_path / "cache")], env=env,
+                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    reports = [json.loads(rank.communicate(timeout=120)[0].strip().splitlines()[-1]) for rank in ranks]
+    assert reports[0] == reports[1] and reports[0]["fingerprint"] == parent.fingerprint
+    mapped = {path: inode for inode, path in reports[0]["mapped"]}
+    for path in parent.train.src_ids.paths + parent.train.tgt_ids.paths:
+        assert mapped[path] == os.stat(path).st_ino

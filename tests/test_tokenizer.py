@@ -147,3 +147,18 @@ def test_multi30k_second_preparation_is_all_cached(multi30k_data: PreparedData, 
     assert again.stats["encoded_cache_hits"] == 3
     assert again.tokenizer.fingerprint == multi30k_data.tokenizer.fingerprint
     assert again.train.src_ids == multi30k_data.train.src_ids
+
+
+@pytest.mark.slow
+def test_multi30k_streamed_training_gives_the_model_trained_from_lists(
+    multi30k_data: PreparedData, mirror_dir: Path, tmp_path: Path
+) -> None:
+    """prepare_data streams the cleaned pairs from disk into SentencePiece: the same model and ids as from lists."""
+    from nmt.data.corpora import Multi30k, clean_pairs, read_parallel
+
+    train = read_parallel("train", *Multi30k(tmp_path, mirror=mirror_dir).split_files("train", "de", "en"))
+    text, _ = clean_pairs(train, **data_config()["clean"])
+    from_lists = train_tokenizer(text.src, text.tgt, TokenizerSettings.from_mapping(data_config()["tokenizer"]))
+    assert from_lists.fingerprint == multi30k_data.tokenizer.fingerprint
+    assert multi30k_data.train.src_ids == from_lists.encode_src_batch(text.src)
+    assert multi30k_data.train.tgt_ids == from_lists.encode_tgt_batch(text.tgt)

@@ -4,6 +4,7 @@
     python scripts/benchmark.py train model=default --checkpoint outputs/RUN     # real BLEU too; JSON into RUN
     python scripts/benchmark.py translate --checkpoint outputs/RUN --beam-sizes 1 5 10 --reps 5
     python scripts/benchmark.py data --out runs/bench/data                        # reads $NMT_DATA_MIRROR
+    python scripts/benchmark.py scale --synthetic-pairs 500000 --ranks 1 2 --out runs/scale_500k
     python scripts/benchmark.py server --checkpoint outputs/RUN --clients 1 4 16
     python scripts/benchmark.py profile model=default attention=additive --out runs/bench/profile
 
@@ -17,7 +18,8 @@ trained for a few steps (whose BLEU is meaningless: the JSON says so).
 test_2016_flickr) per beam size, the median of ``--reps`` after a warm-up, with BLEU/chrF when there is
 a reference. ``data``: preparation time (cold, then cached) and batch padding at the token budget
 (``nmt.analysis.padding``). ``server``: ``serve.py`` under concurrent clients (``nmt.analysis.load``).
-``profile``: FLOPs per target token, achieved against peak FLOP/s, time per op group (``nmt.analysis.training_profile``).
+``scale``: what a synthetic corpus of N pairs costs to prepare, load and start training on
+(``nmt.analysis.scale``). ``profile``: FLOPs per target token, achieved against peak FLOP/s, time per op group (``nmt.analysis.training_profile``).
 
 Writes ``<out>.json`` with the provenance block; ``<out>`` defaults to ``benchmark_<mode>_<device>`` in
 the checkpoint's run dir; without a run dir, ``--out`` is required. A benchmark, not a test: it asserts
@@ -38,7 +40,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from nmt.analysis import load, padding, training_profile
+from nmt.analysis import load, padding, scale, training_profile
 from nmt.analysis.cli import REPO_ROOT, device_slug, mirror_file, one_line_errors, parser, sync, write_report
 from nmt.config import to_plain_dict, validate_config
 from nmt.data import Batch
@@ -59,7 +61,7 @@ MEANINGLESS_BLEU_NOTE = (
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = parser(__doc__)
-    modes = p.add_subparsers(dest="mode", required=True, metavar="{train,translate,data,server,profile}")
+    modes = p.add_subparsers(dest="mode", required=True, metavar="{train,translate,data,scale,server,profile}")
     out = argparse.ArgumentParser(add_help=False)
     out.add_argument("--out", type=Path, help="report path without extension (default: see above)")
     decode = argparse.ArgumentParser(add_help=False)
@@ -83,6 +85,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     translate.add_argument("--precision", default="auto", choices=INFERENCE_PRECISIONS, help="as translate.py's precision")
     translate.add_argument("--limit", type=int, help="use only the first N sentences (smoke runs)")
     padding.add_arguments(modes.add_parser("data", parents=[out], help="data preparation time and padding"))
+    scale.add_arguments(modes.add_parser("scale", parents=[out],
+                                         help="what a corpus of N pairs costs: prepare, load, start training"))
     load.add_arguments(modes.add_parser("server", parents=[out], help="serve.py under concurrent clients"))
     training_profile.add_arguments(modes.add_parser("profile", parents=[out], help="training FLOP/s and time per op group"))
     return p.parse_args(argv)
@@ -93,7 +97,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with one_line_errors("benchmark.py"):
         args = parse_args(argv)
         measure = {"train": benchmark_training, "translate": benchmark_translation,
-                   "data": padding.benchmark_data, "server": load.benchmark_server,
+                   "data": padding.benchmark_data, "scale": scale.benchmark_scale,
+                   "server": load.benchmark_server,
                    "profile": training_profile.benchmark_profile}[args.mode]
         report, device = measure(args)
         report = {"benchmark": args.mode, **provenance("scripts/benchmark.py", argv), **report}

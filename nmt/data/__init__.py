@@ -1,14 +1,22 @@
-"""nmt.data: parallel corpora in, padded token-budget batches out.
+"""nmt.data: parallel corpora in, padded token-budget batches out, at any corpus size.
 
 The path of the data, one module per arrow:
 
     corpora.py    corpus registry (``multi30k``, ``files``); fetch from a mirror or the network
-                  into the cache, sha256-verify, read (UTF-8, line counts), clean the train split
+                  into the cache, sha256-verify, stream aligned pairs (UTF-8 and line counts
+                  checked), clean the train split (``PairFilter``)
     tokenizer.py  SentencePiece subwords with fixed ids PAD=0, UNK=1, BOS=2, EOS=3; cached
-    prepare.py    ``prepare_data(cfg)``: the above in order, with the encoded splits cached
-    batching.py   ``build_loader``: token-bucket batches (DDP-aware, resumable) -> ``Batch``
+    encoded.py    ``EncodedSplit``: ids as flat token arrays + offsets (``RaggedIds``), written to
+                  ``.npy`` files in chunks and memory-mapped back, shared by every process
+    prepare.py    ``prepare_data(cfg)``: the above in order, streamed, with every slow result cached
+    batching.py   ``build_loader``: token-bucket batches (DDP-aware, resumable, planned with numpy)
+                  -> ``Batch``
 
-Shapes (batch-first): B pairs, S source length incl. EOS, T target length incl. BOS/EOS.
+Shapes (batch-first): B pairs, S source length incl. EOS, T target length incl. BOS/EOS; N pairs
+of a split.
+
+Memory: nothing holds the training split's text; its ids are mapped from disk, so a process (and
+every DDP rank on a machine, together) holds one page-cache copy of them, whatever the corpus size.
 
 What it does not do: anything with models, losses or metrics.
 """
@@ -21,6 +29,7 @@ from nmt.data.batching import (
     collate_batch,
 )
 from nmt.data.corpora import CORPORA, DataError, register_corpus
+from nmt.data.encoded import RaggedIds
 from nmt.data.prepare import PreparedData, prepare_data
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, TokenizerSettings, train_tokenizer
 
@@ -34,6 +43,7 @@ __all__ = [
     "DataError",
     "EncodedSplit",
     "PreparedData",
+    "RaggedIds",
     "Tokenizer",
     "TokenizerSettings",
     "TokenBucketSampler",

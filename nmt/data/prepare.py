@@ -1,17 +1,27 @@
 """Preparation: from the ``data`` config to encoded, cached splits and their tokenizer.
 
 The one concept: ``prepare_data(data_cfg)`` runs the pipeline once, in this order, and caches
-what is slow so that a second run is near-instant:
+what is slow so that a second run only maps files (well under a second, whatever the corpus size):
 
     corpus files (fetched, sha256-verified; ``<cache>/multi30k/``)
-      -> lines (UTF-8 checked, line counts checked; the training split cleaned)
-      -> SentencePiece model(s) trained on the training split (``<cache>/spm/``, keyed by text + settings)
-      -> subword ids per split (``<cache>/encoded/``, keyed by tokenizer + text)
+      -> a sha256 per file (``<cache>/hashes/``, remembered by path, size, mtime and inode)
+      -> SentencePiece model(s) (``<cache>/spm/``, keyed by the training files' hashes + settings):
+         one pass to check and clean the training pairs (UTF-8, line counts: errors before the
+         slow part), then SentencePiece pulls the cleaned sentences as a stream
+      -> subword ids per split (``<cache>/encoded/``, keyed by tokenizer + files + settings):
+         encoded in chunks of ``ENCODE_CHUNK_LINES`` pairs on all cores, written as flat arrays
+         (``nmt.data.encoded``) and memory-mapped back
+      -> the raw lines of the splits that are scored (validation, tests); never of the training split
 
-Shapes: none; splits are lists of id lists (``EncodedSplit``).
+Nothing here holds the training split in memory: the peak memory of a cold preparation is
+SentencePiece's sample (at most ``INPUT_SENTENCE_SIZE`` sentences) plus one chunk.
+
+Shapes: none; splits are ``EncodedSplit`` s of ``RaggedIds``.
 
 What it does not do: batching (``nmt.data.batching.build_loader``), or coordinate DDP ranks. Under
-DDP, let rank 0 prepare first and the others after a barrier, so they find everything cached.
+DDP, let rank 0 prepare first and the others after a barrier: they find everything cached and map
+the same files, so one copy of the data sits in the page cache for all of them. Ranks on other
+machines should compare ``PreparedData.fingerprint``.
 """
 
 from __future__ import annotations
@@ -20,34 +30,41 @@ import hashlib
 import json
 import logging
 import os
-import struct
-import tempfile
 import time
-from array import array
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nmt.data.batching import EncodedSplit
 from nmt.data.corpora import (
     INVALID_UTF8_MODES,
     MIRROR_ENV,
     DataError,
-    ParallelText,
+    PairFilter,
     build_corpus,
-    clean_pairs,
-    read_parallel,
+    iter_pairs,
+    sha256_of,
     terminal_progress,
 )
-from nmt.data.tokenizer import Tokenizer, TokenizerSettings, text_hash, train_tokenizer
+from nmt.data.encoded import EncodedSplit, RaggedIds, SplitWriter, open_split, token_dtype
+from nmt.data.tokenizer import (
+    Tokenizer,
+    TokenizerSettings,
+    atomic_write,
+    load_cached_tokenizer,
+    tokenizer_key,
+    train_and_cache,
+)
 from nmt.schema import bad_value_message, first_unknown_key
 
 log = logging.getLogger(__name__)
-ENCODE_CHUNK_LINES = 50_000  # sentences per SentencePiece batch call (the progress bar moves once per chunk)
+ENCODE_CHUNK_LINES = 50_000  # pairs per SentencePiece batch call (the progress bar moves once per chunk)
+# Bumped when reading, cleaning or encoding changes what a cache derived from the same files holds.
+PREPARE_VERSION = 2
 
 
 
@@ -86,19 +103,18 @@ class DataSchema:
     num_workers: int = MISSING
 
 
-_ENCODED_MAGIC = b"NMTENC1\n"
-
-
 @dataclass
 class PreparedData:
     """Everything training and evaluation need from the data side.
 
     Attributes:
         tokenizer: the subword model(s), trained on ``train``.
-        train: the cleaned training split.
-        valid: the validation split (never filtered).
-        tests: one split per name in ``data.test_splits`` (never filtered).
+        train: the cleaned training split (memory-mapped ids; no raw text).
+        valid: the validation split (never filtered; with its raw text).
+        tests: one split per name in ``data.test_splits`` (never filtered; with their raw text).
         stats: what happened: seconds per stage, cleaning counts, cache hits (for logs/benchmarks).
+        fingerprint: a sha256 of the tokenizer and every split's ids: equal on two machines means
+            they train and score on the same data.
     """
 
     tokenizer: Tokenizer
@@ -106,6 +122,42 @@ class PreparedData:
     valid: EncodedSplit
     tests: dict[str, EncodedSplit]
     stats: dict[str, Any] = field(default_factory=dict)
+    fingerprint: str = ""
+
+
+@dataclass(frozen=True)
+class SplitSource:
+    """Where a split's pairs come from and how they are read: what its caches are keyed by.
+
+    Attributes:
+        name: the split name.
+        src_path: the source file (plain or ``.gz``).
+        tgt_path: the target file, aligned by line.
+        sha256: the two files' sha256.
+        invalid_utf8: ``error`` or ``replace``.
+        clean: the training split's ``data.clean`` limits; None for a split that is never cleaned.
+    """
+
+    name: str
+    src_path: Path
+    tgt_path: Path
+    sha256: tuple[str, str]
+    invalid_utf8: str
+    clean: dict[str, Any] | None
+
+    def pairs(self, keep: PairFilter | None = None) -> Iterator[tuple[str, str]]:
+        """The aligned pairs streamed from disk; with ``keep``, only those it keeps (it counts them)."""
+        pairs = iter_pairs(self.name, self.src_path, self.tgt_path, self.invalid_utf8)
+        return pairs if keep is None else filter(keep, pairs)
+
+    def new_filter(self) -> PairFilter | None:
+        """A fresh ``PairFilter`` with this split's limits; None when it is not cleaned."""
+        return None if self.clean is None else PairFilter(**self.clean)
+
+    def identity(self) -> dict[str, Any]:
+        """What the pairs depend on: the files' contents and how they are read and cleaned (not where they are)."""
+        return {"version": PREPARE_VERSION, "sha256": list(self.sha256), "invalid_utf8": self.invalid_utf8,
+                "clean": self.clean}
 
 
 def _to_plain(cfg: Any) -> dict[str, Any]:
@@ -144,11 +196,10 @@ def resolve_data_config(data_cfg: Any) -> dict[str, Any]:
 
 
 def prepare_data(data_cfg: Any, cache_dir: str | Path | None = None) -> PreparedData:
-    """Fetch, verify, read, clean, tokenize and encode the splits named in ``data_cfg``.
+    """Fetch, verify, check, clean, tokenize and encode the splits named in ``data_cfg``.
 
     Args:
-        data_cfg: the ``data`` config group (DictConfig or plain dict; missing keys take the
-            defaults of configs/data/multi30k.yaml).
+        data_cfg: the complete ``data`` config group (DictConfig or plain dict, as in configs/data/).
         cache_dir: overrides ``data_cfg.cache_dir``; relative paths resolve against the working
             directory.
 
@@ -157,137 +208,142 @@ def prepare_data(data_cfg: Any, cache_dir: str | Path | None = None) -> Prepared
     """
     cfg = resolve_data_config(data_cfg)
     cache = Path(cache_dir if cache_dir is not None else cfg["cache_dir"]).expanduser().resolve()
-    mirror = cfg["mirror"] or os.environ.get(MIRROR_ENV) or None
-    stats: dict[str, Any] = {"cache_dir": str(cache), "seconds": {}}
+    stats: dict[str, Any] = {"cache_dir": str(cache), "seconds": {}, "encoded_cache_hits": 0}
     seconds = stats["seconds"]
-
-    start = time.perf_counter()
-    corpus = build_corpus(cfg["corpus"], cache_dir=cache, mirror=mirror, files=cfg["files"])
-    names = [cfg["train_split"], cfg["valid_split"], *cfg["test_splits"]]
-    paths = {name: corpus.split_files(name, cfg["src_lang"], cfg["tgt_lang"]) for name in dict.fromkeys(names)}
-    seconds["fetch_verify"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    texts = {name: read_parallel(name, *paths[name], invalid_utf8=cfg["invalid_utf8"]) for name in paths}
-    seconds["read"] = time.perf_counter() - start
-    start = time.perf_counter()
-    train_text, clean_stats = clean_pairs(texts[cfg["train_split"]], **cfg["clean"])
-    seconds["clean"] = time.perf_counter() - start
-    stats["clean"] = {"total": clean_stats.total, "kept": clean_stats.kept, "dropped": clean_stats.dropped}
+    sources = split_sources(cfg, cache, seconds)
 
     start = time.perf_counter()
     settings = TokenizerSettings.from_mapping(cfg["tokenizer"])
-    tokenizer = train_tokenizer(train_text.src, train_text.tgt, settings, cache / "spm")
+    tokenizer = prepare_tokenizer(sources[cfg["train_split"]], settings, cache / "spm")
     seconds["tokenizer"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    stats["encoded_cache_hits"] = 0
-    encoded: dict[str, EncodedSplit] = {}
-    for name in paths:
-        text = train_text if name == cfg["train_split"] else texts[name]
-        encoded[name], hit = encode_split(text, tokenizer, cache / "encoded")
+    encoded, manifests = {}, {}
+    scored = {cfg["valid_split"], *cfg["test_splits"]}
+    for name, source in sources.items():
+        src_ids, tgt_ids, manifests[name], hit = encode_split(source, tokenizer, cache / "encoded")
         stats["encoded_cache_hits"] += int(hit)
+        text = read_text(source) if name in scored else (None, None)
+        encoded[name] = EncodedSplit(name, src_ids, tgt_ids, *text)
     seconds["encode"] = time.perf_counter() - start
+    stats["clean"] = manifests[cfg["train_split"]]["clean"]
+    digests = {name: [m["src"]["sha256"], m["tgt"]["sha256"]] for name, m in manifests.items()}
+    fingerprint = hashlib.sha256(json.dumps([tokenizer.fingerprint, digests], sort_keys=True).encode()).hexdigest()
 
-    data = PreparedData(
-        tokenizer=tokenizer,
-        train=encoded[cfg["train_split"]],
-        valid=encoded[cfg["valid_split"]],
-        tests={name: encoded[name] for name in cfg["test_splits"]},
-        stats=stats,
-    )
+    data = PreparedData(tokenizer=tokenizer, train=encoded[cfg["train_split"]], valid=encoded[cfg["valid_split"]],
+                        tests={name: encoded[name] for name in cfg["test_splits"]}, stats=stats,
+                        fingerprint=fingerprint)
     log.info(
-        "data %s %s->%s: train %d, %s %d, %s; %s; %.1f s",
-        cfg["corpus"],
-        cfg["src_lang"],
-        cfg["tgt_lang"],
-        len(data.train),
-        cfg["valid_split"],
-        len(data.valid),
+        "data %s %s->%s: train %d, %s %d, %s; %s; fingerprint %s; %.1f s",
+        cfg["corpus"], cfg["src_lang"], cfg["tgt_lang"], len(data.train), cfg["valid_split"], len(data.valid),
         ", ".join(f"{k} {len(v)}" for k, v in data.tests.items()) or "no test splits",
-        tokenizer,
-        sum(seconds.values()),
+        tokenizer, fingerprint[:16], sum(seconds.values()),
     )
     return data
 
 
-# --------------------------------------------------------------------------------------------------
-# The encoded-split cache: flat int32 arrays, loaded in milliseconds
-# --------------------------------------------------------------------------------------------------
+def split_sources(cfg: dict[str, Any], cache: Path, seconds: dict[str, float]) -> dict[str, SplitSource]:
+    """Each split's files, fetched and verified (``seconds["fetch_verify"]``), then hashed (``seconds["hash"]``)."""
+    start = time.perf_counter()
+    mirror = cfg["mirror"] or os.environ.get(MIRROR_ENV) or None
+    corpus = build_corpus(cfg["corpus"], cache_dir=cache, mirror=mirror, files=cfg["files"])
+    names = [cfg["train_split"], cfg["valid_split"], *cfg["test_splits"]]
+    paths = {name: corpus.split_files(name, cfg["src_lang"], cfg["tgt_lang"]) for name in dict.fromkeys(names)}
+    seconds["fetch_verify"] = time.perf_counter() - start
+    start = time.perf_counter()
+    sources = {
+        name: SplitSource(name, src, tgt, (file_sha256(src, cache / "hashes"), file_sha256(tgt, cache / "hashes")),
+                          cfg["invalid_utf8"], dict(cfg["clean"]) if name == cfg["train_split"] else None)
+        for name, (src, tgt) in paths.items()
+    }
+    seconds["hash"] = time.perf_counter() - start
+    return sources
 
 
-def encode_split(text: ParallelText, tokenizer: Tokenizer, cache_dir: Path | None) -> tuple[EncodedSplit, bool]:
-    """Encode a split with ``tokenizer``, or load it from ``cache_dir`` if already done.
+def file_sha256(path: Path, memo_dir: Path) -> str:
+    """The sha256 of a corpus file, remembered in ``memo_dir`` by path, size, mtime and inode.
+
+    A cached run then reads no corpus file to know that nothing changed (4.5M pairs are ~1 GB); a
+    file that was replaced or touched is hashed again.
+    """
+    stat = path.stat()
+    seen = {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "inode": stat.st_ino}
+    memo = memo_dir / f"{hashlib.sha256(seen['path'].encode()).hexdigest()[:24]}.json"
+    try:
+        known = json.loads(memo.read_text())
+        if {key: known.get(key) for key in seen} == seen and isinstance(known.get("sha256"), str):
+            return known["sha256"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    digest = sha256_of(path)
+    memo_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(memo, json.dumps({**seen, "sha256": digest}).encode())
+    return digest
+
+
+def prepare_tokenizer(train: SplitSource, settings: TokenizerSettings, spm_dir: Path) -> Tokenizer:
+    """The subword model(s) for ``train``: cached when its files and the settings are unchanged.
+
+    Otherwise one pass checks and cleans the training pairs (a bad line or a line-count mismatch
+    fails here, before the slow part), then SentencePiece trains on the cleaned sentences, streamed
+    from disk again for each model (joint: all source sentences, then all target sentences).
+    """
+    key = tokenizer_key(settings, json.dumps(train.identity(), sort_keys=True))
+    if (tokenizer := load_cached_tokenizer(key, settings, spm_dir)) is not None:
+        return tokenizer
+    keep = train.new_filter()
+    for _ in train.pairs(keep):
+        pass
+    kept = keep.report(train.name).kept if keep is not None else -1
+
+    def side(index: int) -> Iterator[str]:
+        return (pair[index] for pair in train.pairs(train.new_filter()))
+
+    def sentences(model: str) -> Iterable[str]:
+        return chain(side(0), side(1)) if model == "joint" else side(0 if model == "src" else 1)
+
+    return train_and_cache(key, settings, spm_dir, sentences, kept)
+
+
+def encode_split(
+    source: SplitSource, tokenizer: Tokenizer, encoded_dir: Path
+) -> tuple[RaggedIds, RaggedIds, dict[str, Any], bool]:
+    """A split's ids, memory-mapped from ``encoded_dir``; encoded in chunks and written first when not there.
 
     Returns:
-        The encoded split, and whether it came from the cache.
+        ``(src_ids, tgt_ids, manifest, cache_hit)``; the manifest holds a cleaned split's counts.
     """
-    key = hashlib.sha256(f"{tokenizer.fingerprint}:{text_hash(text.src, text.tgt)}".encode()).hexdigest()[:24]
-    path = cache_dir / f"{text.name}.{key}.bin" if cache_dir is not None else None
-    if path is not None and path.is_file():
-        try:
-            src_ids, tgt_ids = _read_encoded(path)
-            if len(src_ids) == len(text):
-                return EncodedSplit(text.name, src_ids, tgt_ids, text.src, text.tgt), True
-        except (OSError, EOFError, ValueError, struct.error):
-            pass
-        log.warning("ignoring unreadable encoded cache %s", path)
-    src_ids, tgt_ids = [], []
-    # In chunks, so a terminal shows a bar on a large corpus; each sentence is encoded on its own either way.
-    chunks = range(0, len(text), ENCODE_CHUNK_LINES)
-    for start in terminal_progress(chunks, f"encoding {text.name} ({len(text):,} lines)", unit=" chunks"):
-        src_ids += tokenizer.encode_src_batch(text.src[start : start + ENCODE_CHUNK_LINES])
-        tgt_ids += tokenizer.encode_tgt_batch(text.tgt[start : start + ENCODE_CHUNK_LINES])
-    if path is not None:
-        _write_encoded(path, src_ids, tgt_ids)
-    return EncodedSplit(text.name, src_ids, tgt_ids, text.src, text.tgt), False
+    key_source = json.dumps({"tokenizer": tokenizer.fingerprint, "source": source.identity()}, sort_keys=True)
+    stem = encoded_dir / f"{source.name}.{hashlib.sha256(key_source.encode()).hexdigest()[:24]}"
+    if (found := open_split(stem)) is not None:
+        return (*found, True)
+    keep = source.new_filter()
+    dtype = token_dtype(max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
+    with SplitWriter(stem, dtype) as writer:
+        chunks = _chunks(source.pairs(keep), ENCODE_CHUNK_LINES)
+        for chunk in terminal_progress(chunks, f"encoding {source.name}", unit=" chunks"):
+            writer.append(tokenizer.encode_src_batch([s for s, _ in chunk]),
+                          tokenizer.encode_tgt_batch([t for _, t in chunk]))
+        clean = asdict(keep.report(source.name)) if keep is not None else None
+        writer.commit({"name": source.name, "tokenizer": tokenizer.fingerprint, "source": source.identity(),
+                       "clean": clean})
+    if (found := open_split(stem)) is None:
+        raise DataError(f"the encoded split {stem} could not be read back after writing it; is {encoded_dir} "
+                        "on a full or failing disk?")
+    return (*found, False)
 
 
-def _flatten(rows: list[list[int]]) -> tuple[array, array]:
-    lengths = array("i", map(len, rows))
-    flat = array("i")
-    for row in rows:
-        flat.extend(row)
-    return lengths, flat
+def read_text(source: SplitSource) -> tuple[list[str], list[str]]:
+    """The lines of a split that is scored (stripped; cleaned if the split is): small, so held in memory."""
+    src: list[str] = []
+    tgt: list[str] = []
+    for s, t in source.pairs(source.new_filter()):
+        src.append(s)
+        tgt.append(t)
+    return src, tgt
 
 
-def _unflatten(lengths: array, flat: array) -> list[list[int]]:
-    values = flat.tolist()
-    rows, offset = [], 0
-    for n in lengths:
-        rows.append(values[offset : offset + n])
-        offset += n
-    if offset != len(values):
-        raise ValueError("encoded cache lengths do not match its ids")
-    return rows
-
-
-def _write_encoded(path: Path, src_ids: list[list[int]], tgt_ids: list[list[int]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    arrays = [*_flatten(src_ids), *_flatten(tgt_ids)]
-    header = json.dumps({"itemsize": arrays[0].itemsize, "sizes": [len(a) for a in arrays]}).encode()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(_ENCODED_MAGIC + struct.pack("<I", len(header)) + header)
-            for a in arrays:
-                a.tofile(f)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-
-
-def _read_encoded(path: Path) -> tuple[list[list[int]], list[list[int]]]:
-    with open(path, "rb") as f:
-        if f.read(len(_ENCODED_MAGIC)) != _ENCODED_MAGIC:
-            raise ValueError("not an encoded cache file")
-        (header_len,) = struct.unpack("<I", f.read(4))
-        header = json.loads(f.read(header_len))
-        arrays = []
-        for size in header["sizes"]:
-            a = array("i")
-            if a.itemsize != header["itemsize"]:
-                raise ValueError("encoded cache written with another int size")
-            a.fromfile(f, size)
-            arrays.append(a)
-    return _unflatten(arrays[0], arrays[1]), _unflatten(arrays[2], arrays[3])
+def _chunks(pairs: Iterable[tuple[str, str]], size: int) -> Iterator[list[tuple[str, str]]]:
+    iterator = iter(pairs)
+    while chunk := list(islice(iterator, size)):
+        yield chunk

@@ -8,7 +8,9 @@ on them. A Tokenizer is nothing but its model protos, so it serialises to plain 
 
 ``train_tokenizer`` trains on the training split only (unigram LM, Kudo 2018, or BPE, Sennrich et
 al., 2016) and caches the model by a hash of the training text and the settings, so a second run
-reuses it.
+reuses it. Its two halves, ``load_cached_tokenizer`` and ``train_and_cache``, take any text key and
+a sentence stream instead: ``nmt.data.prepare`` keys by the corpus files' hashes and streams a
+large corpus from disk (SentencePiece samples at most ``INPUT_SENTENCE_SIZE`` sentences of it).
 
 Shapes: none; ids are plain ``list[int]`` without BOS/EOS (batching adds them).
 
@@ -26,7 +28,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,9 @@ _STATE_FORMAT = 1
 # SentencePiece holds its training sentences in memory: sample at most this many (shuffled) from
 # a big corpus. 2M sentences give a good vocabulary in a few GB of RAM; Multi30k is far below it.
 INPUT_SENTENCE_SIZE = 2_000_000
+# Cache files are readable by all, as open() makes them under the usual umask (mkstemp's 0600 would
+# hide a shared cache from the other users of a cluster).
+CACHE_FILE_MODE = 0o644
 
 
 @dataclass(frozen=True)
@@ -201,7 +206,7 @@ class Tokenizer:
             named = {"src.model": self._src_model, "tgt.model": self._tgt_model or b""}
         paths = []
         for name, blob in named.items():
-            _atomic_write(directory / name, blob)
+            atomic_write(directory / name, blob)
             paths.append(directory / name)
         return paths
 
@@ -236,9 +241,11 @@ def _load_processor(model: bytes) -> spm.SentencePieceProcessor:
     return sp
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, then rename it into place."""
     # Write-then-rename: a crash (or a concurrent DDP rank) never leaves a half-written file.
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, CACHE_FILE_MODE)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -258,8 +265,12 @@ def text_hash(*sides: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
-def _train_model(sentences: Sequence[str], settings: TokenizerSettings) -> bytes:
-    """Train one SentencePiece model in memory and return its proto bytes."""
+def _train_model(sentences: Iterable[str], settings: TokenizerSettings) -> bytes:
+    """Train one SentencePiece model in memory and return its proto bytes.
+
+    ``sentences`` may be a stream: SentencePiece pulls them one at a time and keeps a reservoir
+    sample of at most ``INPUT_SENTENCE_SIZE``.
+    """
     writer = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
@@ -287,13 +298,76 @@ def _train_model(sentences: Sequence[str], settings: TokenizerSettings) -> bytes
     return writer.getvalue()
 
 
+def tokenizer_key(settings: TokenizerSettings, text_key: str) -> str:
+    """The cache key of the model(s) trained with ``settings`` on the text that ``text_key`` identifies."""
+    key_source = json.dumps({"recipe": _RECIPE_VERSION, **asdict(settings)}, sort_keys=True)
+    return hashlib.sha256((key_source + text_key).encode()).hexdigest()[:24]
+
+
+def _model_paths(key: str, settings: TokenizerSettings, cache_dir: str | Path) -> list[Path]:
+    names = ("joint",) if settings.joint else ("src", "tgt")
+    return [Path(cache_dir) / f"{key}.{name}.model" for name in names]
+
+
+def load_cached_tokenizer(key: str, settings: TokenizerSettings, cache_dir: str | Path | None) -> Tokenizer | None:
+    """The model(s) cached under ``key`` (``<cache_dir>/<key>.{joint,src,tgt}.model``), or None."""
+    paths = _model_paths(key, settings, cache_dir) if cache_dir else []
+    if not paths or not all(p.is_file() for p in paths):
+        return None
+    tokenizer = Tokenizer(*(p.read_bytes() for p in paths))
+    log.info("reusing cached SentencePiece model(s) %s: %s", ", ".join(map(str, paths)), tokenizer)
+    return tokenizer
+
+
+def train_and_cache(
+    key: str,
+    settings: TokenizerSettings,
+    cache_dir: str | Path | None,
+    sentences: Callable[[str], Iterable[str]],
+    pairs: int,
+) -> Tokenizer:
+    """Train the model(s) and cache them under ``key`` (no caching when ``cache_dir`` is None).
+
+    Args:
+        key: from ``tokenizer_key``.
+        settings: model type, vocabulary size, joint or separate, character coverage.
+        cache_dir: where models are kept.
+        sentences: the training sentences of one model, ``"joint"`` (all source sentences, then all
+            target sentences), ``"src"`` or ``"tgt"``; called once per model, so it may stream.
+        pairs: the number of training pairs, for the log.
+    """
+    start = time.perf_counter()
+    models = [_train_model(sentences(name), settings) for name in (("joint",) if settings.joint else ("src", "tgt"))]
+    tokenizer = Tokenizer(*models)
+    paths = _model_paths(key, settings, cache_dir) if cache_dir else []
+    for path, blob in zip(paths, models):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, blob)
+    log.info(
+        "trained SentencePiece %s %s on %d pairs in %.1f s: %s%s",
+        settings.model_type,
+        "joint" if settings.joint else "src+tgt",
+        pairs,
+        time.perf_counter() - start,
+        tokenizer,
+        f" -> {', '.join(map(str, paths))}" if paths else "",
+    )
+    sizes = [("joint", tokenizer.src_vocab_size)] if tokenizer.joint else [
+        ("src", tokenizer.src_vocab_size), ("tgt", tokenizer.tgt_vocab_size)]
+    for side, size in sizes:
+        if size < settings.vocab_size:
+            log.warning("%s vocabulary has %d pieces, fewer than vocab_size=%d: the corpus is too small to fill it",
+                        side, size, settings.vocab_size)
+    return tokenizer
+
+
 def train_tokenizer(
     src_texts: Sequence[str],
     tgt_texts: Sequence[str],
     settings: TokenizerSettings,
     cache_dir: str | Path | None = None,
 ) -> Tokenizer:
-    """Train (or reuse from ``cache_dir``) the subword model(s) on the training split.
+    """Train (or reuse from ``cache_dir``) the subword model(s) on training sentences in memory.
 
     The cache key is a hash of the training text and the settings, so changing either trains a new
     model and an unchanged run reuses the old one.
@@ -305,47 +379,11 @@ def train_tokenizer(
         cache_dir: where models are kept (``<cache_dir>/<key>.{joint,src,tgt}.model``); None
             trains without caching.
     """
-    key_source = json.dumps({"recipe": _RECIPE_VERSION, **asdict(settings)}, sort_keys=True)
-    key = hashlib.sha256((key_source + text_hash(src_texts, tgt_texts)).encode()).hexdigest()[:24]
-    names = ("joint",) if settings.joint else ("src", "tgt")
-    paths = [Path(cache_dir) / f"{key}.{name}.model" for name in names] if cache_dir else []
-    if paths and all(p.is_file() for p in paths):
-        tokenizer = Tokenizer(*(p.read_bytes() for p in paths))
-        log.info("reusing cached SentencePiece model(s) %s: %s", ", ".join(map(str, paths)), tokenizer)
+    key = tokenizer_key(settings, text_hash(src_texts, tgt_texts))
+    if (tokenizer := load_cached_tokenizer(key, settings, cache_dir)) is not None:
         return tokenizer
 
-    start = time.perf_counter()
-    if settings.joint:
-        models = [_train_model([*src_texts, *tgt_texts], settings)]
-    else:
-        models = [_train_model(src_texts, settings), _train_model(tgt_texts, settings)]
-    tokenizer = Tokenizer(*models)
-    for path, blob in zip(paths, models):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(path, blob)
-    log.info(
-        "trained SentencePiece %s %s on %d pairs in %.1f s: %s%s",
-        settings.model_type,
-        "joint" if settings.joint else "src+tgt",
-        len(src_texts),
-        time.perf_counter() - start,
-        tokenizer,
-        f" -> {', '.join(map(str, paths))}" if paths else "",
-    )
-    sizes = (
-        [("joint", tokenizer.src_vocab_size)]
-        if tokenizer.joint
-        else [
-            ("src", tokenizer.src_vocab_size),
-            ("tgt", tokenizer.tgt_vocab_size),
-        ]
-    )
-    for side, size in sizes:
-        if size < settings.vocab_size:
-            log.warning(
-                "%s vocabulary has %d pieces, fewer than vocab_size=%d: the corpus is too small to fill it",
-                side,
-                size,
-                settings.vocab_size,
-            )
-    return tokenizer
+    def sentences(model: str) -> Sequence[str]:
+        return [*src_texts, *tgt_texts] if model == "joint" else src_texts if model == "src" else tgt_texts
+
+    return train_and_cache(key, settings, cache_dir, sentences, len(src_texts))

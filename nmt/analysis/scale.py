@@ -1,0 +1,266 @@
+"""``benchmark.py scale``: what a corpus of N pairs costs to prepare, to load and to start training on.
+
+Builds a synthetic corpus of ``--synthetic-pairs`` N pairs under the system temp dir (Multi30k train
+resampled, each line with word noise so that lines differ; reused by later runs with the same N,
+noise and seed; never inside the repository), then measures, each in a fresh child process so that
+only the page cache is warm:
+
+- ``prepare_data`` into an empty cache (cold), then again (cached): seconds, and the peak RSS of the
+  process (``ru_maxrss``: SentencePiece's sample included); the cached run also times the sampler's
+  plan of one epoch (``sampler_epoch_seconds``);
+- ``python train.py data=files ...`` on that corpus: seconds from the start of the process to its
+  first optimizer step (the first line of ``train_log.jsonl``), and its memory after
+  ``--train-steps`` steps (RSS, split into anonymous and file-backed pages, and PSS, which divides
+  shared pages between the processes that map them), when it is stopped;
+- with ``--ranks 2``, the same under ``torchrun --nproc_per_node 2`` (gloo on the CPU), per rank.
+
+The model and optimizer's share of the RSS is estimated from the parameter count in the run's log
+(weights, gradients and AdamW's two moments: 16 bytes a parameter).
+
+Linux only: memory is read from ``/proc``.
+
+Not done here: assertions (a benchmark reports), training to a score.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from nmt.analysis.cli import REPO_ROOT
+from nmt.data.corpora import Multi30k, read_parallel
+
+MIB = 1 << 20
+BYTES_PER_PARAMETER = 16  # fp32 weights, gradients, AdamW's exp_avg and exp_avg_sq
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``scale`` mode's options."""
+    parser.add_argument("--synthetic-pairs", type=int, default=30_000, help="training pairs to generate (N)")
+    parser.add_argument("--noise", type=float, default=0.1, help="chance that a word is replaced (and one always is)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the resampling and the noise")
+    parser.add_argument("--mirror", default=os.environ.get("NMT_DATA_MIRROR"),
+                        help="corpus mirror holding multi30k/ (default: $NMT_DATA_MIRROR)")
+    parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "nmt_scale",
+                        help="where the corpus, the caches and the runs go (default: <system temp>/nmt_scale)")
+    parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--train-steps", type=int, default=10, help="optimizer steps before the memory is read")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1], choices=[1, 2],
+                        help="1: python train.py; 2: torchrun --nproc_per_node 2 (gloo); e.g. --ranks 1 2")
+    parser.add_argument("--device", default="cpu", help="trainer.device of the training runs")
+    parser.add_argument("--train-overrides", nargs="*", default=[], help="more train.py overrides, e.g. model=small")
+    parser.add_argument("--skip-train", action="store_true", help="measure preparation only")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds a child process may take")
+
+
+# -- the corpus -----------------------------------------------------------------------------------
+
+
+def _noisy(words: list[str], vocabulary: list[str], noise: float, rng: random.Random) -> str:
+    """``words`` with each replaced by a random vocabulary word with probability ``noise``, and one always."""
+    words = [rng.choice(vocabulary) if rng.random() < noise else w for w in words]
+    if words:
+        words[rng.randrange(len(words))] = rng.choice(vocabulary)
+    return " ".join(words)
+
+
+def synthetic_corpus(mirror: Path, pairs: int, noise: float, seed: int, root: Path) -> dict[str, dict[str, str]]:
+    """A ``data.files`` mapping: ``train``, ``pairs`` noisy Multi30k pairs (de-en); ``valid``, ``test``: the real ones.
+
+    The folder ``root/corpus_<pairs>_<noise>_<seed>`` is reused when complete (its ``done`` file).
+    """
+    corpus = Multi30k(root / "multi30k", mirror=mirror)
+    folder = root / f"corpus_{pairs}_{noise}_{seed}"
+    files = {"train": {"src": str(folder / "train.de"), "tgt": str(folder / "train.en")}}
+    for split, name in (("valid", "val"), ("test", "test_2016_flickr")):
+        src, tgt = corpus.split_files(name, "de", "en")
+        files[split] = {"src": str(src), "tgt": str(tgt)}
+    if (folder / "done").is_file():
+        return files
+    text = read_parallel("train", *corpus.split_files("train", "de", "en"))
+    src_words, tgt_words = ([line.split() for line in side] for side in (text.src, text.tgt))
+    vocabulary = [sorted({w for line in side for w in line}) for side in (src_words, tgt_words)]
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    src, tgt = (open(files["train"][side], "w", encoding="utf-8") for side in ("src", "tgt"))
+    with src, tgt:
+        for start in range(0, pairs, 10_000):  # in chunks: 4.5M pairs never sit in memory
+            rows = [rng.randrange(len(text)) for _ in range(min(10_000, pairs - start))]
+            src.write("".join(_noisy(src_words[i], vocabulary[0], noise, rng) + "\n" for i in rows))
+            tgt.write("".join(_noisy(tgt_words[i], vocabulary[1], noise, rng) + "\n" for i in rows))
+    (folder / "done").write_text(f"{pairs}\n")
+    return files
+
+
+# -- child processes and their memory -----------------------------------------------------------------
+
+# Runs in a fresh interpreter: prepare, plan one epoch, report seconds and memory as one JSON line.
+_PREPARE_CHILD = """
+import json, resource, sys, time
+start = time.perf_counter()
+from nmt.data import TokenBucketSampler, prepare_data
+imported = time.perf_counter()
+cfg = json.loads(sys.argv[1])
+data = prepare_data(cfg, cache_dir=sys.argv[2])
+prepared = time.perf_counter()
+TokenBucketSampler.from_split(data.train, cfg["max_tokens"], shuffle=True).epoch_plan(0)
+planned = time.perf_counter()
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+print(json.dumps({"seconds": prepared - imported, "import_seconds": imported - start,
+                  "sampler_epoch_seconds": planned - prepared, "pairs": len(data.train),
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "rss_mb": int(status["VmRSS"].split()[0]) / 1024, "stages_seconds": data.stats["seconds"],
+                  "encoded_cache_hits": data.stats["encoded_cache_hits"], "clean": data.stats["clean"],
+                  "fingerprint": data.fingerprint}))
+"""
+
+
+def _child_env() -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+
+
+def measure_prepare(data_cfg: dict[str, Any], cache: Path, timeout: float) -> dict[str, Any]:
+    """``prepare_data`` in a child process: its report (``_PREPARE_CHILD``) plus the wall time from its start."""
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", _PREPARE_CHILD, json.dumps(data_cfg), str(cache)], env=_child_env(),
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"prepare_data failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    return {**report, "process_seconds": time.perf_counter() - start}
+
+
+def process_memory(pid: int) -> dict[str, float]:
+    """``/proc``'s view of a process, in MiB: RSS (anonymous + file-backed + shared memory) and PSS."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
+                fields[name] = int(value.split()[0]) / 1024
+    with open(f"/proc/{pid}/smaps_rollup") as rollup:
+        for line in rollup:
+            if line.startswith("Pss:"):
+                fields["Pss"] = int(line.split()[1]) / 1024
+    return {"rss_mb": fields["VmRSS"], "peak_rss_mb": fields["VmHWM"], "rss_anon_mb": fields["RssAnon"],
+            "rss_file_mb": fields["RssFile"], "rss_shmem_mb": fields["RssShmem"], "pss_mb": fields.get("Pss", 0.0)}
+
+
+def descendants(pid: int) -> list[int]:
+    """The process ids below ``pid`` (children, grandchildren, ...), from ``/proc``."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def _python_workers(pid: int, ranks: int) -> list[int]:
+    """The training processes: ``pid`` itself, or under torchrun the Python children of its launcher."""
+    if ranks == 1:
+        return [pid]
+    return [p for p in descendants(pid) if b"train.py" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+def measure_training(command: list[str], run_dir: Path, steps: int, ranks: int, timeout: float) -> dict[str, Any]:
+    """Start ``command`` (a ``train.py`` run), time its first optimizer step, read its memory after ``steps``.
+
+    The run is killed (with every process it started) once the memory is read.
+    """
+    log_path = run_dir / "train_log.jsonl"
+    start = time.perf_counter()
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=_child_env(), start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first_step, report = None, {}
+    try:
+        while process.poll() is None and time.perf_counter() - start < timeout:
+            done = log_path.read_text().count("\n") if log_path.exists() else 0
+            if done and first_step is None:
+                first_step = time.perf_counter() - start
+            if done >= steps:
+                report = {"ranks": [process_memory(pid) for pid in _python_workers(process.pid, ranks)]}
+                break
+            time.sleep(0.05)
+    finally:
+        for pid in [*descendants(process.pid), process.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _, stderr = process.communicate()
+    if not report:
+        raise RuntimeError(f"{' '.join(command)} stopped before step {steps} (exit {process.returncode}): "
+                           f"{stderr.strip()[-2000:]}")
+    log = run_dir / "train.log"  # "training additive: 12345678 parameters, ..."
+    found = re.search(r"(\d+) parameters", log.read_text()) if log.exists() else None
+    parameters = int(found.group(1)) if found else None
+    return {"first_step_seconds": first_step, "steps": steps, **report, "parameters": parameters,
+            "model_optimizer_mb_estimate": parameters * BYTES_PER_PARAMETER / MIB if parameters else None}
+
+
+# -- the benchmark ----------------------------------------------------------------------------------
+
+
+def train_command(files: dict[str, Any], cache: Path, run_dir: Path, args: argparse.Namespace, ranks: int) -> list[str]:
+    """``python train.py`` (or ``torchrun --nproc_per_node 2 train.py``) on the synthetic corpus."""
+    launcher = [sys.executable] if ranks == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
+    files_value = "{" + ",".join(f"{split}:{{src:'{f['src']}',tgt:'{f['tgt']}'}}" for split, f in files.items()) + "}"
+    return [*launcher, str(REPO_ROOT / "train.py"), "data=files", f"data.files={files_value}", "data.valid_split=valid",
+            "data.test_splits=[test]", f"data.cache_dir={cache}", f"data.tokenizer.vocab_size={args.vocab_size}",
+            f"trainer.device={args.device}", f"trainer.max_steps={args.train_steps + 50}",
+            f"hydra.run.dir={run_dir}", *args.train_overrides]
+
+
+def benchmark_scale(args: argparse.Namespace) -> tuple[dict[str, Any], torch.device]:
+    """The ``scale`` mode: corpus, cold and cached preparation, training start and memory; prints a summary."""
+    if not args.mirror:
+        raise SystemExit("benchmark.py scale: no corpus mirror; set NMT_DATA_MIRROR or pass --mirror")
+    root, n = args.work_dir, args.synthetic_pairs
+    start = time.perf_counter()
+    files = synthetic_corpus(Path(args.mirror), n, args.noise, args.seed, root)
+    generate_seconds = time.perf_counter() - start
+    data_cfg = OmegaConf.to_container(OmegaConf.load(REPO_ROOT / "configs/data/files.yaml"), resolve=True)
+    data_cfg.update(files=files, valid_split="valid", test_splits=["test"])
+    data_cfg["tokenizer"]["vocab_size"] = args.vocab_size
+    with tempfile.TemporaryDirectory(prefix=f"cache_{n}_", dir=root) as cache_dir:
+        cache = Path(cache_dir)
+        cold = measure_prepare(data_cfg, cache, args.timeout)
+        cached = measure_prepare(data_cfg, cache, args.timeout)
+        print(f"{n:,} pairs: prepare cold {cold['seconds']:.1f} s (peak RSS {cold['peak_rss_mb']:.0f} MiB), cached "
+              f"{cached['seconds']:.2f} s (RSS {cached['rss_mb']:.0f} MiB), epoch plan "
+              f"{cached['sampler_epoch_seconds']:.2f} s", flush=True)
+        training = {}
+        for ranks in [] if args.skip_train else args.ranks:
+            run_dir = Path(tempfile.mkdtemp(prefix=f"run_{n}_{ranks}rank_", dir=root))
+            training[f"{ranks}_rank"] = run = measure_training(
+                train_command(files, cache, run_dir, args, ranks), run_dir, args.train_steps, ranks, args.timeout)
+            rss, pss = (", ".join(f"{r[key]:.0f}" for r in run["ranks"]) for key in ("rss_mb", "pss_mb"))
+            print(f"train.py x{ranks}: first step after {run['first_step_seconds']:.1f} s; after {args.train_steps} "
+                  f"steps RSS {rss} MiB (PSS {pss})", flush=True)
+    report = {"pairs": n, "noise": args.noise, "seed": args.seed, "corpus": files["train"],
+              "generate_seconds": round(generate_seconds, 2), "prepare_cold": cold, "prepare_cached": cached,
+              "training": training}
+    return report, torch.device(args.device if args.device != "auto" else "cpu")

@@ -1,0 +1,326 @@
+"""Encoded splits: the subword ids of many sentences as one flat token array plus offsets.
+
+The one concept: ``RaggedIds`` holds rows of ids as ``tokens [N_tok]`` and ``offsets [N + 1]`` (row
+``i`` is ``tokens[offsets[i]:offsets[i + 1]]``), in memory or memory-mapped from ``.npy`` files.
+Opening a mapped split of any size takes milliseconds and no memory of its own: its pages are read
+on demand into the page cache, which every process mapping the same files shares (DDP ranks on one
+machine, DataLoader workers). ``EncodedSplit`` pairs a source and a target ``RaggedIds`` with the
+raw lines of a split that is scored. ``SplitWriter`` writes a split chunk by chunk, and
+``open_split`` maps it back, checked against its manifest.
+
+A split on disk, with stem ``S`` (``<cache>/encoded/<split>.<key>``): ``S.src.tokens.npy``,
+``S.src.offsets.npy``, ``S.tgt.tokens.npy``, ``S.tgt.offsets.npy``, and ``S.json``, the manifest:
+pairs, token counts and dtypes, a sha256 per side, and what the caller records (sources, cleaning
+counts). Every file is written under a temporary name and renamed, the manifest last, so a split
+without a manifest was never finished; one whose files do not match their manifest is not used.
+
+Shapes: N pairs, N_tok ids of one side (no BOS/EOS). Tokens are uint16 when the vocabulary fits
+(``token_dtype``), else int32; offsets are int64.
+
+What it does not do: decide whether a split on disk fits the current settings (``nmt.data.prepare``
+names the stems after them), tokenize, or batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import operator
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from nmt.data.corpora import DataError
+from nmt.data.tokenizer import CACHE_FILE_MODE, atomic_write
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1  # bumped when the layout of the files changes
+SIDES = ("src", "tgt")
+_COPY_ROWS = 1 << 20  # lengths turned into offsets per read while writing
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id of a ``vocab_size`` vocabulary fits (half the disk and page cache), else int32."""
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.int32)
+
+
+class RaggedIds(Sequence[list[int]]):
+    """Rows of token ids stored flat: ``ids[i]`` is row ``i`` as a ``list[int]``, ``ids[a:b]`` a list of rows.
+
+    Args:
+        tokens: ``[N_tok]`` every row's ids, one row after the other.
+        offsets: ``[N + 1]`` int64 row starts; ``offsets[0] == 0`` and ``offsets[-1] == N_tok``.
+    """
+
+    def __init__(self, tokens: np.ndarray, offsets: np.ndarray) -> None:
+        self.tokens = tokens
+        self.offsets = offsets
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Sequence[int]]) -> RaggedIds:
+        """In-memory rows (int32) from lists of ids; a ``RaggedIds`` is returned as it is."""
+        if isinstance(rows, RaggedIds):
+            return rows
+        rows = rows if isinstance(rows, Sequence) else list(rows)
+        lengths = np.fromiter(map(len, rows), np.int64, count=len(rows))
+        offsets = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return cls(np.fromiter(chain.from_iterable(rows), np.int32, count=int(offsets[-1])), offsets)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """``[N]`` int64: the number of ids in each row."""
+        return np.diff(self.offsets)
+
+    @property
+    def paths(self) -> tuple[str, str] | None:
+        """The ``.npy`` files of the tokens and offsets when memory-mapped, else None."""
+        names = (getattr(self.tokens, "filename", None), getattr(self.offsets, "filename", None))
+        return (str(names[0]), str(names[1])) if names[0] and names[1] else None
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        i = operator.index(index)
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"row {index} out of range for {len(self)} rows")
+        return self.tokens[self.offsets[i] : self.offsets[i + 1]].tolist()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RaggedIds):
+            return np.array_equal(self.offsets, other.offsets) and np.array_equal(self.tokens, other.tokens)
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return len(self) == len(other) and all(row == list(o) for row, o in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable arrays inside
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A mapped split travels to another process (a DataLoader worker under spawn) as its paths.
+        if self.paths is not None:
+            return (map_ragged, self.paths)
+        return (RaggedIds, (self.tokens, self.offsets))
+
+    def __repr__(self) -> str:
+        where = f", mapped from {self.paths[0]}" if self.paths else ""
+        return f"RaggedIds({len(self)} rows, {len(self.tokens)} ids, {self.tokens.dtype}{where})"
+
+
+def map_ragged(tokens_path: str | Path, offsets_path: str | Path) -> RaggedIds:
+    """Memory-map the two ``.npy`` files of ``RaggedIds`` (read-only; nothing is read until used)."""
+    return RaggedIds(np.load(tokens_path, mmap_mode="r"), np.load(offsets_path, mmap_mode="r"))
+
+
+@dataclass
+class EncodedSplit:
+    """One split as subword ids (no BOS/EOS) and, for a split that is scored, the raw lines they came from.
+
+    It is a map-style dataset: ``split[i]`` is ``(i, src_ids, tgt_ids)`` with plain ``list[int]`` ids.
+
+    Attributes:
+        name: the split name (``train``, ``val``, ``test_2016_flickr``, ...).
+        src_ids: source ids per pair (lists of id lists are turned into ``RaggedIds``).
+        tgt_ids: target ids per pair.
+        src_text: the source lines (stripped), e.g. for writing translations next to their input;
+            None for the training split, whose text is never held in memory.
+        tgt_text: the target lines (stripped): the references sacrebleu scores against; None for
+            the training split.
+    """
+
+    name: str
+    src_ids: RaggedIds
+    tgt_ids: RaggedIds
+    src_text: Sequence[str] | None = None
+    tgt_text: Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        self.src_ids = RaggedIds.from_rows(self.src_ids)
+        self.tgt_ids = RaggedIds.from_rows(self.tgt_ids)
+        texts = [t for t in (self.src_text, self.tgt_text) if t is not None]
+        sizes = {len(self.src_ids), len(self.tgt_ids), *map(len, texts)}
+        if len(sizes) != 1 or len(texts) == 1:
+            raise DataError(
+                f"EncodedSplit {self.name!r}: src_ids/tgt_ids/src_text/tgt_text have different lengths "
+                f"{len(self.src_ids)}/{len(self.tgt_ids)}/"
+                f"{'/'.join(str(None if t is None else len(t)) for t in (self.src_text, self.tgt_text))}."
+            )
+
+    def __len__(self) -> int:
+        return len(self.src_ids)
+
+    def __getitem__(self, index: int) -> tuple[int, list[int], list[int]]:
+        return index, self.src_ids[index], self.tgt_ids[index]
+
+    def num_tokens(self) -> tuple[int, int]:
+        """Source and target tokens in the split, EOS included (what a batch holds unpadded)."""
+        return len(self.src_ids.tokens) + len(self), len(self.tgt_ids.tokens) + len(self)
+
+
+# --------------------------------------------------------------------------------------------------
+# On disk: written in chunks under temporary names, renamed when complete, checked when opened
+# --------------------------------------------------------------------------------------------------
+
+
+def _side_paths(stem: Path, side: str) -> tuple[Path, Path]:
+    return stem.with_name(f"{stem.name}.{side}.tokens.npy"), stem.with_name(f"{stem.name}.{side}.offsets.npy")
+
+
+def manifest_path(stem: Path) -> Path:
+    """The manifest of the split at ``stem``: written last, so its presence means the split is complete."""
+    return stem.with_name(f"{stem.name}.json")
+
+
+class _SideWriter:
+    """One side's ids, appended to raw temporary files; ``finish`` makes the two ``.npy`` files (still temporary)."""
+
+    def __init__(self, stem: Path, side: str, dtype: np.dtype, temps: list[Path]) -> None:
+        self.stem, self.side, self.dtype, self.temps = stem, side, dtype, temps
+        self.tokens, self.lengths = self._temp("tokens.raw")[0], self._temp("lengths.raw")[0]
+        self.token_digest, self.length_digest = hashlib.sha256(), hashlib.sha256()
+        self.rows = self.count = 0
+
+    def _temp(self, what: str) -> tuple[IO[bytes], Path]:
+        prefix = f".{self.stem.name}.{self.side}.{what}."
+        fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=self.stem.parent)
+        os.fchmod(fd, CACHE_FILE_MODE)
+        self.temps.append(Path(name))
+        return os.fdopen(fd, "w+b"), Path(name)
+
+    def append(self, rows: Sequence[Sequence[int]]) -> None:
+        lengths = np.fromiter(map(len, rows), np.int64, count=len(rows))
+        tokens = np.fromiter(chain.from_iterable(rows), self.dtype, count=int(lengths.sum()))
+        self.tokens.write(tokens.tobytes())
+        self.token_digest.update(tokens.tobytes())
+        self.lengths.write(lengths.tobytes())
+        self.length_digest.update(lengths.tobytes())
+        self.rows, self.count = self.rows + len(rows), self.count + len(tokens)
+
+    def finish(self) -> tuple[list[tuple[Path, Path]], dict[str, Any]]:
+        """The ``.npy`` files as ``(temporary, final)`` paths, and this side's manifest entry."""
+        (tokens_npy, tokens_temp), (offsets_npy, offsets_temp) = self._temp("tokens.npy"), self._temp("offsets.npy")
+        _write_header(tokens_npy, self.dtype, self.count)
+        self.tokens.seek(0)
+        shutil.copyfileobj(self.tokens, tokens_npy, 1 << 20)
+        _write_header(offsets_npy, np.dtype(np.int64), self.rows + 1)
+        offsets_npy.write(np.zeros(1, np.int64).tobytes())
+        self.lengths.seek(0)
+        start = 0
+        while chunk := self.lengths.read(_COPY_ROWS * 8):  # lengths [rows] -> offsets [rows + 1], a chunk at a time
+            offsets = np.cumsum(np.frombuffer(chunk, np.int64)) + start
+            offsets_npy.write(offsets.tobytes())
+            start = int(offsets[-1])
+        for file in (self.tokens, self.lengths, tokens_npy, offsets_npy):
+            file.flush()
+            os.fsync(file.fileno())  # on disk before the rename: a power cut leaves no renamed half file
+            file.close()
+        digest = hashlib.sha256(self.dtype.str.encode() + self.token_digest.digest() + self.length_digest.digest())
+        entry = {"dtype": self.dtype.name, "tokens": self.count, "sha256": digest.hexdigest()}
+        final_tokens, final_offsets = _side_paths(self.stem, self.side)
+        return [(tokens_temp, final_tokens), (offsets_temp, final_offsets)], entry
+
+
+def _write_header(file: IO[bytes], dtype: np.dtype, count: int) -> None:
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (count,)}
+    np.lib.format.write_array_header_1_0(file, header)
+
+
+class SplitWriter:
+    """Writes a split's ids at ``stem`` in chunks; nothing appears under the final names before ``commit``.
+
+    Use it as a context manager: leaving without ``commit`` (an error, Ctrl-C) removes the
+    temporary files, and a crash leaves only hidden ``.*.tmp`` files that nothing reads.
+
+    Args:
+        stem: the path prefix of the split's files (its folder is created).
+        dtype: the token dtype (``token_dtype``).
+    """
+
+    def __init__(self, stem: Path, dtype: np.dtype) -> None:
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        manifest_path(stem).unlink(missing_ok=True)  # a split being rewritten is not trusted until it is done
+        self.stem = stem
+        self.temps: list[Path] = []
+        self.sides = {side: _SideWriter(stem, side, np.dtype(dtype), self.temps) for side in SIDES}
+
+    def append(self, src_rows: Sequence[Sequence[int]], tgt_rows: Sequence[Sequence[int]]) -> None:
+        """Add pairs: ``src_rows[i]`` and ``tgt_rows[i]`` are the ids of one pair."""
+        if len(src_rows) != len(tgt_rows):
+            raise ValueError(f"{len(src_rows)} source rows but {len(tgt_rows)} target rows")
+        self.sides["src"].append(src_rows)
+        self.sides["tgt"].append(tgt_rows)
+
+    def commit(self, extra: dict[str, Any]) -> dict[str, Any]:
+        """Rename the arrays into place, then write the manifest (``extra`` included); returns the manifest."""
+        manifest: dict[str, Any] = {"format": FORMAT, "pairs": self.sides["src"].rows}
+        renames = []
+        for side, writer in self.sides.items():
+            paths, manifest[side] = writer.finish()
+            renames += paths
+        for temp, final in renames:
+            os.replace(temp, final)
+        atomic_write(manifest_path(self.stem), json.dumps({**manifest, **extra}, indent=1).encode())
+        return {**manifest, **extra}
+
+    def __enter__(self) -> SplitWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for side in self.sides.values():
+            side.tokens.close()
+            side.lengths.close()
+        for temp in self.temps:
+            temp.unlink(missing_ok=True)
+
+
+def open_split(stem: Path) -> tuple[RaggedIds, RaggedIds, dict[str, Any]] | None:
+    """Memory-map the split written at ``stem``: ``(src_ids, tgt_ids, manifest)``.
+
+    Returns:
+        None when there is no manifest (never written, or interrupted), or, with a warning, when a
+        file is missing or does not match the manifest (size, dtype, shape, offsets): the caller
+        writes the split again.
+    """
+    if not manifest_path(stem).is_file():
+        return None
+    try:
+        manifest = json.loads(manifest_path(stem).read_text())
+        if manifest.get("format") != FORMAT:
+            raise ValueError(f"format {manifest.get('format')}, expected {FORMAT}")
+        src, tgt = (_open_side(stem, side, manifest) for side in SIDES)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("the encoded split %s does not match its manifest (%s); encoding it again", stem, exc)
+        return None
+    return src, tgt, manifest
+
+
+def _open_side(stem: Path, side: str, manifest: dict[str, Any]) -> RaggedIds:
+    expected = [(manifest[side]["dtype"], manifest[side]["tokens"]), ("int64", manifest["pairs"] + 1)]
+    arrays = []
+    for path, (dtype, count) in zip(_side_paths(stem, side), expected):
+        try:
+            array = np.load(path, mmap_mode="r")
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path.name}: {exc}") from exc
+        if array.dtype != np.dtype(dtype) or array.shape != (count,):
+            raise ValueError(f"{path.name} holds {array.dtype}{list(array.shape)}, the manifest says {dtype}[{count}]")
+        if (size := path.stat().st_size) != array.offset + array.nbytes:
+            raise ValueError(f"{path.name} has {size} bytes, expected {array.offset + array.nbytes}")
+        arrays.append(array)
+    ids = RaggedIds(*arrays)
+    if ids.offsets[0] != 0 or ids.offsets[-1] != len(ids.tokens):
+        raise ValueError(f"the offsets of {stem.name}.{side} do not run from 0 to the token count")
+    return ids

@@ -1,0 +1,121 @@
+"""nmt.data.encoded: flat ids + offsets, written in chunks, memory-mapped back, never trusted half-written."""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nmt.data import EncodedSplit, RaggedIds
+from nmt.data.encoded import SplitWriter, manifest_path, open_split, token_dtype
+
+ROWS = [[5, 6, 7], [], [8], [9, 10, 11, 12, 13]]
+TGT_ROWS = [[4], [21, 22], [], [23, 24, 25]]
+
+
+def _write(stem: Path, chunks: int = 2) -> dict:
+    with SplitWriter(stem, np.dtype(np.uint16)) as writer:
+        step = -(-len(ROWS) // chunks)
+        for start in range(0, len(ROWS), step):
+            writer.append(ROWS[start : start + step], TGT_ROWS[start : start + step])
+        return writer.commit({"note": "test"})
+
+
+def test_ragged_rows_index_slice_and_compare() -> None:
+    ids = RaggedIds.from_rows(ROWS)
+    assert len(ids) == 4 and ids[0] == [5, 6, 7] and ids[1] == [] and ids[-1] == [9, 10, 11, 12, 13]
+    assert isinstance(ids[0], list) and all(isinstance(i, int) for i in ids[0])
+    assert ids[1:3] == [[], [8]] and list(ids) == ROWS
+    assert ids.lengths.tolist() == [3, 0, 1, 5] and ids.offsets.tolist() == [0, 3, 3, 4, 9]
+    assert ids == ROWS and ids == RaggedIds.from_rows(ROWS) and ids != ROWS[:-1]
+    with pytest.raises(IndexError):
+        ids[4]
+    assert RaggedIds.from_rows(ids) is ids
+
+
+def test_encoded_split_takes_lists_and_has_no_text_for_training() -> None:
+    split = EncodedSplit("train", ROWS, TGT_ROWS)
+    assert isinstance(split.src_ids, RaggedIds) and split.src_text is None
+    assert split[3] == (3, [9, 10, 11, 12, 13], [23, 24, 25])
+    assert split.num_tokens() == (9 + 4, 6 + 4)
+    with pytest.raises(ValueError, match="different lengths"):
+        EncodedSplit("valid", ROWS, TGT_ROWS, ["a"] * 4, ["b"] * 3)
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_written_split_maps_back_the_same_in_any_chunking(tmp_path: Path, chunks: int) -> None:
+    manifest = _write(tmp_path / "enc" / "train.k", chunks)
+    src, tgt, read = open_split(tmp_path / "enc" / "train.k")
+    assert src == ROWS and tgt == TGT_ROWS and read == manifest and read["note"] == "test"
+    assert isinstance(src.tokens, np.memmap) and src.tokens.dtype == np.uint16 and src.offsets.dtype == np.int64
+    assert manifest["pairs"] == 4 and manifest["src"]["tokens"] == 9
+    # The digest is of the ids, not of how they were chunked.
+    assert manifest["src"]["sha256"] == _write(tmp_path / "again" / "train.k", 4)["src"]["sha256"]
+    names = sorted(p.name for p in (tmp_path / "enc").iterdir())
+    assert names == ["train.k.json", "train.k.src.offsets.npy", "train.k.src.tokens.npy",
+                     "train.k.tgt.offsets.npy", "train.k.tgt.tokens.npy"]  # no temporary file left
+    assert np.load(tmp_path / "enc" / "train.k.tgt.tokens.npy").tolist() == [4, 21, 22, 23, 24, 25]  # plain .npy
+
+
+def test_a_mapped_split_pickles_as_its_paths(tmp_path: Path) -> None:
+    _write(tmp_path / "s")
+    src, _, _ = open_split(tmp_path / "s")
+    blob = pickle.dumps(src)
+    assert str(tmp_path / "s.src.tokens.npy").encode() in blob and len(blob) < 400
+    again = pickle.loads(blob)
+    assert again == src and isinstance(again.tokens, np.memmap)
+    assert pickle.loads(pickle.dumps(RaggedIds.from_rows(ROWS))) == ROWS  # in memory: by value
+
+
+def test_an_interrupted_write_leaves_nothing(tmp_path: Path) -> None:
+    stem = tmp_path / "enc" / "train.k"
+    with pytest.raises(KeyboardInterrupt), SplitWriter(stem, np.dtype(np.uint16)) as writer:
+        writer.append(ROWS, TGT_ROWS)
+        raise KeyboardInterrupt
+    assert list((tmp_path / "enc").iterdir()) == [] and open_split(stem) is None
+
+
+def test_arrays_without_their_manifest_are_not_trusted(tmp_path: Path) -> None:
+    stem = tmp_path / "train.k"
+    _write(stem)
+    manifest_path(stem).unlink()  # as if killed between the renames and the manifest
+    assert open_split(stem) is None
+
+
+@pytest.mark.parametrize("damage", ["truncate", "append", "dtype", "manifest count", "missing", "format"])
+def test_files_that_do_not_match_their_manifest_are_rebuilt_with_a_warning(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    stem = tmp_path / "train.k"
+    manifest = _write(stem)
+    tokens = tmp_path / "train.k.src.tokens.npy"
+    if damage == "truncate":
+        tokens.write_bytes(tokens.read_bytes()[:-2])
+    elif damage == "append":
+        tokens.write_bytes(tokens.read_bytes() + b"\0\0")
+    elif damage == "dtype":
+        np.save(tokens, np.load(tokens).astype(np.int32))  # another header, same ids
+    elif damage == "missing":
+        tokens.unlink()
+    else:
+        if damage == "format":
+            manifest["format"] = 0
+        else:
+            manifest["tgt"]["tokens"] += 1
+        manifest_path(stem).write_text(json.dumps(manifest))
+    with caplog.at_level(logging.WARNING, logger="nmt.data.encoded"):
+        assert open_split(stem) is None
+    assert "does not match its manifest" in caplog.text and "encoding it again" in caplog.text
+
+
+def test_token_dtype_fits_the_vocabulary() -> None:
+    assert token_dtype(8000) == np.uint16 and token_dtype(65536) == np.uint16 and token_dtype(65537) == np.int32
+
+
+def test_cache_files_are_readable_by_all(tmp_path: Path) -> None:
+    _write(tmp_path / "s")
+    assert {p.stat().st_mode & 0o777 for p in tmp_path.iterdir()} == {0o644}  # a shared cache serves every user

@@ -1,0 +1,118 @@
+"""nmt.analysis.scale at a tiny size: the synthetic corpus, the preparation children, the training watcher.
+
+The figures themselves (30k to 4.5M pairs) come from ``scripts/benchmark.py scale``, never from tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import data_config
+
+from nmt.analysis import scale
+from nmt.analysis.cli import REPO_ROOT
+from nmt.data.corpora import read_lines
+
+
+def _args(tmp_path: Path, mirror: Path, *extra: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    scale.add_arguments(parser)
+    return parser.parse_args(["--mirror", str(mirror), "--work-dir", str(tmp_path), *extra])
+
+
+def test_the_synthetic_corpus_resamples_with_noise_and_is_reused(mirror_dir: Path, tmp_path: Path) -> None:
+    files = scale.synthetic_corpus(mirror_dir, 2000, 0.1, 0, tmp_path)
+    src, tgt = (read_lines(Path(files["train"][side])) for side in ("src", "tgt"))
+    assert len(src) == len(tgt) == 2000 and all(src) and all(tgt)
+    original = set(read_lines(mirror_dir / "multi30k" / "train.de.gz"))
+    assert sum(line in original for line in src) == 0  # every line has at least one new word
+    assert len(set(src)) > 1990
+    assert Path(files["valid"]["src"]).name == "val.de.gz" and Path(files["test"]["tgt"]).name.startswith("test_2016")
+    written = Path(files["train"]["src"]).stat().st_mtime_ns
+    assert scale.synthetic_corpus(mirror_dir, 2000, 0.1, 0, tmp_path) == files  # reused, not written again
+    assert Path(files["train"]["src"]).stat().st_mtime_ns == written
+
+
+@pytest.mark.slow
+def test_prepare_is_measured_cold_then_cached_in_child_processes(mirror_dir: Path, tmp_path: Path) -> None:
+    files = scale.synthetic_corpus(mirror_dir, 2000, 0.1, 0, tmp_path)
+    cfg = data_config("files", files=files, valid_split="valid", test_splits=["test"])
+    cfg["tokenizer"]["vocab_size"] = 500
+    cold = scale.measure_prepare(cfg, tmp_path / "cache", timeout=300)
+    cached = scale.measure_prepare(cfg, tmp_path / "cache", timeout=300)
+    assert cold["encoded_cache_hits"] == 0 and cached["encoded_cache_hits"] == 3
+    assert cold["fingerprint"] == cached["fingerprint"] and cold["pairs"] == cached["pairs"] <= 2000
+    for report in (cold, cached):
+        assert report["peak_rss_mb"] >= report["rss_mb"] > 50 and report["process_seconds"] > report["seconds"] > 0
+        assert report["sampler_epoch_seconds"] > 0 and "tokenizer" in report["stages_seconds"]
+
+
+# A stand-in for train.py: a launcher with two "ranks" (children whose command line names train.py)
+# that writes a log line per "step", as the trainer's rank 0 does.
+FAKE_LAUNCHER = """
+import subprocess, sys, time
+from pathlib import Path
+run = Path(sys.argv[1])
+ranks = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "train.py", str(run)]) for _ in "ab"]
+(run / "train.log").write_text("training additive: 1000 parameters, 3 batches per epoch\\n")
+time.sleep(0.3)
+for step in range(1, 100):
+    with open(run / "train_log.jsonl", "a") as log:
+        log.write('{"step": %d}\\n' % step)
+    time.sleep(0.05)
+"""
+
+
+def test_training_is_watched_to_its_first_step_and_stopped_with_its_ranks(tmp_path: Path) -> None:
+    script = tmp_path / "launcher.py"
+    script.write_text(FAKE_LAUNCHER)
+    started = time.perf_counter()
+    report = scale.measure_training([sys.executable, str(script), str(tmp_path)], tmp_path, steps=5, ranks=2,
+                                    timeout=60)
+    assert time.perf_counter() - started < 30  # stopped at step 5, not left to sleep on
+    assert report["first_step_seconds"] >= 0.3  # the first line comes after the "setup"
+    assert len(report["ranks"]) == 2 and all(r["rss_mb"] > 0 and r["pss_mb"] > 0 for r in report["ranks"])
+    assert report["parameters"] == 1000 and report["model_optimizer_mb_estimate"] == 1000 * 16 / 2**20
+    for _ in range(100):  # the ranks were killed too (a killed process leaves /proc, or keeps no command line)
+        if not _running_with(str(tmp_path).encode()):
+            break
+        time.sleep(0.05)
+    assert not _running_with(str(tmp_path).encode())
+
+
+def _running_with(marker: bytes) -> list[int]:
+    """Processes whose command line holds ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_training_run_that_fails_early_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="stopped before step 3.*no corpus here"):
+        scale.measure_training([sys.executable, "-c", "import sys; sys.exit('no corpus here')"], tmp_path, 3, 1, 60)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_the_train_command_composes(mirror_dir: Path, tmp_path: Path, ranks: int) -> None:
+    """train.py accepts every override the benchmark gives it (Hydra prints the job config; nothing trains)."""
+    import subprocess
+
+    files = scale.synthetic_corpus(mirror_dir, 100, 0.1, 0, tmp_path)
+    command = scale.train_command(files, tmp_path / "cache", tmp_path / "run", _args(tmp_path, mirror_dir), ranks)
+    if ranks == 2:
+        assert command[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
+        command = [sys.executable, *command[6:]]  # compose once, without the launcher
+    done = subprocess.run([*command, "--cfg", "job"], cwd=REPO_ROOT, env=scale._child_env(), capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert files["train"]["src"] in done.stdout and "max_steps: 60" in done.stdout
