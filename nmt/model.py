@@ -256,11 +256,13 @@ class Decoder(nn.Module):
             logits ``[B, T, V]`` and attention weights ``[B, T, S]``.
         """
         embedded = self.dropout(self.embedding(tgt_in))  # [B, T, E]
-        emb_gates = self.emb_gates(embedded)  # [B, T, 3Hd], once for all steps
+        # Once for all steps, then unbound: indexing [:, step] instead would make each step's backward
+        # write a zero-filled [B, T, 3Hd] gradient and add it up, T times (measured: ~20% of a CPU step).
+        emb_gates = self.emb_gates(embedded).unbind(1)  # T x [B, 3Hd]
         top_states, contexts, weights = [], [], []
-        for step in range(tgt_in.shape[1]):
+        for step_gates in emb_gates:
             context, step_weights = self._attend(state[-1], memory)  # [B, C], [B, S]
-            state = self._recur(emb_gates[:, step], context, state)  # [L, B, Hd]
+            state = self._recur(step_gates, context, state)  # [L, B, Hd]
             top_states.append(state[-1])
             contexts.append(context)
             weights.append(step_weights)

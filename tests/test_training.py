@@ -307,7 +307,7 @@ def test_train_py_reports_a_corpus_line_count_mismatch_in_one_line(tmp_path: Pat
     train_tgt.write_text("".join(train_tgt.read_text().splitlines(keepends=True)[:-1]))  # one line short
     mapping = ", ".join(f"{split}: {{src: '{sides['src']}', tgt: '{sides['tgt']}'}}" for split, sides in files.items())
     proc = run_train_py(tmp_path / "cwd", "data=files", f"data.files={{{mapping}}}", f"data.cache_dir={tmp_path}/cache")
-    assert_one_line_error(proc, str(train_tgt), "1199", "different line counts")
+    assert_one_line_error(proc, str(train_tgt), "1,199", "different line counts")
 
 
 def test_train_py_reports_a_corrupt_mirror_file_in_one_line(tmp_path: Path, mirror_dir: Path) -> None:
