@@ -37,8 +37,15 @@ from nmt.alignment import pharaoh_alignment
 from nmt.checkpoint import CheckpointError, load_for_inference, resolve_checkpoint
 from nmt.data import EOS_ID, PAD_ID, DataError, Tokenizer
 from nmt.data.batching import token_batches
-from nmt.device import (DeviceError, autocast, check_inference_precision, configure_matmul, quantize_int8,
-                        resolve_device, slow_bf16_warning)
+from nmt.device import (
+    DeviceError,
+    autocast,
+    check_inference_precision,
+    configure_matmul,
+    quantize_int8,
+    resolve_device,
+    slow_bf16_warning,
+)
 from nmt.ensemble import Ensemble
 from nmt.model import Seq2Seq, count_parameters
 from nmt.plotting import merge_subword_attention

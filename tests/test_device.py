@@ -96,7 +96,8 @@ def test_bf16_training_step_on_cuda_keeps_the_encoder_in_float32() -> None:
 
 
 def test_int8_quantizes_the_linear_layers_of_a_copy_and_stays_close_to_float32() -> None:
-    from torch.ao.nn.quantized.dynamic import GRU as Int8GRU, Linear as Int8Linear
+    from torch.ao.nn.quantized.dynamic import GRU as Int8GRU
+    from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
 
     model = _tiny_model()
     int8 = quantize_int8(model)

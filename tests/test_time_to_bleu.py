@@ -9,19 +9,21 @@ import pytest
 
 from nmt.analysis import time_to_bleu
 
-PEER_LOG = """\
+EVAL = "INFO - joeynmt.prediction - Evaluation result (greedy): bleu:"
+PEER_LOG = f"""\
 2026-01-01 10:00:00,000 - INFO - root - Hello! This is Joey-NMT (version 2.3.0).
 2026-01-01 10:00:30,000 - INFO - joeynmt.training - EPOCH 1
 2026-01-01 10:05:00,000 - INFO - joeynmt.training - Epoch   1, Step:      200, Batch Loss:     4.1, Batch Acc: 0.3
-2026-01-01 10:06:00,000 - INFO - joeynmt.prediction - Evaluation result (greedy): bleu:  24.50, loss:   3.1, ppl:  22.0, acc:   0.40, 20.0[sec]
+2026-01-01 10:06:00,000 - {EVAL}  24.50, loss:   3.1, ppl:  22.0, acc:   0.40, 20.0[sec]
 2026-01-01 10:15:00,000 - INFO - joeynmt.training - Epoch   2, Step:      400, Batch Loss:     3.1, Batch Acc: 0.4
-2026-01-01 10:16:00,000 - INFO - joeynmt.prediction - Evaluation result (greedy): bleu:  31.00, loss:   2.5, ppl:  12.0, acc:   0.50, 20.0[sec]
-2026-01-01 10:40:00,000 - INFO - joeynmt.prediction - Evaluation result (greedy): bleu:  33.25, loss:   2.4, ppl:  11.0, acc:   0.51, 20.0[sec]
+2026-01-01 10:16:00,000 - {EVAL}  31.00, loss:   2.5, ppl:  12.0, acc:   0.50, 20.0[sec]
+2026-01-01 10:40:00,000 - {EVAL}  33.25, loss:   2.4, ppl:  11.0, acc:   0.51, 20.0[sec]
 """
 
 
 def _our_run(tmp_path: Path) -> Path:
-    validations = [{"step": 100, "wall_seconds": 240.0, "bleu": 26.0}, {"step": 200, "wall_seconds": 480.0, "bleu": 36.0}]
+    validations = [{"step": 100, "wall_seconds": 240.0, "bleu": 26.0},
+                   {"step": 200, "wall_seconds": 480.0, "bleu": 36.0}]
     results = {"setup_seconds": 60.0, "validations": validations, "attention": "additive", "parameters": 1000,
                "test": {"test_2016_flickr": {"bleu": 38.5}}}
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -70,7 +72,7 @@ def test_a_continued_peer_run_starts_at_the_checkpoint_it_loaded(tmp_path: Path)
     continued = tmp_path / "continued.log"
     continued.write_text("2026-01-02 08:00:00,000 - INFO - root - Hello! This is Joey-NMT (version 2.3.0).\n"
                          "2026-01-02 08:10:00,000 - INFO - joeynmt.training - Epoch   3, Step:      700, Batch\n"
-                         "2026-01-02 08:12:00,000 - INFO - joeynmt.prediction - Evaluation result (greedy): bleu:"
+                         f"2026-01-02 08:12:00,000 - {EVAL}"
                          "  35.50, loss:   2.3, ppl:  10.0, acc:   0.52, 20.0[sec]\n")
     peer = time_to_bleu.load_peer(peer_dir, [continued])
     assert [p["minutes"] for p in peer["timeline"]] == [6.0, 16.0, 40.0, 52.0]  # the first log ends at 40, + 12

@@ -19,7 +19,8 @@ test_2016_flickr) per beam size, the median of ``--reps`` after a warm-up, with 
 a reference. ``data``: preparation time (cold, then cached) and batch padding at the token budget
 (``nmt.analysis.padding``). ``server``: ``serve.py`` under concurrent clients (``nmt.analysis.load``).
 ``scale``: what a synthetic corpus of N pairs costs to prepare, load and start training on
-(``nmt.analysis.scale``). ``profile``: FLOPs per target token, achieved against peak FLOP/s, time per op group (``nmt.analysis.training_profile``).
+(``nmt.analysis.scale``). ``profile``: FLOPs per target token, achieved against peak FLOP/s, time per op group
+(``nmt.analysis.training_profile``).
 
 Writes ``<out>.json`` with the provenance block; ``<out>`` defaults to ``benchmark_<mode>_<device>`` in
 the checkpoint's run dir; without a run dir, ``--out`` is required. A benchmark, not a test: it asserts
@@ -82,13 +83,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     translate.add_argument("--reference", help="reference for BLEU/chrF (default input: the mirror's)")
     translate.add_argument("--length-penalty", type=float, default=1.0)
     translate.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    translate.add_argument("--precision", default="auto", choices=INFERENCE_PRECISIONS, help="as translate.py's precision")
+    translate.add_argument("--precision", default="auto", choices=INFERENCE_PRECISIONS,
+                           help="as translate.py's precision")
     translate.add_argument("--limit", type=int, help="use only the first N sentences (smoke runs)")
     padding.add_arguments(modes.add_parser("data", parents=[out], help="data preparation time and padding"))
     scale.add_arguments(modes.add_parser("scale", parents=[out],
                                          help="what a corpus of N pairs costs: prepare, load, start training"))
     load.add_arguments(modes.add_parser("server", parents=[out], help="serve.py under concurrent clients"))
-    training_profile.add_arguments(modes.add_parser("profile", parents=[out], help="training FLOP/s and time per op group"))
+    training_profile.add_arguments(modes.add_parser("profile", parents=[out],
+                                                    help="training FLOP/s and time per op group"))
     return p.parse_args(argv)
 
 

@@ -3,7 +3,7 @@
     python scripts/peer_compare.py --checkpoint outputs/RUN --peer-dir PEER_DIR --out runs/peer_cmp   # ~45 min
     python scripts/peer_compare.py --checkpoint RUN --skip-peer-run PEER_WORKDIR --out OUT   # reuse the peer's run
     python scripts/peer_compare.py --checkpoint RUN --our-steps 200 --peer-dir PEER_DIR --out OUT
-    python scripts/peer_compare.py time-to-bleu --ours RUN --peer-workdir PEER_WORKDIR --out OUT   # nmt.analysis.time_to_bleu
+    python scripts/peer_compare.py time-to-bleu --ours RUN --peer-workdir PEER_WORKDIR --out OUT  # time_to_bleu.py
 
 ``PEER_DIR`` holds JoeyNMT 2.3.0's harness: its ``run.sh`` stages ``venv data throughput decode summary``
 run with ``WORKDIR`` under ``--work-dir`` and ``CORPUS`` from the mirror (``--mirror``, default

@@ -109,8 +109,8 @@ def time_steps(trainer: Any, batches: Any, steps: int) -> dict[str, float]:
         seconds = time.perf_counter() - start
         rates.append(tokens / seconds)
         tokens_all, seconds_all = tokens_all + tokens, seconds_all + seconds
-    return {"target_tokens_per_s_median": statistics.median(rates), "target_tokens_per_s_total": tokens_all / seconds_all,
-            "steps": steps}
+    return {"target_tokens_per_s_median": statistics.median(rates),
+            "target_tokens_per_s_total": tokens_all / seconds_all, "steps": steps}
 
 
 def op_time_groups(trainer: Any, batches: Any, steps: int) -> dict[str, Any]:
@@ -157,7 +157,8 @@ def benchmark_profile(args: argparse.Namespace) -> tuple[dict[str, Any], torch.d
     flops_per_token = flops / tokens
     achieved = flops_per_token * timing["target_tokens_per_s_median"]
     matmul_peak = measured_matmul_flops(args.matmul_size)
-    report = {"config": {"overrides": list(args.overrides)}, "cpu": facts, "matmul_flops_per_target_token": flops_per_token,
+    report = {"config": {"overrides": list(args.overrides)}, "cpu": facts,
+              "matmul_flops_per_target_token": flops_per_token,
               "multiply_adds_per_target_token": flops_per_token / 2,
               "flops_share_by_module": {k: v / flops for k, v in by_module.items()}, "timing": timing,
               "achieved_flops": achieved, "measured_matmul_flops": matmul_peak, "matmul_size": args.matmul_size,
