@@ -151,6 +151,10 @@ def validate_config(cfg: DictConfig) -> None:
     betas = cfg.trainer.betas
     if not isinstance(betas, ListConfig) or len(betas) != 2:
         raise ConfigError(f"trainer.betas={betas} must be a list of two numbers, e.g. [0.9, 0.98]")
+    model = cfg.model
+    if model.tie_embeddings and model.output_hidden_size not in (None, model.emb_size):
+        raise ConfigError(f"model.output_hidden_size={model.output_hidden_size} needs model.tie_embeddings=false "
+                          f"(a tied output matrix is emb_size={model.emb_size} wide), or output_hidden_size=null")
 
 
 def upgrade_saved_config(config: dict[str, Any]) -> dict[str, Any]:

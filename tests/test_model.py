@@ -160,6 +160,8 @@ def test_the_joeynmt_shaped_output_is_untied_and_wider() -> None:
     assert count_parameters(model) == 7_970_048 + (512 + 512 + 256 + 1) * 256 + 512 * 8000
     with pytest.raises(ValueError, match=r"tied embeddings need output_hidden_size \(512\) = emb_size \(256\)"):
         Seq2Seq.from_config(mismatched.model, mismatched.attention, 8000, 8000)
+    with pytest.raises(ValueError, match="model.output_hidden_size=512 needs model.tie_embeddings=false"):
+        validate_config(mismatched)  # before any work starts
 
 
 def test_the_layer_normalised_gru_normalises_each_gate_and_decodes_step_by_step_as_in_training() -> None:
