@@ -131,15 +131,24 @@ def configure_matmul(precision: str, device: torch.device) -> None:
 
 
 @functools.cache
-def cpu_has_native_bf16() -> bool | None:
-    """True if the CPU has bf16 instructions (AVX512-BF16 or AMX-BF16), False if not, None if unknown."""
+def cpu_info() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo (``flags``, ``model name``, ``cpu MHz``, ...); {} if unknown."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
+        return {}
+    fields: dict[str, str] = {}
+    for line in text.split("\n\n", 1)[0].splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    return fields
+
+
+def cpu_has_native_bf16() -> bool | None:
+    """True if the CPU has bf16 instructions (AVX512-BF16 or AMX-BF16), False if not, None if unknown."""
+    if "flags" not in cpu_info():
         return None
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), None)
-    if flags is None:
-        return None
+    flags = cpu_info()["flags"].split()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from nmt.analysis.cli import sync
+from nmt.device import cpu_info
 
 # Op-name patterns, first match wins; self CPU time of each ATen op goes to one group.
 OP_GROUPS: tuple[tuple[str, str], ...] = (
@@ -63,12 +62,12 @@ def cpu_facts() -> dict[str, Any]:
     The derivation assumes two FMA units per core (Xeon Gold/Platinum and most recent server cores);
     the measured matmul says what is reachable in practice.
     """
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
-    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "?")
-    mhz = [float(line.split(":", 1)[1]) for line in text.splitlines() if line.startswith("cpu MHz")]
+    info = cpu_info()
+    flags = set(info.get("flags", "").split())
     lanes = 16 if "avx512f" in flags else 8 if "avx2" in flags else 4
-    threads, ghz = torch.get_num_threads(), (max(mhz) / 1000 if mhz else None)
+    threads = torch.get_num_threads()
+    ghz = float(info["cpu MHz"]) / 1000 if "cpu MHz" in info else None
+    model = info.get("model name", "?")
     peak = threads * ghz * lanes * 2 * 2 * 1e9 if ghz else None  # lanes x 2 FMA units x 2 FLOPs per FMA
     return {"model": model, "threads": threads, "logical_cpus": os.cpu_count(), "clock_ghz": ghz,
             "fp32_lanes": lanes, "fma_units_assumed": 2, "fp32_peak_flops_derived": peak}
@@ -98,21 +97,6 @@ def count_step_flops(trainer: Any, batch: Any) -> tuple[int, dict[str, int], int
     return total, by_module, tokens
 
 
-def time_steps(trainer: Any, batches: Any, steps: int) -> dict[str, float]:
-    """Median and total target tokens/s over ``steps`` timed steps (batch fetching included)."""
-    rates, tokens_all, seconds_all = [], 0, 0.0
-    for _ in range(steps):
-        batch = next(batches)
-        start = time.perf_counter()
-        _, tokens, _, _ = trainer._train_step(batch)
-        sync(trainer.device)
-        seconds = time.perf_counter() - start
-        rates.append(tokens / seconds)
-        tokens_all, seconds_all = tokens_all + tokens, seconds_all + seconds
-    return {"target_tokens_per_s_median": statistics.median(rates),
-            "target_tokens_per_s_total": tokens_all / seconds_all, "steps": steps}
-
-
 def op_time_groups(trainer: Any, batches: Any, steps: int) -> dict[str, Any]:
     """Self CPU time per op group (seconds and share of wall time) over ``steps`` profiled steps."""
     from torch.profiler import ProfilerActivity, profile
@@ -140,17 +124,15 @@ def benchmark_profile(args: argparse.Namespace) -> tuple[dict[str, Any], torch.d
     """The ``profile`` mode: FLOPs, achieved and peak FLOP/s, time per op group; prints a summary."""
     import tempfile
 
-    from nmt.analysis.benchmark import compose_config, endless_batches
+    from nmt.analysis.benchmark import compose_config, endless_batches, measure_training
     from nmt.training import DistInfo, Trainer
 
     cfg = compose_config(args.overrides)
     with tempfile.TemporaryDirectory(prefix="nmt_profile_") as tmp:
         trainer = Trainer(cfg, Path(tmp) / "run", DistInfo())
+        timing = measure_training(trainer, args.steps, args.warmup_steps)  # as benchmark.py train times steps
         batches = endless_batches(trainer)
-        for _ in range(args.warmup_steps):
-            trainer._train_step(next(batches))
         flops, by_module, tokens = count_step_flops(trainer, next(batches))
-        timing = time_steps(trainer, batches, args.steps)
         ops = op_time_groups(trainer, batches, args.profile_steps)
         trainer.logger.close()
     facts = cpu_facts()
