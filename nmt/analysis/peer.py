@@ -85,7 +85,7 @@ def run_peer(peer_dir: Path, workdir: Path, corpus: Path) -> Path:
     return workdir
 
 
-def _sacrebleu_score(metrics: Any, name: str) -> float | None:
+def sacrebleu_score(metrics: Any, name: str) -> float | None:
     """A score from sacrebleu's ``-w 2`` JSON output (a list of ``{"name", "score", ...}`` dicts)."""
     return next((float(m["score"]) for m in metrics if m.get("name") == name), None) if isinstance(
         metrics, list) else None
@@ -117,8 +117,8 @@ def load_peer_summary(path: Path) -> dict[str, Any]:
                 "decode_seconds": entry["generation_sec_median"], "process_seconds": entry["process_wall_sec_median"],
                 "sentences_per_s_decode": entry["sent_per_sec_generation"],
                 "sentences_per_s_process": entry["sent_per_sec_process_wall"],
-                "bleu": _sacrebleu_score(entry.get("sacrebleu"), "BLEU"),
-                "chrf": _sacrebleu_score(entry.get("sacrebleu"), "chrF2"),
+                "bleu": sacrebleu_score(entry.get("sacrebleu"), "BLEU"),
+                "chrf": sacrebleu_score(entry.get("sacrebleu"), "chrF2"),
             }
     if not decode:
         raise SystemExit(f"{path} has no {TEST_SPLIT} decode figures (run.sh stage decode)")

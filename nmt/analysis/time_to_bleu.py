@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt.analysis.cli import TEST_SPLIT, parser, write_report
+from nmt.analysis.peer import sacrebleu_score
 
 THRESHOLDS = (25.0, 30.0, 35.0)
 _STAMP = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})"
@@ -111,10 +112,7 @@ def load_peer(workdir: Path, continued: list[Path] = ()) -> dict[str, Any]:
         timeline += peer_timeline(text, start)
         start += _span_minutes(text)
     scores = workdir / "results" / f"sacrebleu_beam5.{TEST_SPLIT}.json"
-    test_bleu = None
-    if scores.is_file():
-        metrics = json.loads(scores.read_text(encoding="utf-8"))
-        test_bleu = next((float(m["score"]) for m in metrics if m.get("name") == "BLEU"), None)
+    test_bleu = sacrebleu_score(json.loads(scores.read_text(encoding="utf-8")), "BLEU") if scores.is_file() else None
     return summarize("JoeyNMT 2.3.0", timeline, test_bleu, " + ".join(map(str, [log, *continued])))
 
 
