@@ -105,11 +105,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def gather_rng_states(info: DistInfo) -> list[dict[str, Any]]:
     """Every rank's RNG states, indexed by rank. A collective."""
+    return gather_from_ranks(rng_state(), info)
+
+
+def gather_from_ranks(value: Any, info: DistInfo) -> list[Any]:
+    """Every rank's ``value`` (a picklable object), indexed by rank. A collective."""
     if not info.distributed:
-        return [rng_state()]
-    states: list[Any] = [None] * info.world_size
-    dist.all_gather_object(states, rng_state())
-    return states
+        return [value]
+    values: list[Any] = [None] * info.world_size
+    dist.all_gather_object(values, value)
+    return values
 
 
 # ------------------------------------------------------------------------------------ collectives

@@ -44,6 +44,7 @@ class FinishedRun(Protocol):
     info: DistInfo
     model: Seq2Seq
     data: PreparedData
+    data_ranks: list[dict[str, Any]]  # each rank's data fingerprint and mapped training files
     device: torch.device
     precision: str
     use_bf16: bool
@@ -124,6 +125,8 @@ def run_summary(trainer: FinishedRun, stopped_early: bool) -> dict[str, Any]:
         "precision": trainer.precision,
         "bf16_autocast": trainer.use_bf16,
         "world_size": trainer.info.world_size,
+        "data_fingerprint": trainer.data.fingerprint,
+        "train_files_by_rank": [seen["train_files"] for seen in trainer.data_ranks],
         "versions": library_versions(),
         "host": host(),
         "src_lang": data_cfg.src_lang,

@@ -51,6 +51,7 @@ from nmt.distributed import (
     barrier,
     broadcast_from_main,
     choose_device,
+    gather_from_ranks,
     gather_rng_states,
     main_process_first,
     seed_everything,
@@ -133,6 +134,20 @@ def resume_config(cfg: DictConfig, state: dict[str, Any]) -> DictConfig:
     return merged
 
 
+def check_same_data(ranks: list[dict[str, Any]]) -> None:
+    """Refuse to train when the ranks prepared different data (``ranks``: each rank's fingerprint, by rank).
+
+    On one machine every rank maps the same cache; on several, each node may prepare its own, and a
+    corpus file or data setting that differs between nodes would otherwise train silently on a mix.
+    """
+    for rank, seen in enumerate(ranks[1:], start=1):
+        if seen["fingerprint"] != ranks[0]["fingerprint"]:
+            raise DataError(
+                f"rank {rank} prepared data with fingerprint {seen['fingerprint']}, rank 0 with "
+                f"{ranks[0]['fingerprint']}: give every node the same corpus files and data.* settings, "
+                "or one data.cache_dir on shared storage")
+
+
 class Trainer:
     """Owns the run's objects (data, model, optimizer, logger, checkpoints) and the loop over them.
 
@@ -192,6 +207,9 @@ class Trainer:
     def _prepare_data(self, resume_state: dict[str, Any] | None) -> PreparedData:
         with main_process_first(self.info):  # rank 0 downloads, trains SentencePiece, caches; the others read
             data = prepare_data(self.cfg.data)
+        self.data_ranks = gather_from_ranks({"fingerprint": data.fingerprint, "train_files": data.train.src_ids.paths},
+                                            self.info)
+        check_same_data(self.data_ranks)
         if resume_state is not None:
             saved = Tokenizer.from_state(resume_state["tokenizer"])
             if saved.to_state() != data.tokenizer.to_state():

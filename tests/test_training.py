@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nmt.checkpoint import load_checkpoint
 from nmt.config import ConfigError, check_command_line_keys, validate_config
-from nmt.data import prepare_data
+from nmt.data import DataError, prepare_data
 from nmt.training import train
 from nmt.translation import TranslateSettings
 from nmt.translator import Translator
@@ -228,6 +228,9 @@ def test_ddp_two_cpu_processes_run_and_resume_exactly(tmp_path: Path) -> None:
     torchrun("trainer.max_steps=6", f"hydra.run.dir={straight}")
     results = json.loads((straight / "results.json").read_text())
     assert results["world_size"] == 2 and results["steps"] == 6
+    tokens, offsets = results["train_files_by_rank"][0]  # both ranks mapped the one cache, not private copies
+    assert results["train_files_by_rank"] == [[tokens, offsets]] * 2
+    assert Path(tokens).resolve().is_relative_to(Path(cfg.data.cache_dir).resolve()) and tokens.endswith(".npy")
     assert len((straight / "train_log.jsonl").read_text().splitlines()) == 6  # rank 0 alone writes
 
     torchrun("trainer.max_steps=3", f"hydra.run.dir={resumed}")
@@ -375,3 +378,12 @@ def test_attention_sizes_that_do_not_fit_are_a_config_error(tmp_path: Path) -> N
     cfg = tiny_config(tmp_path, ["attention=multihead", "attention.heads=7"])
     with pytest.raises(ConfigError, match="hidden_size 64 is not divisible by heads 7"):
         train(cfg, run_dir=tmp_path / "run")
+
+
+def test_ranks_that_prepared_different_data_are_refused() -> None:
+    from nmt.training import check_same_data
+
+    same = {"fingerprint": "aa", "train_files": None}
+    check_same_data([same, dict(same)])
+    with pytest.raises(DataError, match=r"rank 1 prepared data with fingerprint bb, rank 0 with aa: .*data\.cache_dir"):
+        check_same_data([same, {"fingerprint": "bb", "train_files": None}])
