@@ -193,6 +193,15 @@ def test_translate_mode_writes_into_the_run_dir(tmp_path: Path) -> None:
     assert [(row["mode"], row["sentences"]) for row in report["results"]] == [("greedy", 10), ("beam2", 10)]
     assert report["command"].startswith("python scripts/benchmark.py translate --checkpoint")
 
+    with pytest.raises(SystemExit, match="pass --out PATH"):  # an ensemble has no one run dir to write into
+        benchmark.main(["translate", "--checkpoint", str(run), str(run), "--input", str(src), "--reps", "1",
+                        "--beam-sizes", "1", "--device", "cpu", "--limit", "3"])
+    ensemble = benchmark.main(["translate", "--checkpoint", str(run), str(run), "--input", str(src), "--reps", "1",
+                               "--beam-sizes", "1", "--device", "cpu", "--limit", "10", "--out", str(tmp_path / "e")])
+    assert ensemble["config"]["checkpoint"] == [str(run)] * 2 and (tmp_path / "e.json").is_file()
+    # two copies of one model average to that model: the same output, so the same BLEU-free row shape
+    assert [row["sentences"] for row in ensemble["results"]] == [10]
+
 
 def test_modes_without_a_run_dir_or_mirror_say_what_to_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                            capsys: pytest.CaptureFixture) -> None:

@@ -3,6 +3,7 @@
     python scripts/benchmark.py train model=default attention=additive --train-steps 30 --out runs/bench/train
     python scripts/benchmark.py train model=default --checkpoint outputs/RUN     # real BLEU too; JSON into RUN
     python scripts/benchmark.py translate --checkpoint outputs/RUN --beam-sizes 1 5 10 --reps 5
+    python scripts/benchmark.py translate --checkpoint RUN_A RUN_B --beam-sizes 5 --out ens   # an ensemble
     python scripts/benchmark.py data --out runs/bench/data                        # reads $NMT_DATA_MIRROR
     python scripts/benchmark.py scale --synthetic-pairs 500000 --ranks 1 2 --out runs/scale_500k
     python scripts/benchmark.py server --checkpoint outputs/RUN --clients 1 4 16
@@ -78,7 +79,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     train.add_argument("--translate-limit", type=int, help="translate only the first N test lines")
     train.add_argument("--skip-translate", action="store_true", help="measure training only")
     translate = modes.add_parser("translate", parents=[out, decode], help="translation sentences/s")
-    translate.add_argument("--checkpoint", required=True, help="run dir or .pt file written by train.py")
+    translate.add_argument("--checkpoint", required=True, nargs="+",
+                           help="run dir or .pt file written by train.py; several: one ensemble")
     translate.add_argument("--input", help="source file (default: $NMT_DATA_MIRROR/multi30k/test_2016_flickr.<src>.gz)")
     translate.add_argument("--reference", help="reference for BLEU/chrF (default input: the mirror's)")
     translate.add_argument("--length-penalty", type=float, default=1.0)
@@ -106,6 +108,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report, device = measure(args)
         report = {"benchmark": args.mode, **provenance("scripts/benchmark.py", argv), **report}
         checkpoint = getattr(args, "checkpoint", None)
+        if isinstance(checkpoint, list):  # translate mode: an ensemble's report has no one run dir to go to
+            checkpoint = checkpoint[0] if len(checkpoint) == 1 else None
         if args.out is None and not (checkpoint and Path(checkpoint).is_dir()):
             raise SystemExit(f"benchmark.py {args.mode}: pass --out PATH (without extension): there is no run dir "
                              "to write the report into")
@@ -238,8 +242,9 @@ def benchmark_training(args: argparse.Namespace) -> tuple[dict[str, Any], torch.
 
 
 def benchmark_translation(args: argparse.Namespace) -> tuple[dict[str, Any], torch.device]:
-    """The ``translate`` mode: sentences/s (and BLEU) per beam size for one checkpoint."""
-    translator = Translator.from_checkpoint(args.checkpoint, args.device, args.precision, max_input_words=None)
+    """The ``translate`` mode: sentences/s (and BLEU) per beam size for one checkpoint or an ensemble."""
+    checkpoint = args.checkpoint[0] if len(args.checkpoint) == 1 else args.checkpoint
+    translator = Translator.from_checkpoint(checkpoint, args.device, args.precision, max_input_words=None)
     device, train_cfg = translator.device, translator.configs[0]
     data = train_cfg.get("data") or {}
     src_path = Path(args.input) if args.input else mirror_file(data.get("src_lang", "de"))
@@ -249,7 +254,7 @@ def benchmark_translation(args: argparse.Namespace) -> tuple[dict[str, Any], tor
     lines = read_input_lines(src_path)[: args.limit]
     refs = read_input_lines(ref_path)[: args.limit] if ref_path else None
     rows = measure_translation(translator, lines, refs, args, args.length_penalty)
-    config = {"checkpoint": str(args.checkpoint), "input": str(src_path), "reference": ref_path and str(ref_path),
+    config = {"checkpoint": checkpoint if isinstance(checkpoint, str) else list(checkpoint), "input": str(src_path), "reference": ref_path and str(ref_path),
               "sentences": len(lines), "reps": args.reps, "batch_tokens": args.batch_tokens,
               "max_len": SearchOptions.max_len, "max_len_ratio": SearchOptions.max_len_ratio,
               "length_penalty": args.length_penalty, "precision": args.precision,
