@@ -261,13 +261,28 @@ class Decoder(nn.Module):
         emb_gates = self.emb_gates(embedded).unbind(1)  # T x [B, 3Hd]
         top_states, contexts, weights = [], [], []
         for step_gates in emb_gates:
-            context, step_weights = self._attend(state[-1], memory)  # [B, C], [B, S]
-            state = self._recur(step_gates, context, state)  # [L, B, Hd]
+            state, context, step_weights = self._forward_step(step_gates, state, memory.enc_out, memory.src_mask,
+                                                              memory.prepared_keys)  # [L, B, Hd], [B, C], [B, S]
             top_states.append(state[-1])
             contexts.append(context)
             weights.append(step_weights)
         logits = self._logits(torch.stack(top_states, 1), torch.stack(contexts, 1), embedded)  # [B, T, V]
         return logits, torch.stack(weights, 1)  # [B, T, V], [B, T, S]
+
+    def _forward_step(self, step_gates: Tensor, state: Tensor, enc_out: Tensor, src_mask: Tensor,
+                      prepared_keys: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """One teacher-forced step: ``[B, 3Hd]`` gates, state ``[L, B, Hd]`` -> state, context ``[B, C]``, weights
+        ``[B, S]``. Plain tensors in and out, so that ``compile_step`` can hand it to ``torch.compile``."""
+        context, weights = self.attention(state[-1], enc_out, enc_out, src_mask, prepared_keys)  # [B, C], [B, S]
+        return self._recur(step_gates, context, state), context, weights
+
+    def compile_step(self, backend: str = "inductor") -> None:
+        """Train with the per-step body compiled by ``torch.compile`` (dynamic shapes: batches vary).
+
+        Measured on a 2-core CPU: no faster than eager (docs/results.md), so nothing calls it by default;
+        ``benchmark.py train --compile-step`` measures it again on other hardware.
+        """
+        self._forward_step = torch.compile(self._forward_step, dynamic=True, backend=backend)
 
     def step(self, prev_tokens: Tensor, state: Tensor, memory: EncoderMemory) -> tuple[Tensor, Tensor, Tensor]:
         """One decoding step for search.

@@ -73,6 +73,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     train = modes.add_parser("train", parents=[out, decode], help="training tokens/s (+ translation)")
     train.add_argument("overrides", nargs="*", help="Hydra overrides of configs/train.yaml, e.g. model=default")
     train.add_argument("--train-steps", type=int, default=100, help="timed optimizer steps")
+    train.add_argument("--compile-step", action="store_true",
+                       help="torch.compile the decoder's per-step body (compiled during the warm-up steps)")
     train.add_argument("--warmup-steps", type=int, default=10,
                        help="untimed optimizer steps first (not the learning-rate warmup)")
     train.add_argument("--checkpoint", help="run dir or .pt to translate with (default: the freshly trained model)")
@@ -216,6 +218,8 @@ def benchmark_training(args: argparse.Namespace) -> tuple[dict[str, Any], torch.
     with tempfile.TemporaryDirectory(prefix="nmt_benchmark_") as tmp:
         trainer = Trainer(cfg, Path(tmp) / "run", DistInfo())  # its events (none) and checkpoints: scratch
         device = trainer.device
+        if args.compile_step:
+            trainer.model.decoder.compile_step()
         print(f"training {cfg.attention.name} ({count_parameters(trainer.model)} parameters) on {device_name(device)}: "
               f"{args.warmup_steps} warm-up + {args.train_steps} timed steps", flush=True)
         training = measure_training(trainer, args.train_steps, args.warmup_steps)
@@ -237,7 +241,8 @@ def benchmark_training(args: argparse.Namespace) -> tuple[dict[str, Any], torch.
                            "results": rows, "gpu_utilisation": gpu.summary()}
         trainer.logger.close()
     return {"device": {"type": device.type, "name": device_name(device)}, "measured_without_gpu": device.type != "cuda",
-            "config": {"overrides": list(args.overrides), **to_plain_dict(cfg)}, "training": training,
+            "config": {"overrides": list(args.overrides), "compile_step": args.compile_step, **to_plain_dict(cfg)},
+            "training": training,
             "translation": translation}, device
 
 
@@ -254,7 +259,8 @@ def benchmark_translation(args: argparse.Namespace) -> tuple[dict[str, Any], tor
     lines = read_input_lines(src_path)[: args.limit]
     refs = read_input_lines(ref_path)[: args.limit] if ref_path else None
     rows = measure_translation(translator, lines, refs, args, args.length_penalty)
-    config = {"checkpoint": checkpoint if isinstance(checkpoint, str) else list(checkpoint), "input": str(src_path), "reference": ref_path and str(ref_path),
+    config = {"checkpoint": checkpoint if isinstance(checkpoint, str) else list(checkpoint),
+              "input": str(src_path), "reference": ref_path and str(ref_path),
               "sentences": len(lines), "reps": args.reps, "batch_tokens": args.batch_tokens,
               "max_len": SearchOptions.max_len, "max_len_ratio": SearchOptions.max_len_ratio,
               "length_penalty": args.length_penalty, "precision": args.precision,
