@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nmt.checkpoint import load_checkpoint
 from nmt.config import ConfigError, check_command_line_keys, validate_config
@@ -387,3 +387,16 @@ def test_ranks_that_prepared_different_data_are_refused() -> None:
     check_same_data([same, dict(same)])
     with pytest.raises(DataError, match=r"rank 1 prepared data with fingerprint bb, rank 0 with aa: .*data\.cache_dir"):
         check_same_data([same, {"fingerprint": "bb", "train_files": None}])
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml")))
+def test_every_experiment_config_composes_and_validates(name: str) -> None:
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"experiment={name}", "trainer.seed=7"],
+                      return_hydra_config=True)
+    sweep_dir = f"{cfg.hydra.sweep.dir}/{cfg.hydra.sweep.subdir}"
+    with open_dict(cfg):
+        del cfg["hydra"]
+    validate_config(cfg)
+    if name == "multi30k_ensemble":  # one folder per member, named by its seed and direction
+        assert sweep_dir == "runs/ensemble_de-en/seed7" and cfg.trainer.max_epochs == 15
