@@ -336,7 +336,8 @@ def _best_candidates(logits: Tensor, beam_score: Tensor, blocked: Tensor) -> tup
     A candidate scores ``beam_score[slot] + log p(token)``. Since the slot's score is the same for all
     its tokens, a sentence's 2K best are among the 2K best tokens of each of its K rows, so only those
     get a logarithm and a second top-k. That keeps the full ``[A*K, V]`` work to one softmax and one
-    top-k (PyTorch's CPU softmax measured 2-2.6x faster than log_softmax or logsumexp).
+    block-wise top-k, ``_row_top_k`` (PyTorch's CPU softmax measured 2-2.6x faster than log_softmax or
+    logsumexp).
 
     Args:
         logits: ``[A*K, V]``.
@@ -350,12 +351,41 @@ def _best_candidates(logits: Tensor, beam_score: Tensor, blocked: Tensor) -> tup
     vocab = logits.shape[-1]
     probs = torch.softmax(logits.float(), dim=-1).index_fill_(1, blocked, 0.0)  # [A*K, V]
     n_cand = min(2 * k, k * vocab)
-    row_prob, row_token = probs.topk(min(n_cand, vocab), dim=1)  # [A*K, C]
+    row_prob, row_token = _row_top_k(probs, min(n_cand, vocab))  # [A*K, C]
     per_row = row_prob.shape[1]
     scores = (beam_score.view(-1, 1) + row_prob.log()).view(n_active, k * per_row)  # [A, K*C]
     cand_score, cand_pos = scores.topk(n_cand, dim=1)  # [A, 2K], sorted
     cand_token = row_token.view(n_active, k * per_row).gather(1, cand_pos)  # [A, 2K]
     return cand_score, cand_pos // per_row, cand_token
+
+
+TOP_K_BLOCK = 64  # vocabulary entries per block in _row_top_k (measured fastest of 32 / 64 / 128 at V = 8k)
+
+
+def _row_top_k(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """``values.topk(k, dim=1)`` for ``[N, V]``, with the full-width work reduced to one ``amax``.
+
+    Why: a row's k largest entries lie in the k blocks of ``TOP_K_BLOCK`` entries with the largest
+    maxima (each entry at least the k-th largest lies in a block whose maximum is too, and there are
+    at most k such blocks), so a top-k over the block maxima and one over those k blocks find them.
+    On a CPU that is about 2x faster than ``topk`` over the whole 8k vocabulary (measured), which was
+    an eighth of a beam-5 step. The same values, largest first; among exactly equal values the columns
+    picked may differ.
+
+    Returns:
+        values and column indices, ``[N, k]`` each, largest first.
+    """
+    rows, width = values.shape
+    if width < 4 * k * TOP_K_BLOCK:
+        return values.topk(k, dim=1)
+    if width % TOP_K_BLOCK:  # (a copy, so only when the width needs it)
+        values = F.pad(values, (0, -width % TOP_K_BLOCK), value=NEG_INF)  # [N, V'], V' a multiple of the block
+    blocks = values.view(rows, -1, TOP_K_BLOCK)  # [N, V'/block, block]
+    best_blocks = blocks.amax(dim=2).topk(k, dim=1).indices  # [N, k]
+    inside = blocks.gather(1, best_blocks.unsqueeze(2).expand(rows, k, TOP_K_BLOCK)).view(rows, -1)  # [N, k*block]
+    top_values, position = inside.topk(k, dim=1)  # [N, k]
+    columns = best_blocks.gather(1, position // TOP_K_BLOCK) * TOP_K_BLOCK + position % TOP_K_BLOCK  # [N, k]
+    return top_values, columns
 
 
 def _read_back(pool: _Pool, history: _History, src_lengths: Tensor, n_best: int) -> list[list[Hypothesis]]:

@@ -8,10 +8,11 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+import nmt.search
 from nmt.attention import build_attention
 from nmt.data import BOS_ID, EOS_ID, PAD_ID
 from nmt.model import EncoderMemory, Seq2Seq
-from nmt.search import beam_search, greedy_search, length_limits, length_penalty_factor
+from nmt.search import _row_top_k, beam_search, greedy_search, length_limits, length_penalty_factor
 
 SRC_V, TGT_V = 17, 23
 TYPES = ["additive", "general", "none"]
@@ -234,6 +235,34 @@ def test_beam_equals_slow_reference(name: str, alpha: float) -> None:
         expected = reference_beam_search(model, src[i : i + 1, :n], src_lengths[i : i + 1], 3, alpha, limits[i], 3)
         assert [h.tokens for h in results[i]] == [tokens for tokens, _ in expected]
         assert [h.score for h in results[i]] == pytest.approx([score for _, score in expected], abs=1e-5)
+
+
+@pytest.mark.parametrize(("width", "k"), [(8000, 10), (8003, 10), (3000, 2), (500, 10)])
+def test_row_top_k_equals_topk(width: int, k: int) -> None:
+    # widths: a multiple of the block, a padded last block, and narrow enough for the plain topk
+    gen = torch.Generator().manual_seed(width)
+    values = torch.softmax(torch.randn(37, width, generator=gen) * 4, dim=1)
+    values[:, :2] = 0.0  # blocked tokens, as in the search
+    expected_values, expected_columns = values.topk(k, dim=1)
+    top_values, columns = _row_top_k(values, k)
+    assert torch.equal(top_values, expected_values)
+    assert torch.equal(columns, expected_columns)
+
+
+def test_beam_with_block_top_k_equals_plain_topk(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a vocabulary wide enough for the block-wise path; the tiny models' 23 words take the plain one
+    torch.manual_seed(3)
+    attention = build_attention("additive", query_size=9, key_size=10, hidden_size=7)
+    wide = Seq2Seq(SRC_V, 3001, attention, emb_size=5, enc_hidden_size=5, dec_hidden_size=9, enc_layers=1,
+                   dec_layers=1, dropout=0.0, tie_embeddings=True).eval()
+    with torch.no_grad():
+        wide.decoder.output.weight.mul_(20.0)  # peaked distributions, so the hypotheses differ by sentence
+    src, src_lengths = batch(LENGTHS)
+    block_wise = beam_search(wide, src, src_lengths, beam_size=5, max_len=8, n_best=5)
+    monkeypatch.setattr(nmt.search, "_row_top_k", lambda values, k: values.topk(k, dim=1))
+    plain = beam_search(wide, src, src_lengths, beam_size=5, max_len=8, n_best=5)
+    assert [[h.tokens for h in hyps] for hyps in block_wise] == [[h.tokens for h in hyps] for hyps in plain]
+    assert [[h.score for h in hyps] for hyps in block_wise] == [[h.score for h in hyps] for hyps in plain]
 
 
 def test_bad_arguments() -> None:
