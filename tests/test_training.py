@@ -400,3 +400,6 @@ def test_every_experiment_config_composes_and_validates(name: str) -> None:
     validate_config(cfg)
     if name == "multi30k_ensemble":  # one folder per member, named by its seed and direction
         assert sweep_dir == "runs/ensemble_de-en/seed7" and cfg.trainer.max_epochs == 15
+    if name == "multi30k_best":  # the recipe chosen on val, also one folder per member
+        assert sweep_dir == "runs/best_de-en/seed7"
+        assert (cfg.model.layer_norm, cfg.model.dropout, cfg.trainer.max_epochs) == (True, 0.4, 20)
