@@ -69,6 +69,19 @@ def test_grid_choice_and_test_scores(trained_run: tuple[Path, object], tmp_path:
     assert json.loads(Path(f"{out}.json").read_text())["best"]["bleu"] == report["best"]["bleu"]
 
 
+def test_an_ensemble_is_tuned_as_one_model(trained_run: tuple[Path, object], tmp_path: Path) -> None:
+    run_dir, cfg = trained_run
+    members = [run_dir / "checkpoints" / "best.pt", run_dir / "checkpoints" / "last.pt"]
+    report = tune_decoding.main([str(run_dir), "--checkpoint", *map(str, members), "--beam-sizes", "2",
+                                 "--length-penalties", "1.0", "--device", "cpu", "--out", str(tmp_path / "ens")])
+    assert report["checkpoint"] == f"{members[0]}, {members[1]}"
+    ensemble = Translator.from_checkpoint(members, device="cpu", max_input_words=None)
+    valid = prepare_data(cfg.data).valid
+    results = ensemble.translate(valid.src_text, beam_size=2, length_penalty=1.0, max_len=cfg.trainer.max_len,
+                                 max_len_ratio=cfg.trainer.max_len_ratio)
+    assert report["grid"][0]["bleu"] == pytest.approx(corpus_scores([r.text for r in results], valid.tgt_text)["bleu"])
+
+
 def test_tuning_on_the_test_split_is_refused(trained_run: tuple[Path, object], tmp_path: Path) -> None:
     run_dir, _ = trained_run
     with pytest.raises(SystemExit, match="both 'test'"):

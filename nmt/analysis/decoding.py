@@ -3,9 +3,11 @@
     python scripts/tune_decoding.py outputs/RUN                       # val; beams 1 5 10, α 0 0.6 1 1.4
     python scripts/tune_decoding.py outputs/RUN --beam-sizes 5 --length-penalties 0 0.5 1 1.5 2
     python scripts/tune_decoding.py outputs/RUN --test-split test_2016_flickr --out runs/decoding
+    python scripts/tune_decoding.py outputs/RUN_A --checkpoint outputs/RUN_A outputs/RUN_B   # an ensemble
 
 Every (beam, GNMT α) setting (greedy once: α does not change it) translates the tuning split (default:
-the run's validation split) with the run's best checkpoint (or ``--checkpoint``); each is scored with
+the run's validation split) with the run's best checkpoint (or ``--checkpoint``: several make one
+ensemble; the first member's config sets the splits and limits); each is scored with
 cased sacreBLEU BLEU and chrF, the length ratio (output / reference 13a tokens: below 1 the brevity
 penalty bites) and the speed. The best is the highest BLEU. With ``--test-split``, the best and the
 run's own setting (``trainer.test_beam_size``, ``trainer.length_penalty``) are scored once on that
@@ -38,7 +40,8 @@ from nmt.translator import SearchOptions, Translator
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = parser(__doc__)
     p.add_argument("run_dir", type=Path, help="run dir written by train.py (outputs go here by default)")
-    p.add_argument("--checkpoint", help="checkpoint file to decode with (default: the run's best checkpoint)")
+    p.add_argument("--checkpoint", nargs="+",
+                   help="checkpoint files or run dirs to decode with, several: one ensemble (default: the run's best)")
     p.add_argument("--split", help="split to tune on (default: the run's validation split)")
     p.add_argument("--test-split", help="after choosing, score the chosen and the run's own setting once on this")
     p.add_argument("--beam-sizes", type=int, nargs="+", default=[1, 5, 10], help="1 = greedy")
@@ -116,9 +119,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Decode the grid, choose, score on test, write the report; returns it."""
     args = parse_args(argv)
     run_dir = args.run_dir.resolve()
-    checkpoint = resolve_checkpoint(args.checkpoint or run_dir)
+    checkpoints = [resolve_checkpoint(path) for path in args.checkpoint or [run_dir]]
     # no input-length cut: the scores are comparable to those train.py reports
-    translator = Translator.from_checkpoint(checkpoint, args.device, args.precision, max_input_words=None)
+    translator = Translator.from_checkpoint(checkpoints, args.device, args.precision, max_input_words=None)
     cfg, t = translator.configs[0], translator.configs[0]["trainer"]
     split = args.split or cfg["data"]["valid_split"]
     splits = load_splits(cfg, split, args.test_split)
@@ -142,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if (own["beam_size"], own["length_penalty"]) != (best["beam_size"], best["length_penalty"]):
             test["the run's own"] = run(args.test_split, own["beam_size"], own["length_penalty"])
     report = {
-        "run_dir": str(run_dir), "checkpoint": str(checkpoint), "attention": cfg["attention"]["name"],
+        "run_dir": str(run_dir), "checkpoint": ", ".join(map(str, checkpoints)), "attention": cfg["attention"]["name"],
         "split": split, "sentences": len(splits[split]), "grid": rows, "best": best, "run_setting": own,
         "test_split": args.test_split, "test": test, "bleu_signature": rows[0]["bleu_signature"],
         "chrf_signature": rows[0]["chrf_signature"], "device": device_name(translator.device),
