@@ -376,11 +376,11 @@ def _row_top_k(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
         values and column indices, ``[N, k]`` each, largest first.
     """
     rows, width = values.shape
-    if width < 4 * k * TOP_K_BLOCK:
+    if width < 4 * k * TOP_K_BLOCK:  # few blocks: nothing to save
         return values.topk(k, dim=1)
     if width % TOP_K_BLOCK:  # (a copy, so only when the width needs it)
         values = F.pad(values, (0, -width % TOP_K_BLOCK), value=NEG_INF)  # [N, V'], V' a multiple of the block
-    blocks = values.view(rows, -1, TOP_K_BLOCK)  # [N, V'/block, block]
+    blocks = values.reshape(rows, -1, TOP_K_BLOCK)  # [N, V'/block, block]
     best_blocks = blocks.amax(dim=2).topk(k, dim=1).indices  # [N, k]
     inside = blocks.gather(1, best_blocks.unsqueeze(2).expand(rows, k, TOP_K_BLOCK)).view(rows, -1)  # [N, k*block]
     top_values, position = inside.topk(k, dim=1)  # [N, k]
