@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-import nmt.search
 from nmt.attention import build_attention
 from nmt.data import BOS_ID, EOS_ID, PAD_ID
 from nmt.model import EncoderMemory, Seq2Seq
@@ -259,7 +258,7 @@ def test_beam_with_block_top_k_equals_plain_topk(monkeypatch: pytest.MonkeyPatch
         wide.decoder.output.weight.mul_(20.0)  # peaked distributions, so the hypotheses differ by sentence
     src, src_lengths = batch(LENGTHS)
     block_wise = beam_search(wide, src, src_lengths, beam_size=5, max_len=8, n_best=5)
-    monkeypatch.setattr(nmt.search, "_row_top_k", lambda values, k: values.topk(k, dim=1))
+    monkeypatch.setattr("nmt.search._row_top_k", lambda values, k: values.topk(k, dim=1))
     plain = beam_search(wide, src, src_lengths, beam_size=5, max_len=8, n_best=5)
     assert [[h.tokens for h in hyps] for hyps in block_wise] == [[h.tokens for h in hyps] for hyps in plain]
     assert [[h.score for h in hyps] for hyps in block_wise] == [[h.score for h in hyps] for hyps in plain]
