@@ -53,11 +53,29 @@ def test_the_report_gives_ratios_and_a_bound_where_the_peer_never_got_there(tmp_
     ours = report["ours"][0]
     assert ours["minutes_to"] == {"25": 5.0, "30": 9.0, "35": 9.0} and ours["test_bleu"] == 38.5
     assert report["peer"]["minutes_to"] == {"25": 16.0, "30": 16.0, "35": None} and report["peer"]["test_bleu"] == 31.2
-    ratios = report["peer_time_over_ours"]
+    ratios = ours["peer_time_over_ours"]
     assert ratios["25"] == {"ratio": pytest.approx(3.2), "bound": None}
     assert ratios["35"] == {"ratio": pytest.approx(40.0 / 9.0), "bound": "at least"}  # the peer's 40 trained minutes
     table = (tmp_path / "r.md").read_text()
-    assert "not reached in 40" in table and "≥ 4.4×" in table
+    assert "not reached in 40" in table and "≥ 4.4×" in table and "| JoeyNMT's minutes / ours (ours) |" in table
+
+
+def test_each_of_our_runs_gets_its_own_ratio_row(tmp_path: Path) -> None:
+    peer_dir = tmp_path / "peer"
+    (peer_dir / "models" / "full").mkdir(parents=True)
+    (peer_dir / "models" / "full" / "train.log").write_text(PEER_LOG)
+    slow = _our_run(tmp_path / "slow")
+    fast = _our_run(tmp_path / "fast")
+    results = json.loads((fast / "results.json").read_text())
+    results["validations"][0]["wall_seconds"] = 60.0  # BLEU 26 after 2 minutes (setup included)
+    (fast / "results.json").write_text(json.dumps(results))
+    report = time_to_bleu.main(["--ours", str(slow), str(fast), "--peer-workdir", str(peer_dir),
+                                "--out", str(tmp_path / "r")])
+    assert [row["peer_time_over_ours"]["25"]["ratio"] for row in report["ours"]] == [pytest.approx(3.2),
+                                                                                    pytest.approx(8.0)]
+    table = (tmp_path / "r.md").read_text()
+    assert "| JoeyNMT's minutes / ours (slow) | 3.2× |" in table
+    assert "| JoeyNMT's minutes / ours (fast) | 8.0× |" in table
 
 
 def test_a_missing_log_names_the_file_and_the_fix(tmp_path: Path) -> None:

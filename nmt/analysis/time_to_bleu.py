@@ -90,7 +90,7 @@ def load_ours(run_dir: Path) -> dict[str, Any]:
         raise SystemExit(f"no {path}: pass run dirs that train.py finished")
     results = json.loads(path.read_text(encoding="utf-8"))
     test = (results.get("test") or {}).get(TEST_SPLIT) or {}
-    name = f"ours ({results.get('attention', '?')}, {results.get('parameters', 0):,} parameters)"
+    name = f"ours ({run_dir.name}: {results.get('attention', '?')}, {results.get('parameters', 0):,} parameters)"
     return summarize(name, our_timeline(results), test.get("bleu"), str(path))
 
 
@@ -130,7 +130,8 @@ def ratios(ours: dict[str, Any], peer: dict[str, Any]) -> dict[str, dict[str, An
     return out
 
 
-def render_markdown(rows: list[dict[str, Any]], speedups: dict[str, dict[str, Any]]) -> str:
+def render_markdown(ours: list[dict[str, Any]], peer: dict[str, Any]) -> str:
+    """The table: one row per run, then the peer's minutes over each of our runs' (``peer_time_over_ours``)."""
     def minutes(row: dict[str, Any], key: str) -> str:
         value = row["minutes_to"][key]
         return f"{value:.1f}" if value is not None else f"not reached in {row['minutes_trained']:.0f}"
@@ -138,16 +139,19 @@ def render_markdown(rows: list[dict[str, Any]], speedups: dict[str, dict[str, An
     keys = [f"{t:g}" for t in THRESHOLDS]
     lines = ["| system | " + " | ".join(f"min to val BLEU {k}" for k in keys) + " | best val BLEU | test BLEU |",
              "| --- | " + " | ".join("---:" for _ in keys) + " | ---: | ---: |"]
-    for row in rows:
+    for row in [*ours, peer]:
         test = "" if row["test_bleu"] is None else f"{row['test_bleu']:.2f}"
         lines.append(f"| {row['system']} | " + " | ".join(minutes(row, k) for k in keys)
                      + f" | {row['best_val_bleu']:.2f} | {test} |")
-    cells = []
-    for key in keys:
-        entry = speedups[key]
-        cells.append("" if entry["ratio"] is None else ("≥ " if entry["bound"] else "") + f"{entry['ratio']:.1f}×")
-    lines.append("| JoeyNMT's minutes / ours | " + " | ".join(cells) + " | | |")
+    for row in ours:
+        cells = [_ratio_cell(row["peer_time_over_ours"][key]) for key in keys]
+        label = row["system"].split(":")[0].removeprefix("ours (")
+        lines.append(f"| JoeyNMT's minutes / ours ({label}) | " + " | ".join(cells) + " | | |")
     return "\n".join(lines) + "\n"
+
+
+def _ratio_cell(entry: dict[str, Any]) -> str:
+    return "" if entry["ratio"] is None else ("≥ " if entry["bound"] else "") + f"{entry['ratio']:.1f}×"
 
 
 def main(argv: list[str]) -> dict[str, Any]:
@@ -163,10 +167,11 @@ def main(argv: list[str]) -> dict[str, Any]:
 
     ours = [load_ours(run) for run in args.ours]
     peer = load_peer(args.peer_workdir, args.peer_continued)
-    speedups = ratios(ours[0], peer)
-    markdown = render_markdown([*ours, peer], speedups)
+    for row in ours:
+        row["peer_time_over_ours"] = ratios(row, peer)
+    markdown = render_markdown(ours, peer)
     report = {**provenance("scripts/peer_compare.py", ["time-to-bleu", *argv]), "thresholds": list(THRESHOLDS),
-              "ours": ours, "peer": peer, "peer_time_over_ours": speedups}
+              "ours": ours, "peer": peer}
     print(markdown)
     write_report(args.out, report, markdown)
     return report
