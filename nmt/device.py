@@ -23,7 +23,7 @@ disabled). Under autocast the matmuls (``nn.Linear``, ``bmm``, the decoder GRU's
 projections) take bf16 operands and accumulate in float32; the decoder's recurrent state then carries
 bf16 values between steps. The encoder's cuDNN GRU runs outside autocast in float32
 (``nmt.model.Encoder``: PyTorch's autocast rule for cuDNN RNNs would cast it to fp16, not bf16). The
-loss (``nmt.training.sequence_loss``) and search (``nmt.search``) upcast the logits to float32.
+loss (``nmt.loss.sequence_loss``) and search (``nmt.search``) upcast the logits to float32.
 
 Deliberately not here: fp16 (it needs loss scaling and buys nothing over bf16 on the GPUs this
 project targets), and choosing bf16 on a CPU automatically (its numerics would then depend on the machine).

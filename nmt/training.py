@@ -36,13 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
-from torch import Tensor, nn
+from torch import nn
 
 from nmt.checkpoint import CheckpointError, RunCheckpoints, build_model, load_checkpoint, resume_paths
 from nmt.config import ConfigError, to_plain_dict, upgrade_saved_config, validate_config
-from nmt.data import PAD_ID, Batch, DataError, EncodedSplit, PreparedData, Tokenizer, build_loader, prepare_data
+from nmt.data import Batch, DataError, EncodedSplit, PreparedData, Tokenizer, build_loader, prepare_data
 from nmt.device import DeviceError, autocast, configure_matmul, slow_bf16_warning, uses_bf16
 from nmt.distributed import (
     DistInfo,
@@ -63,13 +62,14 @@ from nmt.distributed import (
 from nmt.evaluation import corpus_scores
 from nmt.final_evaluation import final_evaluation
 from nmt.gpu_monitor import GpuMonitor
+from nmt.loss import sequence_loss
 from nmt.model import Seq2Seq, count_parameters
 from nmt.progress import Progress, RunClock, StepHistory, progress_line
 from nmt.search import Hypothesis
 from nmt.tensorboard import RunLogger
 from nmt.translator import SearchOptions, Translator
 
-__all__ = ["USER_ERRORS", "DistInfo", "Trainer", "TrainingError", "lr_factor", "resume_config", "sequence_loss",
+__all__ = ["USER_ERRORS", "DistInfo", "Trainer", "TrainingError", "lr_factor", "resume_config",
            "train"]
 
 log = logging.getLogger(__name__)
@@ -97,13 +97,6 @@ def lr_factor(schedule: str, warmup_steps: int, total_steps: int, min_ratio: flo
         return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return factor
-
-
-def sequence_loss(logits: Tensor, targets: Tensor, label_smoothing: float = 0.0) -> Tensor:
-    """Summed cross-entropy over real target tokens. logits ``[B, T, V]``, targets ``[B, T]`` -> scalar."""
-    flat = logits.reshape(-1, logits.shape[-1]).float()  # [B*T, V], float32 for a stable log-softmax
-    return F.cross_entropy(flat, targets.reshape(-1), ignore_index=PAD_ID, label_smoothing=label_smoothing,
-                           reduction="sum")
 
 
 def run_dir_from_hydra() -> Path:

