@@ -67,6 +67,7 @@ def test_profile_counts_matmul_flops_in_every_part_and_groups_the_time(tmp_path:
     assert sum(shares.values()) == pytest.approx(1.0)
     assert report["multiply_adds_per_target_token"] == report["matmul_flops_per_target_token"] / 2 > 0
     assert report["achieved_flops"] > 0 and report["measured_matmul_flops"] > 0
+    assert report["flop_counted_target_tokens"] == report["timing"]["target_tokens"]  # the timed batches, again
     groups = report["time_by_op_group"]["groups"]
     assert groups["matmul"]["seconds"] > 0 and "outside ATen ops (Python, dispatch, profiler)" in groups
     assert sum(g["share"] for g in groups.values()) == pytest.approx(1.0, abs=0.05)

@@ -4,11 +4,13 @@
 
 Four figures, all on the trainer's real step (forward, loss, backward, clip, AdamW) over real batches:
 
-- **Matmul FLOPs per target token**, counted by ``torch.utils.flop_counter.FlopCounterMode`` over one
-  step (forward and backward; 2 FLOPs per multiply-add), with the share of the encoder and the decoder
+- **Matmul FLOPs per target token**, counted by ``torch.utils.flop_counter.FlopCounterMode`` over the
+  same batches that were timed (forward and backward; 2 FLOPs per multiply-add; padded positions vary
+  per batch, so one batch is not enough), with the share of the encoder and the decoder
   (PyTorch attributes backward ops to modules only roughly; the rest is "not attributed").
   Elementwise work is not counted: it is small in FLOPs and large in time.
-- **Achieved FLOP/s**: those FLOPs times the timed steps' target tokens/s (median of ``--steps``).
+- **Achieved FLOP/s**: those FLOPs over the timed steps' seconds (their total target tokens/s; the
+  median step's is reported beside it).
 - **The CPU's fp32 peak**: derived (cores x clock x SIMD lanes x 2 FMA units x 2) from /proc/cpuinfo,
   and measured with a large float32 matmul on all threads (what PyTorch's GEMM attains here).
 - **Where the time goes**: ``torch.profiler`` self time per ATen op over ``--profile-steps`` steps,
@@ -85,11 +87,13 @@ def measured_matmul_flops(n: int, reps: int = 5) -> float:
     return 2 * n**3 / best
 
 
-def count_step_flops(trainer: Any, batch: Any) -> tuple[int, dict[str, int], int]:
-    """Matmul FLOPs of one real training step, per top-level module, and the step's target tokens."""
+def count_flops(trainer: Any, batches: Any, steps: int) -> tuple[int, dict[str, int], int]:
+    """Matmul FLOPs of ``steps`` real training steps, per top-level module, and their target tokens."""
     counter = FlopCounterMode(display=False)
+    tokens = 0
     with counter:
-        _, tokens, _, _ = trainer._train_step(batch)
+        for _ in range(steps):
+            tokens += trainer._train_step(next(batches))[1]
     total = counter.get_total_flops()
     by_module = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()
                  if name.count(".") == 1}  # Seq2Seq.encoder, Seq2Seq.decoder; deeper names are inside them
@@ -132,23 +136,27 @@ def benchmark_profile(args: argparse.Namespace) -> tuple[dict[str, Any], torch.d
         trainer = Trainer(cfg, Path(tmp) / "run", DistInfo())
         timing = measure_training(trainer, args.steps, args.warmup_steps)  # as benchmark.py train times steps
         batches = endless_batches(trainer)
-        flops, by_module, tokens = count_step_flops(trainer, next(batches))
+        for _ in range(args.warmup_steps):
+            next(batches)  # count FLOPs over the very batches that were timed: padding varies per batch
+        flops, by_module, tokens = count_flops(trainer, batches, args.steps)
         ops = op_time_groups(trainer, batches, args.profile_steps)
         trainer.logger.close()
     facts = cpu_facts()
     flops_per_token = flops / tokens
-    achieved = flops_per_token * timing["target_tokens_per_s_median"]
+    achieved = flops_per_token * timing["target_tokens_per_s_total"]  # = the timed steps' FLOPs / their seconds
     matmul_peak = measured_matmul_flops(args.matmul_size)
     report = {"config": {"overrides": list(args.overrides)}, "cpu": facts,
-              "matmul_flops_per_target_token": flops_per_token,
+              "matmul_flops_per_target_token": flops_per_token, "flop_counted_target_tokens": tokens,
               "multiply_adds_per_target_token": flops_per_token / 2,
               "flops_share_by_module": {k: v / flops for k, v in by_module.items()}, "timing": timing,
-              "achieved_flops": achieved, "measured_matmul_flops": matmul_peak, "matmul_size": args.matmul_size,
+              "achieved_flops": achieved,
+              "achieved_flops_median_step": flops_per_token * timing["target_tokens_per_s_median"],
+              "measured_matmul_flops": matmul_peak, "matmul_size": args.matmul_size,
               "achieved_share_of_derived_peak": achieved / facts["fp32_peak_flops_derived"]
               if facts["fp32_peak_flops_derived"] else None,
               "achieved_share_of_measured_matmul": achieved / matmul_peak, "time_by_op_group": ops}
     print(f"{flops_per_token / 1e6:.1f} MFLOP per target token (matmuls, forward + backward); "
-          f"{timing['target_tokens_per_s_median']:.0f} target tokens/s -> {achieved / 1e9:.1f} GFLOP/s; "
+          f"{timing['target_tokens_per_s_total']:.0f} target tokens/s -> {achieved / 1e9:.1f} GFLOP/s; "
           f"peak: derived {(facts['fp32_peak_flops_derived'] or 0) / 1e9:.0f}, "
           f"measured {args.matmul_size}^2 matmul {matmul_peak / 1e9:.0f} GFLOP/s")
     for group, entry in ops["groups"].items():
