@@ -91,7 +91,7 @@ def load_ours(run_dir: Path) -> dict[str, Any]:
     results = json.loads(path.read_text(encoding="utf-8"))
     test = (results.get("test") or {}).get(TEST_SPLIT) or {}
     name = f"ours ({run_dir.name}: {results.get('attention', '?')}, {results.get('parameters', 0):,} parameters)"
-    return summarize(name, our_timeline(results), test.get("bleu"), str(path))
+    return {**summarize(name, our_timeline(results), test.get("bleu"), str(path)), "run": run_dir.name}
 
 
 def load_peer(workdir: Path, continued: list[Path] = ()) -> dict[str, Any]:
@@ -145,8 +145,7 @@ def render_markdown(ours: list[dict[str, Any]], peer: dict[str, Any]) -> str:
                      + f" | {row['best_val_bleu']:.2f} | {test} |")
     for row in ours:
         cells = [_ratio_cell(row["peer_time_over_ours"][key]) for key in keys]
-        label = row["system"].split(":")[0].removeprefix("ours (")
-        lines.append(f"| JoeyNMT's minutes / ours ({label}) | " + " | ".join(cells) + " | | |")
+        lines.append(f"| JoeyNMT's minutes / ours ({row['run']}) | " + " | ".join(cells) + " | | |")
     return "\n".join(lines) + "\n"
 
 
