@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from nmt.attention import build_attention
 from nmt.data import BOS_ID, EOS_ID, PAD_ID
 from nmt.model import EncoderMemory, Seq2Seq
-from nmt.search import _row_top_k, beam_search, greedy_search, length_limits, length_penalty_factor
+from nmt.search import _best_candidates, _row_top_k, beam_search, greedy_search, length_limits, length_penalty_factor
 
 SRC_V, TGT_V = 17, 23
 TYPES = ["additive", "general", "none"]
@@ -240,12 +240,29 @@ def test_beam_equals_slow_reference(name: str, alpha: float) -> None:
 def test_row_top_k_equals_topk(width: int, k: int) -> None:
     # widths: a multiple of the block, a padded last block, and narrow enough for the plain topk
     gen = torch.Generator().manual_seed(width)
-    values = torch.softmax(torch.randn(37, width, generator=gen) * 4, dim=1)
-    values[:, :2] = 0.0  # blocked tokens, as in the search
+    values = torch.randn(37, width, generator=gen) * 4
+    values[:, :2] = float("-inf")  # blocked tokens, as in the search
     expected_values, expected_columns = values.topk(k, dim=1)
     top_values, columns = _row_top_k(values, k)
     assert torch.equal(top_values, expected_values)
     assert torch.equal(columns, expected_columns)
+
+
+@pytest.mark.parametrize("scale", [4.0, 1000.0])
+def test_best_candidates_equal_log_softmax_reference(scale: float) -> None:
+    # logits far beyond exp's float range (scale 1000) and a blocked token holding a row's largest logit
+    gen = torch.Generator().manual_seed(7)
+    n_active, k, vocab = 6, 3, 8003
+    logits = torch.randn(n_active * k, vocab, generator=gen) * scale
+    logits[0, PAD_ID] = logits[0].max() + 5.0
+    beam_score = torch.randn(n_active, k, generator=gen)
+    beam_score[1, 2] = float("-inf")  # an empty slot
+    blocked = torch.tensor([PAD_ID, BOS_ID])
+    log_probs = torch.log_softmax(logits, dim=1).index_fill(1, blocked, float("-inf"))  # [A*K, V]
+    expected = (beam_score.view(-1, 1) + log_probs).view(n_active, k * vocab).topk(2 * k, dim=1)
+    scores, slots, tokens = _best_candidates(logits.clone(), beam_score, blocked)
+    assert torch.allclose(scores, expected.values, rtol=1e-5, atol=1e-3 * max(1.0, scale / 100))
+    assert torch.equal(slots * vocab + tokens, expected.indices)
 
 
 def test_beam_with_block_top_k_equals_plain_topk(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -68,7 +68,8 @@ def score_setting(translator: Translator, src_ids: list[list[int]], refs: list[s
                   ) -> dict[str, Any]:
     """Translate one encoded split with one setting and score it."""
     start = time.perf_counter()
-    hyps = [translator.tokenizer.decode_tgt(best[0].tokens) for best in translator.translate_ids(src_ids, options)]
+    results = translator.translate_ids(src_ids, options, attention=False)  # only the tokens are scored
+    hyps = [translator.tokenizer.decode_tgt(best[0].tokens) for best in results]
     seconds = time.perf_counter() - start
     return {"beam_size": options.beam_size, "length_penalty": options.length_penalty,
             **corpus_scores(hyps, refs), "seconds": seconds, "sentences_per_s": len(refs) / seconds}

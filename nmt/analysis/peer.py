@@ -176,7 +176,8 @@ def decode_once(argv: list[str]) -> None:
     hyps = [""] * len(lines)
     for first in range(0, len(order), args.batch_sentences):
         rows = order[first : first + args.batch_sentences]
-        for i, best in zip(rows, translator.translate_ids([src_ids[i] for i in rows], options)):
+        # no attention kept, as translate.py without heatmaps or alignments (and as JoeyNMT's beam search)
+        for i, best in zip(rows, translator.translate_ids([src_ids[i] for i in rows], options, attention=False)):
             hyps[i] = translator.tokenizer.decode_tgt(best[0].tokens)
     sync(translator.device)
     decode_seconds = time.perf_counter() - start
