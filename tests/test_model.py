@@ -77,6 +77,27 @@ def test_decode_step_with_grouped_rows_equals_repeated_memory(name: str) -> None
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
 
 
+def test_search_steps_read_the_gate_table_and_follow_weight_changes() -> None:
+    # without gradients decode_step looks its token gates up in a [V, 3Hd] table; with them it computes them
+    model = tiny_model("additive")
+    src, src_lengths, tgt, _, _ = padded_batch()
+    memory, state = model.encode(src, src_lengths)
+
+    def step_logits() -> torch.Tensor:
+        with torch.no_grad():
+            return model.decode_step(tgt[:, 0], state, memory)[0]
+
+    computed = model.decode_step(tgt[:, 0], state, memory)[0]
+    torch.testing.assert_close(step_logits(), computed.detach(), rtol=1e-12, atol=1e-12)
+    assert model.decoder._gate_table.shape == (TGT_V, 3 * 9)
+    for weight in (model.decoder.emb_gates.bias, model.decoder.embedding.weight):
+        with torch.no_grad():
+            weight.add_(0.5)  # as an optimizer step does: in place
+        torch.testing.assert_close(step_logits(), model.decode_step(tgt[:, 0], state, memory)[0].detach(),
+                                   rtol=1e-12, atol=1e-12)
+        assert not torch.allclose(step_logits(), computed)
+
+
 def test_encoder_packing_equals_unpacked_gru_on_unpadded_rows() -> None:
     torch.manual_seed(0)
     encoder = Encoder(SRC_V, 7, 5, num_layers=2, dropout=0.0, pad_id=0).double().eval()
