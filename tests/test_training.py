@@ -403,3 +403,12 @@ def test_every_experiment_config_composes_and_validates(name: str) -> None:
     if name == "multi30k_best":  # the recipe chosen on val, also one folder per member
         assert sweep_dir == "runs/best_de-en/seed7"
         assert (cfg.model.layer_norm, cfg.model.dropout, cfg.trainer.max_epochs) == (True, 0.4, 20)
+
+
+def test_recipe_runs_of_the_other_direction_go_to_their_own_folder() -> None:
+    """en→de members of ``experiment=multi30k_best`` go to a folder of their own, beside the de→en runs."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", return_hydra_config=True,
+                      overrides=["experiment=multi30k_best", "data.src_lang=en", "data.tgt_lang=de", "trainer.seed=3"])
+    assert f"{cfg.hydra.sweep.dir}/{cfg.hydra.sweep.subdir}" == "runs/best_en-de/seed3"
+    assert (cfg.data.src_lang, cfg.data.tgt_lang, cfg.model.layer_norm) == ("en", "de", True)
