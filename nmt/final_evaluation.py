@@ -126,6 +126,7 @@ def run_summary(trainer: FinishedRun, stopped_early: bool) -> dict[str, Any]:
         "bf16_autocast": trainer.use_bf16,
         "world_size": trainer.info.world_size,
         "data_fingerprint": trainer.data.fingerprint,
+        "data_sources": trainer.data.stats.get("sources", []),
         "train_files_by_rank": [seen["train_files"] for seen in trainer.data_ranks],
         "versions": library_versions(),
         "host": host(),

@@ -107,9 +107,9 @@ def test_cache_is_keyed_by_text_and_settings(
     calls: list[int] = []
     real_train = tokenizer_module._train_model
 
-    def counting(sentences: list[str], s: TokenizerSettings) -> bytes:
+    def counting(sentences: list[str], s: TokenizerSettings, tags: tuple[str, ...] = ()) -> bytes:
         calls.append(len(sentences))
-        return real_train(sentences, s)
+        return real_train(sentences, s, tags)
 
     monkeypatch.setattr(tokenizer_module, "_train_model", counting)
     assert train_tokenizer(src, tgt, settings, tmp_path).fingerprint == first.fingerprint

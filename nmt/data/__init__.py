@@ -21,6 +21,7 @@ every DDP rank on a machine, together) holds one page-cache copy of them, whatev
 What it does not do: anything with models, losses or metrics.
 """
 
+from nmt.data import tatoeba as _tatoeba  # noqa: F401  (registers data.corpus=tatoeba)
 from nmt.data.batching import (
     Batch,
     EncodedSplit,

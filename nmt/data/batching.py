@@ -41,7 +41,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Sampler
 
 from nmt.data.corpora import DataError
-from nmt.data.encoded import EncodedSplit
+from nmt.data.encoded import EncodedSplit, SplitPart
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 log = logging.getLogger(__name__)
@@ -156,9 +156,52 @@ def split_until_divisible(bounds: np.ndarray, world_size: int, name: str = "spli
     return bounds
 
 
-def _epoch_generator(seed: int, epoch: int) -> torch.Generator:
+def weighted_pairs(parts: Sequence[SplitPart], widths: np.ndarray, generator: torch.Generator) -> np.ndarray:
+    """The pairs one epoch of a mixture sees: each source's pairs ``weight`` times, by index into the split.
+
+    A whole weight repeats all of a source's pairs; the fraction of a weight draws that share of them
+    anew every epoch, stratified by width: the same number of pairs of each width every epoch, so
+    every epoch cuts into the same number of batches (the learning-rate schedule and resume count on
+    it). Which pairs of a width are drawn changes with ``generator``.
+
+    Args:
+        parts: the split's sources in order (``EncodedSplit.parts``), with their pair counts and weights.
+        widths: ``[N]`` each pair's ``max(S, T)``.
+        generator: the epoch's random draws.
+
+    Returns:
+        ``[M]`` pair indices, M = sum of ``round(weight * pairs)`` over the sources.
+    """
+    chosen, start = [], 0
+    for part in parts:
+        indices = np.arange(start, start + part.pairs, dtype=np.int64)
+        whole, fraction = divmod(part.weight, 1.0)
+        chosen += [indices] * int(whole)
+        if fraction > 1e-9:
+            chosen.append(_stratified_draw(indices, widths[indices], fraction, generator))
+        start += part.pairs
+    return np.concatenate(chosen) if chosen else np.zeros(0, np.int64)
+
+
+def _stratified_draw(
+    indices: np.ndarray, widths: np.ndarray, fraction: float, generator: torch.Generator
+) -> np.ndarray:
+    """``round(fraction * len(indices))`` of ``indices``: a fixed count per width (largest remainder), at random."""
+    _, counts = np.unique(widths, return_counts=True)
+    exact = fraction * counts
+    quota = np.floor(exact).astype(np.int64)
+    short = int(round(fraction * len(indices))) - int(quota.sum())
+    quota[np.argsort(-(exact - quota), kind="stable")[:short]] += 1  # the same widths every epoch
+    perm = torch.randperm(len(indices), generator=generator).numpy()
+    shuffled = perm[np.argsort(widths[perm], kind="stable")]  # by width, in random order within a width
+    group_start = np.repeat(np.cumsum(counts) - counts, counts)  # [n] where each pair's width group starts
+    rank = np.arange(len(indices)) - group_start
+    return indices[shuffled[rank < np.repeat(quota, counts)]]
+
+
+def _epoch_generator(seed: int, epoch: int, purpose: str = "batches") -> torch.Generator:
     # A hash of (seed, epoch), so neighbouring seeds don't give related permutations.
-    digest = hashlib.sha256(f"nmt-batches:{seed}:{epoch}".encode()).digest()
+    digest = hashlib.sha256(f"nmt-{purpose}:{seed}:{epoch}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
 
 
@@ -176,6 +219,8 @@ class TokenBucketSampler(Sampler[list[int]]):
         rank: this process's rank in ``[0, world_size)``.
         world_size: number of DDP ranks sharing the epoch.
         name: the split's name, for messages.
+        parts: the split's sources with their weights (``EncodedSplit.parts``); with ``shuffle``, an
+            epoch sees each source's pairs ``weight`` times (``weighted_pairs``). Empty: every pair once.
 
     The batch count is the same every epoch: the sorted sequence of lengths does not change, only
     which of the pairs with equal lengths share a batch, and the order of the batches.
@@ -200,6 +245,7 @@ class TokenBucketSampler(Sampler[list[int]]):
         rank: int = 0,
         world_size: int = 1,
         name: str = "split",
+        parts: Sequence[SplitPart] = (),
     ) -> None:
         if len(src_lengths) != len(tgt_lengths):
             raise DataError(f"{len(src_lengths)} source lengths but {len(tgt_lengths)} target lengths.")
@@ -217,6 +263,8 @@ class TokenBucketSampler(Sampler[list[int]]):
         self.rank = rank
         self.world_size = world_size
         self.name = name
+        # One source seen once is the plain epoch; anything else is planned by weighted_pairs.
+        self.parts = tuple(parts) if len(parts) > 1 or any(p.weight != 1.0 for p in parts) else ()
         self.epoch = 0
         self.position = 0
         self._cached: tuple[int, np.ndarray, np.ndarray] | None = None  # (epoch, order, this rank's spans)
@@ -224,14 +272,19 @@ class TokenBucketSampler(Sampler[list[int]]):
     @classmethod
     def from_split(cls, split: EncodedSplit, max_tokens: int, **kwargs: Any) -> TokenBucketSampler:
         """A sampler over ``split``'s pairs (lengths counted with EOS / BOS, as collated)."""
-        return cls(split.src_ids.lengths + 1, split.tgt_ids.lengths + 1, max_tokens, name=split.name, **kwargs)
+        return cls(split.src_ids.lengths + 1, split.tgt_ids.lengths + 1, max_tokens, name=split.name,
+                   parts=split.parts, **kwargs)
 
     def epoch_plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """All ranks' batches of ``epoch``: ``(order [N], spans [num_batches, 2])``.
+        """All ranks' batches of ``epoch``: ``(order [M], spans [num_batches, 2])``, M = N unless weighted.
 
         Batch ``k`` is ``order[spans[k, 0]:spans[k, 1]]``; rank ``r`` takes batches ``r::world_size``.
         """
         src, tgt = self.src_lengths, self.tgt_lengths
+        pairs = None  # every pair once; else the indices a weighted epoch sees
+        if self.parts and self.shuffle:
+            pairs = weighted_pairs(self.parts, np.maximum(src, tgt), _epoch_generator(self.seed, epoch, "mixture"))
+            src, tgt = src[pairs], tgt[pairs]
         # Sort by max(S, T), the quantity the budget charges, then by S, then by T: on Multi30k this
         # pads 4.5% of the slots at 4096 tokens, against 7% when sorting by S then T (the batches that
         # straddle two source lengths mix short and long targets) and 54% in random order.
@@ -246,6 +299,9 @@ class TokenBucketSampler(Sampler[list[int]]):
             order = perm[np.argsort(key[perm], kind="stable")]
         else:
             order = np.argsort(-key, kind="stable")
+        if pairs is not None:
+            order = pairs[order]  # positions in this epoch's pairs -> pair indices in the split
+            widths = np.maximum(self.src_lengths, self.tgt_lengths)
         bounds = split_until_divisible(cut_sorted(widths[order], self.max_tokens), self.world_size, self.name)
         spans = np.stack([bounds[:-1], bounds[1:]], axis=1)  # [num_batches, 2]
         if generator is not None:

@@ -181,6 +181,11 @@ class Corpus(abc.ABC):
 
     name: ClassVar[str]
 
+    @classmethod
+    def from_settings(cls, cache_dir: Path, mirror: Path | None, data_cfg: Mapping[str, Any]) -> Corpus:
+        """The corpus for the ``data`` settings (a subclass reads the keys it has, e.g. ``data.files``)."""
+        return cls(cache_dir, mirror)  # type: ignore[call-arg]
+
     @abc.abstractmethod
     def split_files(self, split: str, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
         """Local (fetched, verified) source and target files of ``split``.
@@ -305,6 +310,10 @@ class ParallelFiles(Corpus):
 
     name = "files"
 
+    @classmethod
+    def from_settings(cls, cache_dir: Path, mirror: Path | None, data_cfg: Mapping[str, Any]) -> ParallelFiles:
+        return cls(data_cfg.get("files"))
+
     def __init__(self, files: Mapping[str, Mapping[str, Any]] | None) -> None:
         if not files:
             raise DataError(
@@ -341,21 +350,27 @@ def build_corpus(
     cache_dir: Path,
     mirror: str | Path | None = None,
     files: Mapping[str, Mapping[str, Any]] | None = None,
+    settings: Mapping[str, Any] | None = None,
 ) -> Corpus:
     """The registered corpus ``name``, constructed from the data settings.
+
+    Args:
+        name: a key of ``CORPORA``.
+        cache_dir: the data cache.
+        mirror: a folder tried before the network.
+        files: ``data.files`` (for ``files``).
+        settings: the whole ``data`` section, for corpora with settings of their own (``data.tatoeba``).
 
     Raises:
         DataError: unknown corpus (the message lists the valid ones), or a bad ``files`` mapping.
     """
     if name not in CORPORA:
         raise DataError(f"unknown corpus {name!r}; valid corpora: {', '.join(sorted(CORPORA))}.")
-    if name == ParallelFiles.name:
-        return ParallelFiles(files)
     mirror_path = Path(str(mirror)).expanduser() if mirror else None
     if mirror_path is not None and not mirror_path.is_dir():
         log.warning("data mirror %s is not a folder; ignoring it", mirror_path)
         mirror_path = None
-    return CORPORA[name](cache_dir, mirror_path)  # type: ignore[call-arg]
+    return CORPORA[name].from_settings(Path(cache_dir), mirror_path, {**(settings or {}), "files": files})
 
 
 # --------------------------------------------------------------------------------------------------

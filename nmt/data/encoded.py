@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import numpy as np
 
@@ -125,6 +125,14 @@ def map_ragged(tokens_path: str | Path, offsets_path: str | Path) -> RaggedIds:
     return RaggedIds(np.load(tokens_path, mmap_mode="r"), np.load(offsets_path, mmap_mode="r"))
 
 
+class SplitPart(NamedTuple):
+    """A run of consecutive pairs of a split that came from one source, and how often an epoch sees them."""
+
+    name: str
+    pairs: int
+    weight: float = 1.0
+
+
 @dataclass
 class EncodedSplit:
     """One split as subword ids (no BOS/EOS) and, for a split that is scored, the raw lines they came from.
@@ -139,6 +147,8 @@ class EncodedSplit:
             None for the training split, whose text is never held in memory.
         tgt_text: the target lines (stripped): the references sacrebleu scores against; None for
             the training split.
+        parts: a training split's sources in order (their pair counts add up to the split's) with
+            their weights; empty: one source, seen once per epoch.
     """
 
     name: str
@@ -146,12 +156,16 @@ class EncodedSplit:
     tgt_ids: RaggedIds
     src_text: Sequence[str] | None = None
     tgt_text: Sequence[str] | None = None
+    parts: Sequence[SplitPart] = ()
 
     def __post_init__(self) -> None:
         self.src_ids = RaggedIds.from_rows(self.src_ids)
         self.tgt_ids = RaggedIds.from_rows(self.tgt_ids)
         texts = [t for t in (self.src_text, self.tgt_text) if t is not None]
         sizes = {len(self.src_ids), len(self.tgt_ids), *map(len, texts)}
+        if self.parts and sum(part.pairs for part in self.parts) != len(self.src_ids):
+            raise DataError(f"EncodedSplit {self.name!r}: its parts hold {sum(p.pairs for p in self.parts)} pairs, "
+                            f"the split {len(self.src_ids)}.")
         if len(sizes) != 1 or len(texts) == 1:
             raise DataError(
                 f"EncodedSplit {self.name!r}: src_ids/tgt_ids/src_text/tgt_text have different lengths "
@@ -262,6 +276,11 @@ class SplitWriter:
             raise ValueError(f"{len(src_rows)} source rows but {len(tgt_rows)} target rows")
         self.sides["src"].append(src_rows)
         self.sides["tgt"].append(tgt_rows)
+
+    @property
+    def rows(self) -> int:
+        """Pairs appended so far."""
+        return self.sides["src"].rows
 
     def commit(self, extra: dict[str, Any]) -> dict[str, Any]:
         """Rename the arrays into place, then write the manifest (``extra`` included); returns the manifest."""

@@ -50,7 +50,9 @@ from nmt.data.corpora import (
     sha256_of,
     terminal_progress,
 )
-from nmt.data.encoded import EncodedSplit, RaggedIds, SplitWriter, open_split, token_dtype
+from nmt.data.encoded import EncodedSplit, RaggedIds, SplitPart, SplitWriter, open_split, token_dtype
+from nmt.data.mixture import MixtureSourceSchema, resolve_sources
+from nmt.data.tatoeba import TatoebaSettings
 from nmt.data.tokenizer import (
     Tokenizer,
     TokenizerSettings,
@@ -64,7 +66,7 @@ from nmt.schema import bad_value_message, first_unknown_key
 log = logging.getLogger(__name__)
 ENCODE_CHUNK_LINES = 50_000  # pairs per SentencePiece batch call (the progress bar moves once per chunk)
 # Bumped when reading, cleaning or encoding changes what a cache derived from the same files holds.
-PREPARE_VERSION = 2
+PREPARE_VERSION = 3  # 3: splits are lists of sources (mixtures, tags)
 
 
 
@@ -101,6 +103,8 @@ class DataSchema:
     max_tokens: int = MISSING
     valid_max_tokens: int = MISSING
     num_workers: int = MISSING
+    mixture: list[MixtureSourceSchema] | None = MISSING
+    tatoeba: TatoebaSettings = field(default_factory=TatoebaSettings)
 
 
 @dataclass
@@ -136,6 +140,9 @@ class SplitSource:
         sha256: the two files' sha256.
         invalid_utf8: ``error`` or ``replace``.
         clean: the training split's ``data.clean`` limits; None for a split that is never cleaned.
+        tag: a training source's reserved token, put before each source sentence when encoding.
+        weight: a training source's times per epoch (``data.mixture``); batching applies it.
+        info: what the source is, for results.json.
     """
 
     name: str
@@ -144,6 +151,9 @@ class SplitSource:
     sha256: tuple[str, str]
     invalid_utf8: str
     clean: dict[str, Any] | None
+    tag: str | None = None
+    weight: float = 1.0
+    info: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def pairs(self, keep: PairFilter | None = None) -> Iterator[tuple[str, str]]:
         """The aligned pairs streamed from disk; with ``keep``, only those it keeps (it counts them)."""
@@ -157,7 +167,12 @@ class SplitSource:
     def identity(self) -> dict[str, Any]:
         """What the pairs depend on: the files' contents and how they are read and cleaned (not where they are)."""
         return {"version": PREPARE_VERSION, "sha256": list(self.sha256), "invalid_utf8": self.invalid_utf8,
-                "clean": self.clean}
+                "clean": self.clean, "tag": self.tag}
+
+    def encoded_pairs(self, keep: PairFilter | None = None) -> Iterator[tuple[str, str]]:
+        """``pairs`` with the tag (if any) before each source sentence: what the model is trained on."""
+        pairs = self.pairs(keep)
+        return pairs if self.tag is None else ((f"{self.tag} {s}", t) for s, t in pairs)
 
 
 def _to_plain(cfg: Any) -> dict[str, Any]:
@@ -210,54 +225,78 @@ def prepare_data(data_cfg: Any, cache_dir: str | Path | None = None) -> Prepared
     cache = Path(cache_dir if cache_dir is not None else cfg["cache_dir"]).expanduser().resolve()
     stats: dict[str, Any] = {"cache_dir": str(cache), "seconds": {}, "encoded_cache_hits": 0}
     seconds = stats["seconds"]
-    sources = split_sources(cfg, cache, seconds)
+    train_parts, scored = split_sources(cfg, cache, seconds)
 
     start = time.perf_counter()
     settings = TokenizerSettings.from_mapping(cfg["tokenizer"])
-    tokenizer = prepare_tokenizer(sources[cfg["train_split"]], settings, cache / "spm")
+    tokenizer = prepare_tokenizer(train_parts, settings, cache / "spm")
     seconds["tokenizer"] = time.perf_counter() - start
 
     start = time.perf_counter()
     encoded, manifests = {}, {}
-    scored = {cfg["valid_split"], *cfg["test_splits"]}
-    for name, source in sources.items():
-        src_ids, tgt_ids, manifests[name], hit = encode_split(source, tokenizer, cache / "encoded")
+    for name, parts in [(cfg["train_split"], train_parts), *((n, [source]) for n, source in scored.items())]:
+        src_ids, tgt_ids, manifests[name], hit = encode_split(name, parts, tokenizer, cache / "encoded")
         stats["encoded_cache_hits"] += int(hit)
-        text = read_text(source) if name in scored else (None, None)
-        encoded[name] = EncodedSplit(name, src_ids, tgt_ids, *text)
+        text = read_text(parts[0]) if name in scored else (None, None)
+        split_parts = [SplitPart(p.name, m["pairs"], p.weight) for p, m in zip(parts, manifests[name]["parts"])]
+        encoded[name] = EncodedSplit(name, src_ids, tgt_ids, *text, parts=split_parts if name not in scored else ())
     seconds["encode"] = time.perf_counter() - start
-    stats["clean"] = manifests[cfg["train_split"]]["clean"]
+    stats["sources"] = source_records(train_parts, manifests[cfg["train_split"]]["parts"])
+    stats["clean"] = stats["sources"][0]["clean"] if len(train_parts) == 1 else [s["clean"] for s in stats["sources"]]
     digests = {name: [m["src"]["sha256"], m["tgt"]["sha256"]] for name, m in manifests.items()}
-    fingerprint = hashlib.sha256(json.dumps([tokenizer.fingerprint, digests], sort_keys=True).encode()).hexdigest()
+    weights = [p.weight for p in train_parts]
+    fingerprint = hashlib.sha256(json.dumps([tokenizer.fingerprint, digests, weights], sort_keys=True).encode())
 
     data = PreparedData(tokenizer=tokenizer, train=encoded[cfg["train_split"]], valid=encoded[cfg["valid_split"]],
                         tests={name: encoded[name] for name in cfg["test_splits"]}, stats=stats,
-                        fingerprint=fingerprint)
+                        fingerprint=fingerprint.hexdigest())
     log.info(
-        "data %s %s->%s: train %d, %s %d, %s; %s; fingerprint %s; %.1f s",
-        cfg["corpus"], cfg["src_lang"], cfg["tgt_lang"], len(data.train), cfg["valid_split"], len(data.valid),
+        "data %s %s->%s: train %d (%s), %s %d, %s; %s; fingerprint %s; %.1f s",
+        cfg["corpus"], cfg["src_lang"], cfg["tgt_lang"], len(data.train),
+        ", ".join(f"{s['name']} {s['pairs']} x{s['weight']:g}{' ' + s['tag'] if s['tag'] else ''}"
+                  for s in stats["sources"]),
+        cfg["valid_split"], len(data.valid),
         ", ".join(f"{k} {len(v)}" for k, v in data.tests.items()) or "no test splits",
-        tokenizer, fingerprint[:16], sum(seconds.values()),
+        tokenizer, data.fingerprint[:16], sum(seconds.values()),
     )
     return data
 
 
-def split_sources(cfg: dict[str, Any], cache: Path, seconds: dict[str, float]) -> dict[str, SplitSource]:
-    """Each split's files, fetched and verified (``seconds["fetch_verify"]``), then hashed (``seconds["hash"]``)."""
+def source_records(parts: list[SplitSource], manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What results.json records of each training source: size, weight, tag, files' sha256, cleaning, origin."""
+    return [{"name": p.name, "pairs": m["pairs"], "weight": p.weight, "tag": p.tag,
+             "files": {str(p.src_path): p.sha256[0], str(p.tgt_path): p.sha256[1]}, "clean": m["clean"], **p.info}
+            for p, m in zip(parts, manifests)]
+
+
+def split_sources(
+    cfg: dict[str, Any], cache: Path, seconds: dict[str, float]
+) -> tuple[list[SplitSource], dict[str, SplitSource]]:
+    """The training sources and each scored split, fetched and verified (``seconds["fetch_verify"]``),
+    then hashed (``seconds["hash"]``).
+
+    Returns:
+        ``(training sources, {scored split name: source})``: the mixture's sources (or the one training
+        split), and the validation and test splits of ``data.corpus``.
+    """
     start = time.perf_counter()
     mirror = cfg["mirror"] or os.environ.get(MIRROR_ENV) or None
-    corpus = build_corpus(cfg["corpus"], cache_dir=cache, mirror=mirror, files=cfg["files"])
-    names = [cfg["train_split"], cfg["valid_split"], *cfg["test_splits"]]
+    corpus = build_corpus(cfg["corpus"], cache_dir=cache, mirror=mirror, files=cfg["files"], settings=cfg)
+    names = [cfg["valid_split"], *cfg["test_splits"]]
     paths = {name: corpus.split_files(name, cfg["src_lang"], cfg["tgt_lang"]) for name in dict.fromkeys(names)}
+    resolved = resolve_sources(cfg, cache, mirror)
     seconds["fetch_verify"] = time.perf_counter() - start
     start = time.perf_counter()
-    sources = {
-        name: SplitSource(name, src, tgt, (file_sha256(src, cache / "hashes"), file_sha256(tgt, cache / "hashes")),
-                          cfg["invalid_utf8"], dict(cfg["clean"]) if name == cfg["train_split"] else None)
-        for name, (src, tgt) in paths.items()
-    }
+
+    def hashed(path: Path) -> str:
+        return file_sha256(path, cache / "hashes")
+
+    train = [SplitSource(r.name, r.src_path, r.tgt_path, (hashed(r.src_path), hashed(r.tgt_path)), cfg["invalid_utf8"],
+                         dict(cfg["clean"]), r.tag, r.weight, r.info) for r in resolved]
+    scored = {name: SplitSource(name, src, tgt, (hashed(src), hashed(tgt)), cfg["invalid_utf8"], None)
+              for name, (src, tgt) in paths.items()}
     seconds["hash"] = time.perf_counter() - start
-    return sources
+    return train, scored
 
 
 def file_sha256(path: Path, memo_dir: Path) -> str:
@@ -281,52 +320,62 @@ def file_sha256(path: Path, memo_dir: Path) -> str:
     return digest
 
 
-def prepare_tokenizer(train: SplitSource, settings: TokenizerSettings, spm_dir: Path) -> Tokenizer:
-    """The subword model(s) for ``train``: cached when its files and the settings are unchanged.
+def prepare_tokenizer(train: list[SplitSource], settings: TokenizerSettings, spm_dir: Path) -> Tokenizer:
+    """The subword model(s) for the training sources: cached when their files and the settings are unchanged.
 
     Otherwise one pass checks and cleans the training pairs (a bad line or a line-count mismatch
-    fails here, before the slow part), then SentencePiece trains on the cleaned sentences, streamed
-    from disk again for each model (joint: all source sentences, then all target sentences).
+    fails here, before the slow part), then SentencePiece trains on the cleaned sentences of every
+    source, streamed from disk again for each model (joint: all source sentences, then all target
+    sentences), and SentencePiece samples them as usual. The sources' tags become pieces of their own.
     """
-    key = tokenizer_key(settings, json.dumps(train.identity(), sort_keys=True))
+    tags = sorted({source.tag for source in train if source.tag is not None})
+    key = tokenizer_key(settings, json.dumps([[s.identity() for s in train], tags], sort_keys=True))
     if (tokenizer := load_cached_tokenizer(key, settings, spm_dir)) is not None:
         return tokenizer
-    keep = train.new_filter()
-    for _ in train.pairs(keep):
-        pass
-    kept = keep.report(train.name).kept if keep is not None else -1
+    kept = 0
+    for source in train:
+        keep = source.new_filter()
+        for _ in source.pairs(keep):
+            pass
+        kept += keep.report(source.name).kept if keep is not None else 0
 
     def side(index: int) -> Iterator[str]:
-        return (pair[index] for pair in train.pairs(train.new_filter()))
+        return (pair[index] for source in train for pair in source.pairs(source.new_filter()))
 
     def sentences(model: str) -> Iterable[str]:
         return chain(side(0), side(1)) if model == "joint" else side(0 if model == "src" else 1)
 
-    return train_and_cache(key, settings, spm_dir, sentences, kept)
+    return train_and_cache(key, settings, spm_dir, sentences, kept, tags)
 
 
 def encode_split(
-    source: SplitSource, tokenizer: Tokenizer, encoded_dir: Path
+    name: str, parts: list[SplitSource], tokenizer: Tokenizer, encoded_dir: Path
 ) -> tuple[RaggedIds, RaggedIds, dict[str, Any], bool]:
-    """A split's ids, memory-mapped from ``encoded_dir``; encoded in chunks and written first when not there.
+    """A split's ids (its sources' pairs one source after the other), memory-mapped from ``encoded_dir``;
+    encoded in chunks and written first when not there.
 
     Returns:
-        ``(src_ids, tgt_ids, manifest, cache_hit)``; the manifest holds a cleaned split's counts.
+        ``(src_ids, tgt_ids, manifest, cache_hit)``; ``manifest["parts"]`` holds each source's pair count
+        and cleaning counts.
     """
-    key_source = json.dumps({"tokenizer": tokenizer.fingerprint, "source": source.identity()}, sort_keys=True)
-    stem = encoded_dir / f"{source.name}.{hashlib.sha256(key_source.encode()).hexdigest()[:24]}"
+    key_source = json.dumps({"tokenizer": tokenizer.fingerprint, "sources": [p.identity() for p in parts]},
+                            sort_keys=True)
+    stem = encoded_dir / f"{name}.{hashlib.sha256(key_source.encode()).hexdigest()[:24]}"
     if (found := open_split(stem)) is not None:
         return (*found, True)
-    keep = source.new_filter()
     dtype = token_dtype(max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
+    records = []
     with SplitWriter(stem, dtype) as writer:
-        chunks = _chunks(source.pairs(keep), ENCODE_CHUNK_LINES)
-        for chunk in terminal_progress(chunks, f"encoding {source.name}", unit=" chunks"):
-            writer.append(tokenizer.encode_src_batch([s for s, _ in chunk]),
-                          tokenizer.encode_tgt_batch([t for _, t in chunk]))
-        clean = asdict(keep.report(source.name)) if keep is not None else None
-        writer.commit({"name": source.name, "tokenizer": tokenizer.fingerprint, "source": source.identity(),
-                       "clean": clean})
+        for part in parts:
+            keep, before = part.new_filter(), writer.rows
+            chunks = _chunks(part.encoded_pairs(keep), ENCODE_CHUNK_LINES)
+            for chunk in terminal_progress(chunks, f"encoding {part.name}", unit=" chunks"):
+                writer.append(tokenizer.encode_src_batch([s for s, _ in chunk]),
+                              tokenizer.encode_tgt_batch([t for _, t in chunk]))
+            clean = asdict(keep.report(part.name)) if keep is not None else None
+            records.append({"name": part.name, "pairs": writer.rows - before, "clean": clean})
+        writer.commit({"name": name, "tokenizer": tokenizer.fingerprint,
+                       "sources": [p.identity() for p in parts], "parts": records})
     if (found := open_split(stem)) is None:
         raise DataError(f"the encoded split {stem} could not be read back after writing it; is {encoded_dir} "
                         "on a full or failing disk?")

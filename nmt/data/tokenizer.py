@@ -45,7 +45,7 @@ SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID))  # dropped by decode; UNK deco
 # no-subword baseline of the ablation in docs/results.md
 MODEL_TYPES = ("unigram", "bpe", "word")
 # Bumped when the training recipe changes, so stale cached models are not reused.
-_RECIPE_VERSION = 1
+_RECIPE_VERSION = 2  # 2: a fixed SentencePiece thread count
 _STATE_FORMAT = 1
 # SentencePiece holds its training sentences in memory: sample at most this many (shuffled) from
 # a big corpus. 2M sentences give a good vocabulary in a few GB of RAM; Multi30k is far below it.
@@ -53,6 +53,7 @@ INPUT_SENTENCE_SIZE = 2_000_000
 # Cache files are readable by all, as open() makes them under the usual umask (mkstemp's 0600 would
 # hide a shared cache from the other users of a cluster).
 CACHE_FILE_MODE = 0o644
+TRAINER_THREADS = 16  # SentencePiece training threads, whatever the machine has (see _train_model)
 
 
 @dataclass(frozen=True)
@@ -107,12 +108,13 @@ class Tokenizer:
         self._tgt_model = None if tgt_model is None else bytes(tgt_model)
         self._src = _load_processor(self._src_model)
         self._tgt = self._src if self._tgt_model is None else _load_processor(self._tgt_model)
+        self._tag_ids = {piece: self._src.piece_to_id(piece) for piece in _user_defined_pieces(self._src_model)}
 
     # -- encoding ------------------------------------------------------------------------------------
 
     def encode_src(self, text: str) -> list[int]:
-        """Subword ids of a source sentence, without BOS/EOS."""
-        return self._src.encode(text, out_type=int)
+        """Subword ids of a source sentence, without BOS/EOS; a leading tag (``<bt> ...``) is its one id."""
+        return self.encode_src_batch([text])[0] if self._tag_ids else self._src.encode(text, out_type=int)
 
     def encode_tgt(self, text: str) -> list[int]:
         """Subword ids of a target sentence, without BOS/EOS."""
@@ -120,7 +122,22 @@ class Tokenizer:
 
     def encode_src_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """``encode_src`` over many sentences, on all CPU cores."""
-        return self._src.encode(list(texts), out_type=int, num_threads=os.cpu_count() or 1)
+        if not self._tag_ids:
+            return self._src.encode(list(texts), out_type=int, num_threads=os.cpu_count() or 1)
+        # SentencePiece would put a lone "▁" piece before a leading tag: give the tag its one id instead.
+        tags = [self._leading_tag(text) for text in texts]
+        rests = [text[len(tag):].lstrip() if tag else text for text, tag in zip(texts, tags)]
+        ids = self._src.encode(rests, out_type=int, num_threads=os.cpu_count() or 1)
+        return [[self._tag_ids[tag], *row] if tag else row for tag, row in zip(tags, ids)]
+
+    def _leading_tag(self, text: str) -> str | None:
+        first = text.split(maxsplit=1)[0] if text.strip() else ""
+        return first if first in self._tag_ids else None
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """The reserved source tags (SentencePiece user-defined symbols) this tokenizer was trained with."""
+        return tuple(self._tag_ids)
 
     def encode_tgt_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """``encode_tgt`` over many sentences, on all CPU cores."""
@@ -241,6 +258,16 @@ def _load_processor(model: bytes) -> spm.SentencePieceProcessor:
     return sp
 
 
+def _user_defined_pieces(model: bytes) -> list[str]:
+    """The user-defined symbols of a model proto: the tags a mixture reserved (none in most models)."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model)
+    user_defined = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
+    return [piece.piece for piece in proto.pieces if piece.type == user_defined]
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to a temporary file beside ``path``, then rename it into place."""
     # Write-then-rename: a crash (or a concurrent DDP rank) never leaves a half-written file.
@@ -265,11 +292,11 @@ def text_hash(*sides: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
-def _train_model(sentences: Iterable[str], settings: TokenizerSettings) -> bytes:
+def _train_model(sentences: Iterable[str], settings: TokenizerSettings, tags: Sequence[str] = ()) -> bytes:
     """Train one SentencePiece model in memory and return its proto bytes.
 
     ``sentences`` may be a stream: SentencePiece pulls them one at a time and keeps a reservoir
-    sample of at most ``INPUT_SENTENCE_SIZE``.
+    sample of at most ``INPUT_SENTENCE_SIZE``. ``tags`` become pieces of their own (user-defined symbols).
     """
     writer = io.BytesIO()
     try:
@@ -287,7 +314,10 @@ def _train_model(sentences: Iterable[str], settings: TokenizerSettings) -> bytes
             hard_vocab_limit=False,
             input_sentence_size=INPUT_SENTENCE_SIZE,
             shuffle_input_sentence=True,
-            num_threads=os.cpu_count() or 1,
+            # A fixed count, not the machine's cores: SentencePiece's result depends on how many threads
+            # share the work, and the same data must give the same model bytes on any machine.
+            num_threads=TRAINER_THREADS,
+            user_defined_symbols=list(tags),
             minloglevel=2,  # errors only (its warnings are noise here); we log one summary line ourselves
         )
     except RuntimeError as exc:
@@ -314,7 +344,12 @@ def load_cached_tokenizer(key: str, settings: TokenizerSettings, cache_dir: str 
     paths = _model_paths(key, settings, cache_dir) if cache_dir else []
     if not paths or not all(p.is_file() for p in paths):
         return None
-    tokenizer = Tokenizer(*(p.read_bytes() for p in paths))
+    try:
+        tokenizer = Tokenizer(*(p.read_bytes() for p in paths))
+    except (OSError, RuntimeError, ValueError) as error:  # a torn or corrupt file: train it again
+        log.warning("cached SentencePiece model(s) %s cannot be loaded (%s); training them again",
+                    ", ".join(map(str, paths)), str(error).splitlines()[0] if str(error) else type(error).__name__)
+        return None
     log.info("reusing cached SentencePiece model(s) %s: %s", ", ".join(map(str, paths)), tokenizer)
     return tokenizer
 
@@ -325,6 +360,7 @@ def train_and_cache(
     cache_dir: str | Path | None,
     sentences: Callable[[str], Iterable[str]],
     pairs: int,
+    tags: Sequence[str] = (),
 ) -> Tokenizer:
     """Train the model(s) and cache them under ``key`` (no caching when ``cache_dir`` is None).
 
@@ -335,9 +371,12 @@ def train_and_cache(
         sentences: the training sentences of one model, ``"joint"`` (all source sentences, then all
             target sentences), ``"src"`` or ``"tgt"``; called once per model, so it may stream.
         pairs: the number of training pairs, for the log.
+        tags: reserved source tags (a mixture's), each made one piece of the source (or joint) model;
+            they must be part of ``key``.
     """
     start = time.perf_counter()
-    models = [_train_model(sentences(name), settings) for name in (("joint",) if settings.joint else ("src", "tgt"))]
+    names = ("joint",) if settings.joint else ("src", "tgt")
+    models = [_train_model(sentences(name), settings, tags if name != "tgt" else ()) for name in names]
     tokenizer = Tokenizer(*models)
     paths = _model_paths(key, settings, cache_dir) if cache_dir else []
     for path, blob in zip(paths, models):

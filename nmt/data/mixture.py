@@ -1,0 +1,189 @@
+"""Mixtures: the training pairs of one run, drawn from several parallel sources with weights and tags.
+
+The one concept: ``data.mixture`` lists the *sources* of the training split. Each is a registered
+corpus's split (``{corpus: tatoeba}``), the user's own files (``{src: a.de, tgt: a.en}``), or the
+folder a back-translation wrote (``{synthetic: runs/bt_en}``), with
+
+- a ``weight``: how many times per epoch its pairs are seen (2 = twice, 0.5 = a different half every
+  epoch), as fairseq, OpenNMT-py and Marian weight their corpus lists;
+- an optional ``tag``: a reserved token put at the start of every source sentence of that source
+  (``<bt>`` for back-translated pairs, Caswell et al., 2019); it becomes one subword of its own.
+
+Without ``data.mixture`` the training split is ``data.corpus``'s ``data.train_split``, once per epoch,
+untagged. Validation and test stay on the named splits of ``data.corpus`` in every case.
+
+This module checks the entries and says where each source's two files are (``resolve_sources``).
+How weights become pairs per epoch is ``nmt.data.batching.weighted_pairs``; cleaning, the tokenizer
+and encoding are ``nmt.data.prepare``.
+
+Shapes: none; files and settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nmt.data.corpora import CORPORA, DataError, build_corpus
+from nmt.schema import unknown_key_message
+
+KINDS = ("corpus", "src", "synthetic")  # what a source entry names: exactly one of these keys (src goes with tgt)
+PROVENANCE = "provenance.json"
+
+
+@dataclass
+class MixtureSourceSchema:
+    """One entry of ``data.mixture``; this dataclass is the one home of its defaults.
+
+    Attributes:
+        corpus: a registered parallel corpus (``multi30k``, ``tatoeba``), in ``data.src_lang`` →
+            ``data.tgt_lang``...
+        split: ...and which of its splits.
+        src: or the user's source file (plain or ``.gz``)...
+        tgt: ...and its target file, aligned by line.
+        synthetic: or a back-translation output folder (``train.<src_lang>``, ``train.<tgt_lang>``,
+            provenance.json).
+        weight: times per epoch its pairs are seen; fractional weights draw a new subset every epoch.
+        tag: a reserved token (no spaces, e.g. ``<bt>``) put before each of its source sentences.
+        name: its label in logs and results.json (default: the corpus, folder or file name).
+    """
+
+    corpus: str | None = None
+    split: str = "train"
+    src: str | None = None
+    tgt: str | None = None
+    synthetic: str | None = None
+    weight: float = 1.0
+    tag: str | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class ResolvedSource:
+    """A source of training pairs, its files found and checked.
+
+    Attributes:
+        name: its label (unique in the mixture).
+        src_path: the source-side file.
+        tgt_path: the target-side file, aligned by line.
+        weight: times per epoch its pairs are seen.
+        tag: the reserved token before each source sentence, or None.
+        info: what it is, for results.json (the corpus's own statistics, a back-translation's provenance).
+    """
+
+    name: str
+    src_path: Path
+    tgt_path: Path
+    weight: float = 1.0
+    tag: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_sources(cfg: Mapping[str, Any], cache: Path, mirror: str | Path | None) -> list[ResolvedSource]:
+    """The training sources of a checked ``data`` section: ``data.mixture``'s, or the one training split.
+
+    Raises:
+        DataError: a bad entry (unknown key or corpus, no or two kinds, weight <= 0, a tag with spaces,
+            a name used twice), or a source whose files are missing or of another language pair.
+    """
+    if cfg.get("mixture") is None:
+        corpus = build_corpus(cfg["corpus"], cache_dir=cache, mirror=mirror, files=cfg["files"], settings=cfg)
+        src, tgt = corpus.split_files(cfg["train_split"], cfg["src_lang"], cfg["tgt_lang"])
+        return [ResolvedSource(cfg["corpus"], src, tgt, info=corpus_info(corpus))]
+    if not cfg["mixture"]:
+        raise DataError("data.mixture is empty; list at least one source, or set data.mixture=null for the "
+                        "corpus's own training split.")
+    sources = [_resolve(index, entry, cfg, cache, mirror) for index, entry in enumerate(cfg["mixture"])]
+    names = [source.name for source in sources]
+    if len(set(names)) != len(names):
+        raise DataError(f"data.mixture names a source twice ({', '.join(names)}); give each a unique name: key.")
+    return sources
+
+
+def check_entry(index: int, entry: Any) -> MixtureSourceSchema:
+    """One ``data.mixture`` entry as its dataclass, with defaults filled in, after checking it.
+
+    Raises:
+        DataError: naming ``data.mixture[index]``, the key and the fix.
+    """
+    where = f"data.mixture[{index}]"
+    if not isinstance(entry, Mapping):
+        raise DataError(f"{where} is {entry!r}; each source is a mapping such as {{corpus: multi30k, weight: 2}}.")
+    names = [f.name for f in dataclasses.fields(MixtureSourceSchema)]
+    for key in entry:
+        if key not in names:
+            raise DataError(unknown_key_message(f"{where}.", str(key), names))
+    source = MixtureSourceSchema(**entry)
+    kinds = [kind for kind in KINDS if getattr(source, kind) is not None]
+    if len(kinds) != 1 or (source.src is None) != (source.tgt is None):
+        raise DataError(f"{where} must name exactly one source: corpus: NAME, or src: PATH with tgt: PATH, or "
+                        f"synthetic: FOLDER (it has {', '.join(k for k in names[:5] if entry.get(k)) or 'none'}).")
+    if source.corpus is not None and source.corpus not in CORPORA:
+        raise DataError(f"{where}.corpus={source.corpus!r} is not a registered corpus; valid: "
+                        f"{', '.join(sorted(c for c in CORPORA if c != 'files'))} (or src/tgt for your own files).")
+    try:
+        weight = float(source.weight)
+    except (TypeError, ValueError):
+        weight = math.nan
+    if not (math.isfinite(weight) and weight > 0):
+        raise DataError(f"{where}.weight={source.weight!r} must be a number > 0 (times per epoch its pairs are "
+                        "seen; 0.5 = half of them); drop the source to leave it out.")
+    source.weight = weight
+    if source.tag is not None and (not str(source.tag) or any(c.isspace() for c in str(source.tag))):
+        raise DataError(f"{where}.tag={source.tag!r} must be one token without spaces, e.g. <bt>.")
+    return source
+
+
+def _resolve(index: int, entry: Any, cfg: Mapping[str, Any], cache: Path, mirror: str | Path | None) -> ResolvedSource:
+    source = check_entry(index, entry)
+    where, langs = f"data.mixture[{index}]", (cfg["src_lang"], cfg["tgt_lang"])
+    info: dict[str, Any] = {}
+    if source.corpus is not None:
+        corpus = build_corpus(source.corpus, cache_dir=cache, mirror=mirror, files=cfg["files"], settings=cfg)
+        try:
+            src, tgt = corpus.split_files(source.split, *langs)
+        except DataError as error:
+            raise DataError(f"{where}: {error}") from None
+        default_name, info = source.corpus if source.split == "train" else f"{source.corpus}.{source.split}", \
+            corpus_info(corpus)
+    elif source.synthetic is not None:
+        folder = Path(source.synthetic).expanduser()
+        src, tgt, info = synthetic_files(folder, langs, where)
+        default_name = folder.name
+    else:
+        src, tgt = (Path(str(p)).expanduser() for p in (source.src, source.tgt))
+        for side, path in (("src", src), ("tgt", tgt)):
+            if not path.is_file():
+                raise DataError(f"{where}.{side} = {path} does not exist (resolved to {path.absolute()}).")
+        default_name = src.name
+    return ResolvedSource(source.name or default_name, src, tgt, source.weight, source.tag, info)
+
+
+def synthetic_files(folder: Path, langs: Sequence[str], where: str) -> tuple[Path, Path, dict[str, Any]]:
+    """A back-translation folder's two files for the pair ``langs`` and its provenance.
+
+    Raises:
+        DataError: no such folder, or files of another language pair (naming the ones it has).
+    """
+    if not folder.is_dir():
+        raise DataError(f"{where}.synthetic = {folder} is not a folder; give the output= folder of backtranslate.py.")
+    src, tgt = (folder / f"train.{lang}" for lang in langs)
+    if not (src.is_file() and tgt.is_file()):
+        have = sorted(p.suffix.lstrip(".") for p in folder.glob("train.*"))
+        raise DataError(f"{where}.synthetic = {folder} holds pairs in {'-'.join(have) or 'no language'}, not "
+                        f"{langs[0]}-{langs[1]} (no train.{langs[0]} and train.{langs[1]}): two sources with "
+                        "different language pairs. Back-translate with a model into this mixture's source language.")
+    provenance = folder / PROVENANCE
+    info = json.loads(provenance.read_text()) if provenance.is_file() else {}
+    return src, tgt, {"provenance": info} if info else {}
+
+
+def corpus_info(corpus: Any) -> dict[str, Any]:
+    """A corpus's own statistics (Tatoeba's overlap removal), when it keeps any."""
+    info = getattr(corpus, "info", None)
+    return {"corpus": info()} if callable(info) else {}
