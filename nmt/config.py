@@ -32,7 +32,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nmt.attention import attention_names, attention_options
-from nmt.data.prepare import DataSchema
+from nmt.data.prepare import DataSchema, resolve_data_config
 from nmt.device import PRECISIONS
 from nmt.schema import bad_value_message, first_unknown_key, unknown_dotted_key, unknown_key_message
 
@@ -135,6 +135,9 @@ def validate_config(cfg: DictConfig) -> None:
     for group, schema in GROUP_SCHEMAS.items():
         if group not in cfg:
             raise ConfigError(f"config group {group!r} is missing; train.yaml's defaults list selects one")
+        if group == "data":
+            resolve_data_config(cfg.data)  # the data layer's own check (mixture entries named by index)
+            continue
         try:  # types: OmegaConf names the full key and the expected type
             OmegaConf.merge(OmegaConf.structured(schema), cfg[group])
         except OmegaConfBaseException as error:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,26 @@ def test_multi30k_streamed_training_gives_the_model_trained_from_lists(
     assert from_lists.fingerprint == multi30k_data.tokenizer.fingerprint
     assert multi30k_data.train.src_ids == from_lists.encode_src_batch(text.src)
     assert multi30k_data.train.tgt_ids == from_lists.encode_tgt_batch(text.tgt)
+
+
+def test_the_same_text_gives_the_same_model_bytes_on_any_number_of_cores(
+    tiny_parallel: tuple[list[str], list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    models = set()
+    for cores in (1, 2, 16):
+        monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
+        tokenizer = train_tokenizer(*tiny_parallel, TokenizerSettings(vocab_size=300), cache_dir=None)
+        models.add(tokenizer.to_state()["src_model"])
+    assert len(models) == 1
+
+
+def test_a_corrupt_cached_model_is_trained_again_with_a_warning(
+    tiny_parallel: tuple[list[str], list[str]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = TokenizerSettings(vocab_size=300)
+    first = train_tokenizer(*tiny_parallel, settings, tmp_path)
+    (model,) = tmp_path.glob("*.joint.model")
+    model.write_bytes(model.read_bytes()[:100])  # torn by a crash or a full disk
+    again = train_tokenizer(*tiny_parallel, settings, tmp_path)
+    assert again.to_state() == first.to_state() and "cannot be loaded" in caplog.text
+    assert Tokenizer(model.read_bytes()).to_state() == first.to_state()  # the cache holds a good model again

@@ -51,7 +51,7 @@ from nmt.data.corpora import (
     terminal_progress,
 )
 from nmt.data.encoded import EncodedSplit, RaggedIds, SplitPart, SplitWriter, open_split, token_dtype
-from nmt.data.mixture import MixtureSourceSchema, resolve_sources
+from nmt.data.mixture import check_entry, resolve_sources
 from nmt.data.tatoeba import TatoebaSettings
 from nmt.data.tokenizer import (
     Tokenizer,
@@ -103,7 +103,7 @@ class DataSchema:
     max_tokens: int = MISSING
     valid_max_tokens: int = MISSING
     num_workers: int = MISSING
-    mixture: list[MixtureSourceSchema] | None = MISSING
+    mixture: Any = MISSING  # null, or a list of MixtureSourceSchema entries (checked by check_entry)
     tatoeba: TatoebaSettings = field(default_factory=TatoebaSettings)
 
 
@@ -205,6 +205,11 @@ def resolve_data_config(data_cfg: Any) -> dict[str, Any]:
         raise DataError(f"the data config lacks {', '.join('data.' + key for key in missing)}; start from "
                         "configs/data/multi30k.yaml or configs/data/files.yaml")
     cfg: dict[str, Any] = OmegaConf.to_container(merged)  # type: ignore[assignment]
+    if cfg["mixture"] is not None:
+        if not isinstance(cfg["mixture"], list):
+            raise DataError(f"data.mixture={cfg['mixture']!r} must be a list of sources, e.g. "
+                            "[{corpus: multi30k, weight: 2}, {synthetic: runs/bt_en, tag: '<bt>'}], or null.")
+        cfg["mixture"] = [asdict(check_entry(index, entry)) for index, entry in enumerate(cfg["mixture"])]
     if cfg["src_lang"] == cfg["tgt_lang"] and cfg["corpus"] != "files":
         raise DataError(f"data.src_lang and data.tgt_lang are both {cfg['src_lang']!r}; pick two languages.")
     return cfg

@@ -123,7 +123,6 @@ class Tatoeba(Corpus):
                     "dev_size": self.settings.dev_size, "dev_seed": self.settings.dev_seed}
         folder = self.dir / hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
         if not (folder / "stats.json").is_file():
-            folder.mkdir(parents=True, exist_ok=True)
             stats = write_splits(export, tests, folder, self.settings)
             atomic_write(folder / "stats.json", json.dumps({**identity, **stats}, indent=1).encode())
             log.info("tatoeba: %s", stats)
@@ -183,6 +182,7 @@ def write_splits(export: Path, tests: dict[str, Path], folder: Path, settings: T
     Training pairs whose German or English side is a test sentence are dropped; dev takes whole English
     sentences (all their translations), in a seeded order, until it holds ``settings.dev_size`` pairs.
     """
+    folder.mkdir(parents=True, exist_ok=True)
     test = {lang: read_lines(path) for lang, path in tests.items()}
     test_sides = {lang: set(lines) for lang, lines in test.items()}
     pairs, overlap = [], 0

@@ -405,6 +405,7 @@ def train_tokenizer(
     tgt_texts: Sequence[str],
     settings: TokenizerSettings,
     cache_dir: str | Path | None = None,
+    tags: Sequence[str] = (),
 ) -> Tokenizer:
     """Train (or reuse from ``cache_dir``) the subword model(s) on training sentences in memory.
 
@@ -417,12 +418,13 @@ def train_tokenizer(
         settings: model type, vocabulary size, joint or separate, character coverage.
         cache_dir: where models are kept (``<cache_dir>/<key>.{joint,src,tgt}.model``); None
             trains without caching.
+        tags: reserved source tags, each one piece (``Tokenizer.tags``).
     """
-    key = tokenizer_key(settings, text_hash(src_texts, tgt_texts))
+    key = tokenizer_key(settings, text_hash(src_texts, tgt_texts) + (json.dumps(sorted(tags)) if tags else ""))
     if (tokenizer := load_cached_tokenizer(key, settings, cache_dir)) is not None:
         return tokenizer
 
     def sentences(model: str) -> Sequence[str]:
         return [*src_texts, *tgt_texts] if model == "joint" else src_texts if model == "src" else tgt_texts
 
-    return train_and_cache(key, settings, cache_dir, sentences, len(src_texts))
+    return train_and_cache(key, settings, cache_dir, sentences, len(src_texts), tuple(tags))
