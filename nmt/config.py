@@ -22,6 +22,7 @@ Deliberately not here: composing the config (Hydra does it in the entry points).
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -265,3 +266,26 @@ def _hydra_quoted(value: str) -> str:
     if re.fullmatch(r"[\w./+@-]+", value):
         return value
     return "'" + value.replace("'", "\\'") + "'"
+
+
+def unknown_group_option(config_dir: str | Path, args: Sequence[str]) -> str | None:
+    """A one-line error for ``GROUP=NAME`` on the command line when ``configs/GROUP/NAME.yaml`` does not exist.
+
+    Hydra would answer with its search path and exit 1; this names the valid options instead. Sweeps
+    (``attention=dot,general``) are checked option by option; ``null`` is a valid choice of any group.
+
+    Returns:
+        The message, or None.
+    """
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        group_dir = Path(config_dir) / key.lstrip("+")
+        if not sep or "." in key or key.startswith(("~", "hydra")) or not group_dir.is_dir():
+            continue
+        valid = sorted(p.stem for p in group_dir.glob("*.yaml"))
+        for option in value.split(","):
+            if option.strip() and option.strip() != "null" and option.strip() not in valid:
+                near = difflib.get_close_matches(option.strip(), valid, n=1)
+                hint = f"did you mean {key}={near[0]}? " if near else ""
+                return f"unknown {key} option {option.strip()!r}: {hint}valid options: {', '.join(valid)}"
+    return None

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
-from nmt.config import check_command_line_keys
+from nmt.config import check_command_line_keys, unknown_group_option
 
 
 def fail(program: str, error: Exception | str) -> NoReturn:
@@ -28,7 +28,7 @@ def fail(program: str, error: Exception | str) -> NoReturn:
 
 def check_keys_or_exit(program: str, config_dir: Path, args: Sequence[str], schema: type) -> None:
     """Exit with one line when a command-line key is not in ``schema`` (naming the nearest), before Hydra starts."""
-    if problem := check_command_line_keys(config_dir, args, schema):
+    if problem := unknown_group_option(config_dir, args) or check_command_line_keys(config_dir, args, schema):
         fail(program, problem)
 
 

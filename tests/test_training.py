@@ -177,8 +177,10 @@ def test_command_line_errors_name_the_key_and_choices(tmp_path: Path) -> None:
     assert typo.returncode == 2 and "did you mean trainer.max_steps?" in typo.stderr
     assert "Traceback" not in typo.stderr
     option = run("attention=bahdanau")
-    assert option.returncode != 0
-    assert "attention/bahdanau" in option.stderr and "additive" in option.stderr and "scaled_dot" in option.stderr
+    assert option.returncode == 2 and option.stderr.count("\n") == 1 and "Traceback" not in option.stderr
+    assert "unknown attention option 'bahdanau'" in option.stderr and "additive, dot, general" in option.stderr
+    sweep = run("-m", "attention=dot,generl")  # each option of a sweep is checked
+    assert sweep.returncode == 2 and "did you mean attention=general?" in sweep.stderr
 
 
 def test_command_line_key_check_suggests_and_leaves_the_rest_to_hydra() -> None:
