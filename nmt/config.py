@@ -97,13 +97,11 @@ class TrainSchema:
 
 GROUP_SCHEMAS: dict[str, type] = {"data": DataSchema, "model": ModelSchema, "trainer": TrainerSchema}
 CHOICES: dict[str, tuple[str, ...]] = {
-    "data.tokenizer.model_type": ("unigram", "bpe", "word"),
-    "data.invalid_utf8": ("error", "replace"),
     "trainer.lr_schedule": ("cosine", "inverse_sqrt", "constant"),
     "trainer.precision": PRECISIONS,
 }
 POSITIVE: tuple[str, ...] = (
-    "data.max_tokens", "data.valid_max_tokens", "data.tokenizer.vocab_size", "model.emb_size",
+    "model.emb_size",
     "model.enc_hidden_size", "model.dec_hidden_size", "model.enc_layers", "model.dec_layers",
     "trainer.max_epochs", "trainer.lr", "trainer.val_beam_size", "trainer.test_beam_size", "trainer.max_len",
     "trainer.log_every",

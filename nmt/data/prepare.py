@@ -187,6 +187,8 @@ def _to_plain(cfg: Any) -> dict[str, Any]:
 def resolve_data_config(data_cfg: Any) -> dict[str, Any]:
     """Check a complete ``data`` section (as in configs/data/*.yaml) and return it as plain values.
 
+    The one check of the data settings: train.py's config check calls it too.
+
     Raises:
         DataError: an unknown key (naming the nearest valid one), a wrong type, a missing key or an
             invalid value.
@@ -205,6 +207,10 @@ def resolve_data_config(data_cfg: Any) -> dict[str, Any]:
         raise DataError(f"the data config lacks {', '.join('data.' + key for key in missing)}; start from "
                         "configs/data/multi30k.yaml or configs/data/files.yaml")
     cfg: dict[str, Any] = OmegaConf.to_container(merged)  # type: ignore[assignment]
+    TokenizerSettings.from_mapping(cfg["tokenizer"])  # its own checks: model type, sizes
+    for key in ("max_tokens", "valid_max_tokens"):
+        if cfg[key] <= 0:
+            raise DataError(f"data.{key}={cfg[key]!r} must be positive")
     if cfg["mixture"] is not None:
         if not isinstance(cfg["mixture"], list):
             raise DataError(f"data.mixture={cfg['mixture']!r} must be a list of sources, e.g. "
