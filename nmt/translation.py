@@ -31,7 +31,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from nmt.data import DataError
-from nmt.data.corpora import decode_lines
+from nmt.data.text import decode_lines
 from nmt.evaluation import corpus_scores
 from nmt.plotting import save_attention_png
 from nmt.translator import EngineSettings, SearchOptions, Translation, TranslationError, Translator

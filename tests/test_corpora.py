@@ -1,4 +1,4 @@
-"""nmt.data.corpora and prepare_data: fetching, verification, reading, cleaning, bad input.
+"""nmt.data.fetch, corpora, text and prepare_data: fetching, verification, reading, cleaning, bad input.
 
 Never touches the network: an autouse fixture replaces ``download_url`` with one that fails.
 """
@@ -14,20 +14,12 @@ from pathlib import Path
 import pytest
 from conftest import data_config
 
-from nmt.data import DataError, corpora, prepare_data
-from nmt.data.corpora import (
-    MULTI30K_SHA256,
-    MULTI30K_SPLITS,
-    Multi30k,
-    ParallelText,
-    build_corpus,
-    clean_pairs,
-    fetch_file,
-    read_lines,
-    read_parallel,
-)
+from nmt.data import DataError, fetch, prepare_data
+from nmt.data.corpora import MULTI30K_SHA256, MULTI30K_SPLITS, Multi30k, build_corpus
+from nmt.data.fetch import fetch_file
+from nmt.data.text import ParallelText, clean_pairs, read_lines, read_parallel
 
-_real_download_url = corpora.download_url
+_real_download_url = fetch.download_url
 
 
 @pytest.fixture(autouse=True)
@@ -39,7 +31,7 @@ def _no_network(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         attempts.append(url)
         raise urllib.error.URLError("network disabled in tests")
 
-    monkeypatch.setattr(corpora, "download_url", offline)
+    monkeypatch.setattr(fetch, "download_url", offline)
     return attempts
 
 
@@ -150,7 +142,7 @@ def test_no_network_and_no_mirror_says_which_file_url_and_how_to_set_the_mirror(
 
 
 def test_an_invalid_url_is_a_data_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(corpora, "download_url", _real_download_url)  # the real one; no network used
+    monkeypatch.setattr(fetch, "download_url", _real_download_url)  # the real one; no network used
     corpus = Multi30k(tmp_path / "cache", url_template="file:///nonexistent-nmt-dir/{name}", timeout=1)
     with pytest.raises(DataError, match=r"val\.en\.gz.*file:///nonexistent-nmt-dir/val\.en\.gz"):
         corpus.fetch("val.en.gz")
@@ -215,7 +207,7 @@ def test_invalid_utf8_error_names_file_and_line(tmp_path: Path) -> None:
 
 def test_invalid_utf8_replace_warns_and_substitutes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     bad = _gz(tmp_path / "bad.de.gz", b"ok\nM\xfcnchen\n")
-    with caplog.at_level(logging.WARNING, logger="nmt.data.corpora"):
+    with caplog.at_level(logging.WARNING, logger="nmt.data.text"):
         lines = read_lines(bad, invalid_utf8="replace")
     assert lines == ["ok", "M\ufffdnchen"]
     assert "line 2" in caplog.text and "1 line(s)" in caplog.text
@@ -242,7 +234,7 @@ def test_a_truncated_gzip_is_a_data_error(tmp_path: Path) -> None:
 def test_cleaning_counts_each_reason(caplog: pytest.LogCaptureFixture) -> None:
     src = ["ein kurzer satz", "", "a b c d e f", "eins", "x " * 6, "gut so"]
     tgt = ["a short sentence", "empty source", "a", "one two three four", "y " * 6, ""]
-    with caplog.at_level(logging.INFO, logger="nmt.data.corpora"):
+    with caplog.at_level(logging.INFO, logger="nmt.data.text"):
         kept, stats = clean_pairs(ParallelText("train", src, tgt), max_len=5, max_ratio=3.0)
     assert kept.src == ["ein kurzer satz"] and kept.tgt == ["a short sentence"]
     assert stats.total == 6 and stats.kept == 1

@@ -174,7 +174,7 @@ def test_another_export_is_refused_with_the_setting_that_accepts_it(tmp_path: Pa
     with pytest.raises(DataError, match=r"a different Tatoeba export. To train on it anyway, add "
                                         r"data.tatoeba.sha256=[0-9a-f]{64} .* or .* data=files"):
         corpus.derive()
-    from nmt.data.corpora import sha256_of
+    from nmt.data.fetch import sha256_of
 
     accepted = TatoebaSettings(zip=str(newer), sha256=sha256_of(newer))
     assert list(read_export(Path(accepted.zip))) == [("Hi.", "Hallo!")]  # extra columns are not read

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nmt import progress as progress_module
-from nmt.data import corpora
+from nmt.data import text
 from nmt.progress import Progress, RunClock, format_duration, progress_line
 from nmt.tensorboard import RunLogger
 
@@ -74,7 +74,7 @@ def test_reading_a_corpus_shows_a_bar_only_on_a_terminal(tmp_path: Path, monkeyp
     path.write_text("eins\nzwei\ndrei\n")
     terminal = io.StringIO()
     monkeypatch.setattr(sys, "stderr", terminal)
-    assert corpora.read_lines(path) == ["eins", "zwei", "drei"] and terminal.getvalue() == ""
+    assert text.read_lines(path) == ["eins", "zwei", "drei"] and terminal.getvalue() == ""
     terminal.isatty = lambda: True  # type: ignore[method-assign]
-    assert corpora.read_lines(path) == ["eins", "zwei", "drei"]
+    assert text.read_lines(path) == ["eins", "zwei", "drei"]
     assert "reading train.de" in terminal.getvalue()

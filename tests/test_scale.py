@@ -15,7 +15,7 @@ from conftest import data_config
 
 from nmt.analysis import scale
 from nmt.analysis.cli import REPO_ROOT
-from nmt.data.corpora import read_lines
+from nmt.data.text import read_lines
 
 
 def _args(tmp_path: Path, mirror: Path, *extra: str) -> argparse.Namespace:

@@ -155,7 +155,8 @@ def test_multi30k_streamed_training_gives_the_model_trained_from_lists(
     multi30k_data: PreparedData, mirror_dir: Path, tmp_path: Path
 ) -> None:
     """prepare_data streams the cleaned pairs from disk into SentencePiece: the same model and ids as from lists."""
-    from nmt.data.corpora import Multi30k, clean_pairs, read_parallel
+    from nmt.data.corpora import Multi30k
+    from nmt.data.text import clean_pairs, read_parallel
 
     train = read_parallel("train", *Multi30k(tmp_path, mirror=mirror_dir).split_files("train", "de", "en"))
     text, _ = clean_pairs(train, **data_config()["clean"])

@@ -41,7 +41,8 @@ import torch
 from omegaconf import OmegaConf
 
 from nmt.analysis.cli import REPO_ROOT
-from nmt.data.corpora import Multi30k, read_parallel
+from nmt.data.corpora import Multi30k
+from nmt.data.text import read_parallel
 
 MIB = 1 << 20
 BYTES_PER_PARAMETER = 16  # fp32 weights, gradients, AdamW's exp_avg and exp_avg_sq

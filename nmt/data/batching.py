@@ -40,8 +40,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Sampler
 
-from nmt.data.corpora import DataError
 from nmt.data.encoded import EncodedSplit, SplitPart
+from nmt.data.errors import DataError
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ from typing import IO, Any, NamedTuple
 
 import numpy as np
 
-from nmt.data.corpora import DataError
+from nmt.data.errors import DataError
 from nmt.data.tokenizer import CACHE_FILE_MODE, atomic_write
 
 log = logging.getLogger(__name__)

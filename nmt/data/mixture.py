@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nmt.data.corpora import CORPORA, DataError, build_corpus
+from nmt.data.corpora import CORPORA, build_corpus
+from nmt.data.errors import DataError
 from nmt.schema import unknown_key_message
 
 KINDS = ("corpus", "src", "synthetic")  # what a source entry names: exactly one of these keys (src goes with tgt)

@@ -2,7 +2,7 @@
 
 The one concept: a *monolingual corpus* is a registered name (``multi30k_task2``) that becomes one
 local text file of one language, one sentence per line, deduplicated: its files are fetched from the
-mirror or their public origin and sha256-verified (``nmt.data.corpora.fetch_file``), then read in
+mirror or their public origin and sha256-verified (``nmt.data.fetch.fetch_file``), then read in
 order; empty lines, lines that are also the training side of the parallel corpus they come with
 (task 1's training split, so that back-translation adds only new sentences), and repeats are dropped.
 The result is cached under ``<cache>/<name>/`` by the input files' hashes and written atomically, with
@@ -26,7 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nmt.data.corpora import DataError, Multi30k, fetch_file, iter_lines
+from nmt.data.corpora import Multi30k
+from nmt.data.errors import DataError
+from nmt.data.fetch import fetch_file
+from nmt.data.text import iter_lines
 from nmt.data.tokenizer import atomic_write
 
 log = logging.getLogger(__name__)

@@ -40,19 +40,13 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nmt.data.corpora import (
-    INVALID_UTF8_MODES,
-    MIRROR_ENV,
-    DataError,
-    PairFilter,
-    build_corpus,
-    iter_pairs,
-    sha256_of,
-    terminal_progress,
-)
+from nmt.data.corpora import build_corpus
 from nmt.data.encoded import EncodedSplit, RaggedIds, SplitPart, SplitWriter, open_split, token_dtype
+from nmt.data.errors import DataError
+from nmt.data.fetch import MIRROR_ENV, sha256_of
 from nmt.data.mixture import check_entry, resolve_sources
 from nmt.data.tatoeba import TatoebaSettings
+from nmt.data.text import INVALID_UTF8_MODES, PairFilter, iter_pairs, terminal_progress
 from nmt.data.tokenizer import (
     Tokenizer,
     TokenizerSettings,

@@ -39,7 +39,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from nmt.data.corpora import Corpus, DataError, fetch_file, iter_decoded, read_lines, register_corpus, sha256_of
+from nmt.data.corpora import Corpus, register_corpus
+from nmt.data.errors import DataError
+from nmt.data.fetch import fetch_file, sha256_of
+from nmt.data.text import iter_decoded, read_lines
 from nmt.data.tokenizer import atomic_write
 
 log = logging.getLogger(__name__)

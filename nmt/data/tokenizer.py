@@ -35,7 +35,7 @@ from typing import Any
 
 import sentencepiece as spm
 
-from nmt.data.corpora import DataError
+from nmt.data.errors import DataError
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,145 @@
+"""Fetching: a named file into the cache, from a mirror folder or its public URL, sha256-verified.
+
+The one concept: ``fetch_file`` returns a local, verified copy of a public file. A file already in
+the cache whose hash matches is used as it is; otherwise it is copied from the mirror (a folder laid
+out as ``<mirror>/<corpus>/<name>`` or ``<mirror>/<name>``, for machines without internet) or
+downloaded, into a temporary file that is renamed only after its hash checks out, so an interrupted
+or corrupt download never poses as a good one.
+
+Shapes: none; files.
+
+What it does not do: know which files a corpus has (``nmt.data.corpora``) or read them (``nmt.data.text``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import logging
+import os
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from nmt.data.errors import DataError
+
+log = logging.getLogger(__name__)
+
+MIRROR_ENV = "NMT_DATA_MIRROR"
+DOWNLOAD_TIMEOUT_S = 60.0
+_CHUNK = 1 << 20
+
+
+def sha256_of(path: Path) -> str:
+    """The hex sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def download_url(url: str, dest: Path, timeout: float = DOWNLOAD_TIMEOUT_S) -> None:
+    """Stream ``url`` into ``dest``. Tests monkeypatch this function so they never touch the network.
+
+    Raises:
+        urllib.error.URLError, OSError: the download failed (no network, 404, timeout, ...).
+    """
+    with urllib.request.urlopen(url, timeout=timeout) as response, open(dest, "wb") as out:
+        shutil.copyfileobj(response, out, _CHUNK)
+
+
+def _mirror_candidates(mirror: Path, corpus: str, name: str) -> list[Path]:
+    # Accept both layouts: <mirror>/multi30k/<file> (the shared corpora folder) and <mirror>/<file>.
+    return [mirror / corpus / name, mirror / name]
+
+
+def fetch_file(
+    name: str,
+    url: str,
+    dest_dir: Path,
+    *,
+    sha256: str | None,
+    corpus: str,
+    mirror: Path | None = None,
+    timeout: float = DOWNLOAD_TIMEOUT_S,
+) -> Path:
+    """Return ``dest_dir/name``, verified, fetching it from the mirror or ``url`` when needed.
+
+    A file already in ``dest_dir`` whose hash matches is used as is (no fetch). A fetched file is
+    written to a temporary file next to its destination and renamed only after its hash checks out,
+    so an interrupted or corrupt download never poses as a good one.
+
+    Args:
+        name: file name, the same in the cache, the mirror and the URL (``train.de.gz``).
+        url: where to download it from when the mirror does not have it.
+        dest_dir: the cache folder for this corpus (created if missing).
+        sha256: the known hex sha256, or None when unknown (then the file is not verified).
+        corpus: the corpus name, used for the ``<mirror>/<corpus>/<name>`` layout and messages.
+        mirror: a folder tried before the network.
+        timeout: network timeout in seconds.
+
+    Raises:
+        DataError: the hash does not match (the bad copy is removed), or the file could not be had
+            from the mirror or the network.
+    """
+    dest = dest_dir / name
+    if dest.is_file():
+        if sha256 is None:
+            return dest
+        actual = sha256_of(dest)
+        if actual == sha256:
+            return dest
+        # A cached copy that went bad (disk, manual edit): fetch it again rather than fail.
+        log.warning("cached %s has sha256 %s, expected %s; fetching it again", dest, actual, sha256)
+        dest.unlink()
+
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=dest_dir)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        source = _fill_from_mirror_or_url(tmp, name, url, corpus=corpus, mirror=mirror, timeout=timeout)
+        if sha256 is not None:
+            actual = sha256_of(tmp)
+            if actual != sha256:
+                raise DataError(
+                    f"sha256 mismatch for {name} (from {source}): expected {sha256}, got {actual}. "
+                    f"The bad copy was removed. If it came from the mirror, replace the mirror's file "
+                    f"with a fresh download of {url}; otherwise retry (the download may have been cut)."
+                )
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    log.info("fetched %s from %s%s", dest, source, " (sha256 ok)" if sha256 else "")
+    return dest
+
+
+def _fill_from_mirror_or_url(
+    tmp: Path, name: str, url: str, *, corpus: str, mirror: Path | None, timeout: float
+) -> str:
+    """Copy the file into ``tmp`` from the mirror or the network; return where it came from."""
+    if mirror is not None:
+        for candidate in _mirror_candidates(mirror, corpus, name):
+            if candidate.is_file():
+                shutil.copyfile(candidate, tmp)
+                return str(candidate)
+    try:
+        download_url(url, tmp, timeout)
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        looked = (
+            f"the mirror {mirror} (looked for {' and '.join(map(str, _mirror_candidates(mirror, corpus, name)))})"
+            if mirror is not None
+            else "no mirror (none set)"
+        )
+        raise DataError(
+            f"could not get {name}: tried {looked}, then {url} ({exc}). Without network, put the "
+            f"file in a mirror folder as <mirror>/{corpus}/{name} or <mirror>/{name} and set "
+            f"data.mirror=<mirror> or the environment variable {MIRROR_ENV}=<mirror>; or copy it "
+            f"into {tmp.parent}/ yourself."
+        ) from exc
+    return url
+
+
