@@ -4,7 +4,12 @@ Where each setting and its default live (each default is written once):
 
 - training: the keys and types of each section are the dataclasses here (``data``'s is
   ``nmt.data.prepare.DataSchema``); the values, with a comment on every key, are the YAML files of
-  ``configs/`` (a group file such as ``model/small.yaml`` is a choice, so it carries values).
+  ``configs/``. A group's variants inherit from its first file and state only what differs
+  (``model/small.yaml`` from ``model/default.yaml``, ``data/tatoeba.yaml`` from ``data/multi30k.yaml``);
+  a nested settings block that only some runs use keeps its defaults in its dataclass
+  (``data.tatoeba``: ``nmt.data.tatoeba.TatoebaSettings``; ``data.mixture`` entries:
+  ``nmt.data.mixture.MixtureSourceSchema``). Code below the entry points (``Seq2Seq``, the data layer)
+  receives values and does not restate them.
 - ``translate.py`` and ``serve.py``: their settings dataclasses (``nmt.translation.TranslateSettings``,
   ``nmt.server.ServeSettings``) hold types *and* defaults, because the Python API (``Translator``,
   ``SearchOptions``) shares them; Hydra's ConfigStore gives them to the YAML files, which hold comments.

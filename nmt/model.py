@@ -340,6 +340,8 @@ class Seq2Seq(nn.Module):
         pad_id: padding id of both vocabularies.
         output_hidden_size: the deep output layer's width; None = emb_size.
         layer_norm: layer normalisation in the decoder's first GRU layer.
+
+    The sizes have no defaults here: their one home is configs/model/default.yaml (``from_config``).
     """
 
     def __init__(
@@ -347,16 +349,17 @@ class Seq2Seq(nn.Module):
         src_vocab_size: int,
         tgt_vocab_size: int,
         attention: Attention,
-        emb_size: int = 256,
-        enc_hidden_size: int = 256,
-        dec_hidden_size: int = 512,
-        enc_layers: int = 1,
-        dec_layers: int = 1,
-        dropout: float = 0.3,
-        tie_embeddings: bool = True,
+        *,
+        emb_size: int,
+        enc_hidden_size: int,
+        dec_hidden_size: int,
+        enc_layers: int,
+        dec_layers: int,
+        dropout: float,
+        tie_embeddings: bool,
+        output_hidden_size: int | None,
+        layer_norm: bool,
         pad_id: int = 0,
-        output_hidden_size: int | None = None,
-        layer_norm: bool = False,
     ) -> None:
         super().__init__()
         self.encoder = Encoder(src_vocab_size, emb_size, enc_hidden_size, enc_layers, dropout, pad_id)

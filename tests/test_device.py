@@ -26,7 +26,8 @@ def test_which_settings_mean_bf16() -> None:
 def _tiny_model() -> Seq2Seq:
     torch.manual_seed(0)
     attention = build_attention("additive", query_size=7, key_size=10, hidden_size=6)
-    return Seq2Seq(13, 11, attention, emb_size=4, enc_hidden_size=5, dec_hidden_size=7, dropout=0.0).eval()
+    return Seq2Seq(13, 11, attention, emb_size=4, enc_hidden_size=5, dec_hidden_size=7, enc_layers=1,
+                   dec_layers=1, dropout=0.0, tie_embeddings=True, output_hidden_size=None, layer_norm=False).eval()
 
 
 @pytest.mark.parametrize(("setting", "expected"), [("auto", torch.float32), ("fp32", torch.float32),

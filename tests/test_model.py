@@ -18,7 +18,7 @@ def tiny_model(name: str, dec_layers: int = 2, enc_layers: int = 2, layer_norm: 
     attention = build_attention(name, query_size=9, key_size=10, hidden_size=9, **options)
     model = Seq2Seq(SRC_V, TGT_V, attention, emb_size=7, enc_hidden_size=5, dec_hidden_size=9,
                     enc_layers=enc_layers, dec_layers=dec_layers, dropout=0.1, tie_embeddings=True,
-                    layer_norm=layer_norm)
+                    output_hidden_size=None, layer_norm=layer_norm)
     return model.double().eval()
 
 
@@ -124,7 +124,8 @@ def test_tied_embeddings_share_one_matrix_and_untied_do_not() -> None:
     assert tied.decoder.output.weight is tied.decoder.embedding.weight
     attention = build_attention("additive", query_size=9, key_size=10, hidden_size=9)
     untied = Seq2Seq(SRC_V, TGT_V, attention, emb_size=7, enc_hidden_size=5, dec_hidden_size=9,
-                     tie_embeddings=False)
+                     enc_layers=1, dec_layers=1, dropout=0.1, tie_embeddings=False, output_hidden_size=None,
+                     layer_norm=False)
     assert untied.decoder.output.weight is not untied.decoder.embedding.weight
     assert count_parameters(untied) == count_parameters(tied.float()) + TGT_V * 7 - _layer_diff()
 

@@ -46,7 +46,8 @@ def tiny_model(name: str = "additive", eos_bias: float = 1.0, seed: int = 0) -> 
     torch.manual_seed(seed)
     attention = build_attention(name, query_size=9, key_size=10, hidden_size=7)
     model = Seq2Seq(SRC_V, TGT_V, attention, emb_size=5, enc_hidden_size=5, dec_hidden_size=9,
-                    enc_layers=1, dec_layers=2, dropout=0.0, tie_embeddings=True)
+                    enc_layers=1, dec_layers=2, dropout=0.0, tie_embeddings=True,
+                    output_hidden_size=None, layer_norm=False)
     # larger weights than the init give peaked, sentence-dependent distributions
     with torch.no_grad():
         for p in model.parameters():
@@ -270,7 +271,8 @@ def test_beam_with_block_top_k_equals_plain_topk(monkeypatch: pytest.MonkeyPatch
     torch.manual_seed(3)
     attention = build_attention("additive", query_size=9, key_size=10, hidden_size=7)
     wide = Seq2Seq(SRC_V, 3001, attention, emb_size=5, enc_hidden_size=5, dec_hidden_size=9, enc_layers=1,
-                   dec_layers=1, dropout=0.0, tie_embeddings=True).eval()
+                   dec_layers=1, dropout=0.0, tie_embeddings=True, output_hidden_size=None,
+                   layer_norm=False).eval()
     with torch.no_grad():
         wide.decoder.output.weight.mul_(20.0)  # peaked distributions, so the hypotheses differ by sentence
     src, src_lengths = batch(LENGTHS)
