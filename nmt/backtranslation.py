@@ -10,7 +10,8 @@ mixture names as one more source. What it writes into ``output=DIR``:
     DIR/provenance.json   models and their sha256, languages, search options, the input and its sha256
                           (and the registered corpus' record), line counts, dates, commands, status
 
-Both files have exactly one line per input line. An empty input line, or one of more than ``max_words``
+Both files have exactly one line per input line (a translation's whitespace runs, newlines and tabs
+included, become single spaces). An empty input line, or one of more than ``max_words``
 words (the model never saw such sentences in training), is not translated: its synthetic line stays
 empty, and a mixture drops pairs with an empty side.
 
