@@ -386,8 +386,8 @@ def backtranslate(cfg: DictConfig, argv: list[str] | None = None) -> dict[str, A
         argv: the command-line arguments to record (None: this process's own).
 
     Returns:
-        ``{"output", "status", "lines", "done", "translated", "seconds", "sentences_per_s"}``: seconds and
-        sentences/s (translated lines per second) count this run's chunks only.
+        ``{"output", "status", "lines", "done", "translated", "seconds", "sentences_per_s", "max_words"}``:
+        seconds and sentences/s (translated lines per second) count this run's chunks only.
 
     Raises:
         BacktranslationError, TranslationError, CheckpointError, DataError: the user's mistakes, reported
@@ -408,7 +408,7 @@ def backtranslate(cfg: DictConfig, argv: list[str] | None = None) -> dict[str, A
     if record is None:
         log.info("%s already holds this back-translation, complete: nothing to do", out)
         return {"output": str(out), "status": "complete", "lines": text.lines, "done": text.lines, "translated": 0,
-                "seconds": 0.0, "sentences_per_s": None}
+                "seconds": 0.0, "sentences_per_s": None, "max_words": max_words}
     log.info("back-translating %s (%s, %d lines%s) with %s into %s", text.path, text.lang, text.lines,
              f", from line {record['lines']['done'] + 1}" if record["lines"]["done"] else "",
              " + ".join(m["checkpoint"] for m in record["models"]), out)
@@ -418,7 +418,7 @@ def backtranslate(cfg: DictConfig, argv: list[str] | None = None) -> dict[str, A
              format_duration(seconds), record["status"])
     return {"output": str(out), "status": record["status"], "lines": text.lines, "done": record["lines"]["done"],
             "translated": translated, "seconds": seconds,
-            "sentences_per_s": translated / seconds if seconds > 0 else None}
+            "sentences_per_s": translated / seconds if seconds > 0 else None, "max_words": max_words}
 
 
 def run_chunks(translator: Translator, text: InputText, out: Path, record: dict[str, Any], search: SearchOptions,
