@@ -9,6 +9,7 @@ mixture names as one more source. What it writes into ``output=DIR``:
     DIR/train.<L>         the real side: input line i (stripped), copied
     DIR/provenance.json   models and their sha256, languages, search options, the input and its sha256
                           (and the registered corpus' record), line counts, dates, commands, status
+    DIR/.lock             held (flock) while a job writes: a second job on DIR is refused
 
 Both files have exactly one line per input line (a translation's whitespace runs, newlines and tabs
 included, become single spaces). An empty input line, or one of more than ``max_words``
@@ -33,6 +34,7 @@ dropping pairs with an empty side happen there).
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import json
 import logging
@@ -42,6 +44,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO, Any
@@ -60,6 +63,7 @@ from nmt.translator import SamplingOptions, SearchOptions, Translator
 log = logging.getLogger(__name__)
 
 PROVENANCE = "provenance.json"
+LOCK = ".lock"
 FORMAT_VERSION = 1
 METHODS = ("beam", "sample")
 
@@ -276,23 +280,40 @@ def new_record(text: InputText, translator: Translator, tgt: str, job: dict[str,
     }
 
 
+def check_output_folder(out: Path) -> None:
+    """Refuse an ``output=`` that exists but is neither empty nor a back-translation folder, before writing in it."""
+    ours = {PROVENANCE, LOCK, f".{PROVENANCE}.tmp"}  # what a run cut off before its first record may leave
+    if out.exists() and (not out.is_dir() or not (out / PROVENANCE).is_file() and set(os.listdir(out)) - ours):
+        raise BacktranslationError(f"output={out} exists and is not a back-translation folder (no {PROVENANCE} "
+                                   "in it); pass a new or empty folder as output=")
+
+
+@contextmanager
+def output_lock(out: Path) -> Iterator[None]:
+    """Hold ``out/.lock`` while writing: a second job on the same folder is refused, not interleaved. The OS
+    releases the lock however the process ends (SIGKILL included)."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / LOCK, "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BacktranslationError(f"another process is back-translating into {out}; wait for it to end, or "
+                                       "pass another output=") from None
+        yield
+
+
 def prepare_output(out: Path, record: dict[str, Any]) -> dict[str, Any] | None:
     """The record to go on from, with the files ready to append to; None when ``out`` holds this job finished.
 
-    A new (or empty) folder gets empty files and ``record``. A folder of this job, cut off, gets its
-    files truncated to the sizes its provenance.json recorded after the last whole chunk.
+    A new (or empty) folder gets ``record``; the files are created by the first append. A folder of this
+    job, cut off, gets its files truncated to the sizes its provenance.json recorded after the last
+    whole chunk. Call it holding ``output_lock``.
 
     Raises:
-        BacktranslationError: ``out`` holds something else, another job, or files shorter than recorded.
+        BacktranslationError: another job's folder, or files shorter than recorded.
     """
     path = out / PROVENANCE
     if not path.is_file():
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise BacktranslationError(f"output={out} exists and is not a back-translation folder (no {PROVENANCE} "
-                                       "in it); pass a new or empty folder as output=")
-        out.mkdir(parents=True, exist_ok=True)
-        for name in record["bytes"]:
-            (out / name).write_bytes(b"")
         write_json_durably(path, record)
         return record
     try:
@@ -303,10 +324,13 @@ def prepare_output(out: Path, record: dict[str, Any]) -> dict[str, Any] | None:
     if old["status"] == "complete":
         return None
     for name, size in old["bytes"].items():
-        if not (out / name).is_file() or (out / name).stat().st_size < size:
-            raise BacktranslationError(f"{out / name} is shorter than the {size:,} bytes {path} recorded (changed "
+        file = out / name
+        if size == 0 and not file.exists():  # cut off before its first chunk
+            continue
+        if not file.is_file() or file.stat().st_size < size:
+            raise BacktranslationError(f"{file} is shorter than the {size:,} bytes {path} recorded (changed "
                                        f"since?); delete {out} to start again")
-        os.truncate(out / name, size)  # drop what a cut-off chunk appended after the last record
+        os.truncate(file, size)  # drop what a cut-off chunk appended after the last record
     old["runs"].append({**record["runs"][0], "from_line": old["lines"]["done"]})
     return old
 
@@ -404,11 +428,19 @@ def backtranslate(cfg: DictConfig, argv: list[str] | None = None) -> dict[str, A
            "search": search_record(cfg.method, search, sampling), "max_words": max_words,
            "chunk_lines": cfg.chunk_lines, "device": translator.device.type, "precision": precision}
     out = Path(str(cfg.output))
-    record = prepare_output(out, new_record(text, translator, tgt, job, argv))
-    if record is None:
-        log.info("%s already holds this back-translation, complete: nothing to do", out)
-        return {"output": str(out), "status": "complete", "lines": text.lines, "done": text.lines, "translated": 0,
-                "seconds": 0.0, "sentences_per_s": None, "max_words": max_words}
+    check_output_folder(out)
+    with output_lock(out):
+        record = prepare_output(out, new_record(text, translator, tgt, job, argv))
+        if record is None:
+            log.info("%s already holds this back-translation, complete: nothing to do", out)
+            return {"output": str(out), "status": "complete", "lines": text.lines, "done": text.lines,
+                    "translated": 0, "seconds": 0.0, "sentences_per_s": None, "max_words": max_words}
+        return _run(translator, text, out, record, search, sampling, max_words, cfg)
+
+
+def _run(translator: Translator, text: InputText, out: Path, record: dict[str, Any], search: SearchOptions,
+         sampling: SamplingOptions | None, max_words: int | None, cfg: DictConfig) -> dict[str, Any]:
+    """The chunks still to do, logged before and after; ``backtranslate``'s summary."""
     log.info("back-translating %s (%s, %d lines%s) with %s into %s", text.path, text.lang, text.lines,
              f", from line {record['lines']['done'] + 1}" if record["lines"]["done"] else "",
              " + ".join(m["checkpoint"] for m in record["models"]), out)

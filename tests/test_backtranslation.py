@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -221,6 +222,19 @@ def test_a_finished_folder_is_a_no_op_and_another_job_is_refused(runs: dict[str,
     other = write_lines(tmp_path / "other.de", ["Ein Hund."])
     with pytest.raises(BacktranslationError, match="input_lines: 300 there, 1 now; input_sha256"):
         backtranslate(bt_cfg(runs["de_en"], other, out))
+
+
+def test_a_second_job_on_a_folder_being_written_is_refused(runs: dict[str, Path], mono_file: Path,
+                                                          tmp_path: Path) -> None:
+    out = tmp_path / "bt"
+    out.mkdir()
+    with open(out / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running backtranslate.py holds it
+        with pytest.raises(BacktranslationError, match=f"another process is back-translating into {out}"):
+            backtranslate(bt_cfg(runs["de_en"], mono_file, out))
+    assert sorted(os.listdir(out)) == [".lock"]
+    backtranslate(bt_cfg(runs["de_en"], mono_file, out))  # released: it runs
+    assert len(read_lines(out / "train.en")) == 300
 
 
 def test_provenance_records_models_options_input_and_counts(runs: dict[str, Path], mono_file: Path,
