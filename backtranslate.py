@@ -24,7 +24,7 @@ from nmt.translator import USER_ERRORS
 def main(cfg: DictConfig) -> None:
     """Run the back-translation job (see configs/backtranslate.yaml for the options)."""
     with user_errors("backtranslate.py", (*USER_ERRORS, BacktranslationError, ConfigError)):
-        backtranslate(cfg)
+        backtranslate(cfg, argv=sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ import zlib
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -127,6 +127,17 @@ def check_settings(cfg: DictConfig) -> tuple[SearchOptions, SamplingOptions | No
                            max_len=cfg.max_len, max_len_ratio=cfg.max_len_ratio, batch_tokens=cfg.batch_tokens)
     sampling = SamplingOptions(cfg.temperature, cfg.top_k, cfg.seed) if cfg.method == "sample" else None
     return search.checked(), sampling.checked() if sampling else None
+
+
+def settings_as_arguments(cfg: DictConfig) -> list[str]:
+    """Every setting as a ``backtranslate.py`` argument (``checkpoint=[A,B]``, ``mirror=null``), in schema order."""
+    def value(v: Any) -> str:
+        if isinstance(v, (list, tuple)):
+            return "[" + ",".join(map(str, v)) + "]"
+        return "null" if v is None else str(v)
+
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    return [f"{key}={value(plain[key])}" for key in (f.name for f in fields(BacktranslateSettings)) if key in plain]
 
 
 def search_record(method: str, search: SearchOptions, sampling: SamplingOptions | None) -> dict[str, Any]:
@@ -407,7 +418,8 @@ def backtranslate(cfg: DictConfig, argv: list[str] | None = None) -> dict[str, A
 
     Args:
         cfg: see configs/backtranslate.yaml.
-        argv: the command-line arguments to record (None: this process's own).
+        argv: the command-line arguments to record; None (a call from Python): every setting of ``cfg``
+            as ``key=value``, the command that reproduces the job.
 
     Returns:
         ``{"output", "status", "lines", "done", "translated", "seconds", "sentences_per_s", "max_words"}``:
@@ -430,6 +442,7 @@ def backtranslate(cfg: DictConfig, argv: list[str] | None = None) -> dict[str, A
     out = Path(str(cfg.output))
     check_output_folder(out)
     with output_lock(out):
+        argv = settings_as_arguments(cfg) if argv is None else argv
         record = prepare_output(out, new_record(text, translator, tgt, job, argv))
         if record is None:
             log.info("%s already holds this back-translation, complete: nothing to do", out)

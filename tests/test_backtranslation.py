@@ -97,7 +97,11 @@ def test_lines_stay_aligned_with_empty_and_over_long_lines(runs: dict[str, Path]
     todo = [i for i in range(len(lines)) if i not in skipped]
     expected = translator.translate([lines[i] for i in todo], beam_size=5, max_len=6)
     assert [synthetic[i] for i in todo] == [" ".join(r.text.split()) for r in expected]
-    counts = json.loads((tmp_path / "bt" / "provenance.json").read_text())["lines"]
+    record = json.loads((tmp_path / "bt" / "provenance.json").read_text())
+    counts = record["lines"]
+    # called from Python: the command that reproduces the job, every setting spelled out
+    assert record["command"].startswith(f"python backtranslate.py checkpoint={runs['de_en']} input={mono_file}")
+    assert " max_len=6 " in record["command"] and " mirror=" in record["command"]
     assert counts["empty"] == lines.count("") and counts["empty"] + counts["over_long"] == len(skipped)
     assert (counts["translated"], counts["done"], summary["status"]) == (len(todo), len(lines), "complete")
 

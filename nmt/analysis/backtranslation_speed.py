@@ -74,9 +74,9 @@ def benchmark_backtranslation(args: argparse.Namespace) -> tuple[dict[str, Any],
             cfg = compose_job([*args.set, f"method={method}"])
             cfg.checkpoint, cfg.lang, cfg.log_every_s = checkpoint, lang, 1e9
             cfg.input, cfg.output = str(warm), f"{tmp}/warmup_{method}"
-            backtranslate(cfg, argv=[])  # untimed: allocator, kernels, caches
+            backtranslate(cfg)  # untimed: allocator, kernels, caches
             cfg.input, cfg.output = str(source), f"{tmp}/{method}"
-            summary = backtranslate(cfg, argv=[])
+            summary = backtranslate(cfg)
             row = {"method": method, "lines": summary["lines"], "translated": summary["translated"],
                    "seconds": summary["seconds"], "sentences_per_s": summary["sentences_per_s"],
                    "lines_per_s": summary["lines"] / summary["seconds"],
