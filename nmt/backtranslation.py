@@ -237,6 +237,13 @@ def resolve_max_words(value: Any, translator: Translator) -> int | None:
     return max((n for n in limits if n is not None), default=None)
 
 
+def decoding_precision(translator: Translator) -> str:
+    """What the models compute in: ``bf16`` (autocast), ``int8`` or ``fp32``; ``auto`` resolved for the device."""
+    if translator.precision == "int8":
+        return "int8"
+    return "bf16" if uses_bf16(translator.precision, translator.device) else "fp32"
+
+
 def models_record(translator: Translator) -> list[dict[str, str]]:
     """Each model's checkpoint file and sha256, in ensemble order."""
     return [{"checkpoint": str(path), "sha256": sha256_of(path)} for path in translator.checkpoints]
@@ -267,7 +274,7 @@ def translate_chunk(translator: Translator, lines: list[str], chunk_index: int, 
 
 
 # ----------------------------------------------------------------------------------------- The output
-def new_record(text: InputText, translator: Translator, tgt: str, job: dict[str, Any],
+def new_record(text: InputText, models: list[dict[str, str]], tgt: str, job: dict[str, Any],
                argv: list[str] | None) -> dict[str, Any]:
     """provenance.json of a job not started yet: ``job`` (what a resume must match) and what people read."""
     first_run = provenance("backtranslate.py", argv)  # date, command, host, library versions
@@ -281,7 +288,7 @@ def new_record(text: InputText, translator: Translator, tgt: str, job: dict[str,
                   "target": {"lang": text.lang, "file": real, "side": "real"}},
         "input": {"path": str(text.path), "lang": text.lang, "sha256": text.sha256, "lines": text.lines,
                   "corpus": text.corpus},
-        "models": models_record(translator),
+        "models": models,
         "model_languages": {"src": text.lang, "tgt": tgt},
         "job": job,
         "lines": {"input": text.lines, "done": 0, "translated": 0, "empty": 0, "over_long": 0,
@@ -432,18 +439,18 @@ def backtranslate(cfg: DictConfig, argv: list[str] | None = None) -> dict[str, A
     search, sampling = check_settings(cfg)
     text = open_input(cfg)
     translator, tgt = load_reverse_model(cfg, text)
-    max_words = resolve_max_words(cfg.max_words, translator)
-    precision = "int8" if translator.precision == "int8" else "bf16" if uses_bf16(translator.precision,
-                                                                                  translator.device) else "fp32"
+    max_words, models = resolve_max_words(cfg.max_words, translator), models_record(translator)
+    # what decides the output: a resumed run must match all of it
     job = {"input_sha256": text.sha256, "input_lines": text.lines, "lang": text.lang,
-           "model_sha256": [m["sha256"] for m in models_record(translator)], "model_languages": f"{text.lang}-{tgt}",
+           "model_sha256": [m["sha256"] for m in models], "model_languages": f"{text.lang}-{tgt}",
            "search": search_record(cfg.method, search, sampling), "max_words": max_words,
-           "chunk_lines": cfg.chunk_lines, "device": translator.device.type, "precision": precision}
+           "chunk_lines": cfg.chunk_lines, "device": translator.device.type,
+           "precision": decoding_precision(translator)}
     out = Path(str(cfg.output))
     check_output_folder(out)
     with output_lock(out):
         argv = settings_as_arguments(cfg) if argv is None else argv
-        record = prepare_output(out, new_record(text, translator, tgt, job, argv))
+        record = prepare_output(out, new_record(text, models, tgt, job, argv))
         if record is None:
             log.info("%s already holds this back-translation, complete: nothing to do", out)
             return {"output": str(out), "status": "complete", "lines": text.lines, "done": text.lines,
