@@ -24,7 +24,10 @@ from nmt.translator import USER_ERRORS
 def main(cfg: DictConfig) -> None:
     """Run the back-translation job (see configs/backtranslate.yaml for the options)."""
     with user_errors("backtranslate.py", (*USER_ERRORS, BacktranslationError, ConfigError)):
-        backtranslate(cfg, argv=sys.argv[1:])
+        try:
+            backtranslate(cfg, argv=sys.argv[1:])
+        except KeyboardInterrupt:  # the job has said where it stopped and how to go on
+            raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

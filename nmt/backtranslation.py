@@ -490,6 +490,11 @@ def run_chunks(translator: Translator, text: InputText, out: Path, record: dict[
                 commit_chunk(out, record, counts, sizes)
                 translated += counts["translated"]
                 progress.update(len(lines))
+    except KeyboardInterrupt:
+        progress.close()
+        log.warning("interrupted: %s holds the first %d of %d lines; run the same command again to go on", out,
+                    record["lines"]["done"], text.lines)
+        raise
     finally:
         progress.close()
     record.update(status="complete", finished=provenance("backtranslate.py")["date"])
