@@ -2,8 +2,9 @@
 
 Data flows one way: ``nmt.data`` (corpora, subwords, batches) -> ``nmt.model`` (encoder, decoder,
 ``nmt.attention`` plug-in) -> ``nmt.training`` (loop, validation, checkpoints) and ``nmt.search``
-(greedy / beam) -> ``nmt.translator`` (the inference engine: ``Translator``) -> ``nmt.translation``
-(files and stdin) and ``nmt.server`` (HTTP); ``nmt.analysis`` holds the tools behind ``scripts/``.
+(greedy / sampling / beam) -> ``nmt.translator`` (the inference engine: ``Translator``) ->
+``nmt.translation`` (files and stdin), ``nmt.server`` (HTTP) and ``nmt.backtranslation`` (monolingual
+text into synthetic pairs); ``nmt.analysis`` holds the tools behind ``scripts/``.
 
 ``from nmt import Translator`` loads a trained run for use from Python (see ``nmt.translator``).
 """

@@ -13,6 +13,9 @@ Where each setting and its default live (each default is written once):
 - ``translate.py`` and ``serve.py``: their settings dataclasses (``nmt.translation.TranslateSettings``,
   ``nmt.server.ServeSettings``) hold types *and* defaults, because the Python API (``Translator``,
   ``SearchOptions``) shares them; Hydra's ConfigStore gives them to the YAML files, which hold comments.
+- ``backtranslate.py``: like training, its schema (``nmt.backtranslation.BacktranslateSettings``) holds
+  the types and ``configs/backtranslate.yaml`` the values, each with a comment; a job's defaults (its
+  beam size, say) are its own, and it hands the engine values (``SearchOptions``, ``SamplingOptions``).
 
 Checks: a command-line key is walked through the entry point's schema before Hydra composes anything
 (``check_command_line_keys``: the nearest valid key, no composing, no reading of Hydra's messages); a

@@ -1,9 +1,12 @@
-"""Search: turning a trained ``Seq2Seq`` into output token sequences, greedily or with a beam.
+"""Search: turning a trained ``Seq2Seq`` into output token sequences, greedily, by sampling or with a beam.
 
 The one concept here is *decoding*: choosing target tokens one step at a time from
-``model.decode_step``. Two plain functions, no state kept between calls:
+``model.decode_step``. Three plain functions, no state kept between calls:
 
 - ``greedy_search``: the arg-max token at every step (the baseline of Sutskever et al., 2014).
+- ``sample_search``: one sample per sentence, each token drawn from the model's distribution (with a
+  temperature, optionally among the top k tokens), as for sampled back-translation (Edunov et al.,
+  2018); random numbers come from a ``torch.Generator`` the caller seeds, so a run is reproducible.
 - ``beam_search``: batched beam search (Sutskever et al., 2014; Bahdanau et al., 2015) with the GNMT
   length penalty of Wu et al. (2016, Eq. 14): a finished hypothesis Y scores
   ``log P(Y|X) / lp(Y)``, ``lp(Y) = ((5 + |Y|) / 6) ** alpha``, |Y| the number of decoding steps
@@ -27,12 +30,13 @@ Shapes: B batch, K beam size, S source length, T target length, V target vocabul
 layers, H decoder size.
 
 Not done here: batching and sorting of sentences, (de)tokenisation (``nmt.translation``), switching
-the model to eval mode (the caller does that), sampling, ensembles, coverage penalties.
+the model to eval mode (the caller does that), ensembles (``nmt.ensemble``), coverage penalties.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -114,6 +118,68 @@ def greedy_search(
     Returns:
         One hypothesis per row of ``src``, in order.
     """
+    return _token_by_token(model, src, src_lengths, max_len, max_len_ratio, keep_attention,
+                           choose=lambda log_probs: log_probs.max(dim=-1))
+
+
+@torch.no_grad()
+def sample_search(
+    model: Seq2Seq,
+    src: Tensor,
+    src_lengths: Tensor,
+    max_len: int,
+    max_len_ratio: float | None,
+    temperature: float,
+    top_k: int,
+    generator: torch.Generator,
+    keep_attention: bool = True,
+) -> list[Hypothesis]:
+    """Decode a batch by drawing every token from the model's distribution: one sample per sentence.
+
+    The draw at each step is from ``softmax(log p / temperature)``, restricted to the ``top_k`` most
+    probable tokens when ``top_k > 0`` (Edunov et al., 2018 sample back-translations this way, with or
+    without the restriction). ``top_k = 1`` is the greedy search. The hypothesis' score is the sum of
+    the drawn tokens' log-probabilities under the model (not the tempered or restricted distribution),
+    so scores compare with greedy's.
+
+    Args:
+        model, src, src_lengths, max_len, max_len_ratio, keep_attention: as for ``greedy_search``.
+        temperature: > 0; below 1 sharpens the distribution, above 1 flattens it.
+        top_k: draw among this many most probable tokens; 0 = the whole vocabulary.
+        generator: the random numbers, on ``src``'s device: the same generator state, batch and model
+            give the same samples.
+
+    Returns:
+        One hypothesis per row of ``src``, in order.
+    """
+
+    def draw(log_probs: Tensor) -> tuple[Tensor, Tensor]:  # [B, V] -> token log-probs [B], tokens [B]
+        scaled = log_probs / temperature  # [B, V], blocked tokens stay -inf
+        if 0 < top_k < scaled.shape[-1]:
+            top_values, top_tokens = scaled.topk(top_k, dim=-1)  # [B, k]
+            pick = torch.multinomial(top_values.softmax(dim=-1), 1, generator=generator)  # [B, 1]
+            tokens = top_tokens.gather(1, pick).squeeze(1)  # [B]
+        else:
+            tokens = torch.multinomial(scaled.softmax(dim=-1), 1, generator=generator).squeeze(1)  # [B]
+        return log_probs.gather(1, tokens.unsqueeze(1)).squeeze(1), tokens
+
+    return _token_by_token(model, src, src_lengths, max_len, max_len_ratio, keep_attention, choose=draw)
+
+
+def _token_by_token(
+    model: Seq2Seq,
+    src: Tensor,
+    src_lengths: Tensor,
+    max_len: int,
+    max_len_ratio: float | None,
+    keep_attention: bool,
+    choose: Callable[[Tensor], tuple[Tensor, Tensor]],
+) -> list[Hypothesis]:
+    """One hypothesis per sentence, one token per step: ``choose(log_probs [B, V]) -> (log-probs [B], tokens [B])``.
+
+    Every row steps until all are finished (a finished row's tokens are discarded), so every step
+    chooses for all B rows.
+    """
     device, batch = src.device, src.shape[0]
     limits_list = length_limits(src_lengths, max_len, max_len_ratio)
     limits = torch.tensor(limits_list, device=device)  # [B]
@@ -128,7 +194,7 @@ def greedy_search(
     for step in range(max(limits_list)):
         logits, state, attn = model.decode_step(prev, state, memory)  # [B, V], [L, B, H], [B, S]
         log_probs = F.log_softmax(logits.float(), dim=-1).index_fill_(1, blocked, NEG_INF)  # [B, V]
-        best_lp, best = log_probs.max(dim=-1)  # [B], [B]
+        best_lp, best = choose(log_probs)  # [B], [B]
         active = ~finished
         scores += torch.where(active, best_lp, torch.zeros_like(best_lp))
         ended = active & (best == EOS_ID)
@@ -140,12 +206,17 @@ def greedy_search(
         prev = best
         if (step + 1) % sync_every == 0 and bool(finished.all()):
             break
+    return _hypotheses(steps_tokens, steps_attn, out_len, scores, src_lengths)
 
+
+def _hypotheses(steps_tokens: list[Tensor], steps_attn: list[Tensor], out_len: Tensor, scores: Tensor,
+                src_lengths: Tensor) -> list[Hypothesis]:
+    """Per row: tokens ``[B]`` per step cut to ``out_len`` ``[B]``, its score, attention ``[B, S]`` per step."""
     tokens = torch.stack(steps_tokens, dim=1).cpu()  # [B, T]
     attention = torch.stack(steps_attn, dim=1).cpu() if steps_attn else None  # [B, T, S]
     lengths, src_lens, score_list = out_len.tolist(), src_lengths.tolist(), scores.tolist()
     hyps = []
-    for b in range(batch):
+    for b in range(tokens.shape[0]):
         n = lengths[b]
         weights = attention[b, :n, : src_lens[b]].clone() if attention is not None else None  # [n, S_b]
         hyps.append(Hypothesis(tokens[b, :n].tolist(), score_list[b], weights))

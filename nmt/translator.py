@@ -9,9 +9,10 @@ stdin, ``nmt.translation``), ``serve.py`` (HTTP, ``nmt.server``), the analysis s
     result.text, result.score, result.nbest, result.attention.alignment
 
 It owns what those uses share: loading checkpoints (and checking that an ensemble's members fit
-together), the device and precision setup (``nmt.device``), the search options and their checks (one
-place, one error type), the cleaning and encoding of input lines as in training, length-sorted
-token-budget batching, and turning subword attention into words and Pharaoh alignments.
+together), the device and precision setup (``nmt.device``), the search options (greedy, beam or
+sampling) and their checks (one place, one error type), the cleaning and encoding of input lines as in
+training, length-sorted token-budget batching, and turning subword attention into words and Pharaoh
+alignments.
 
 Shapes: B sentences in a batch, S source length (subwords, EOS included), T output length.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -49,7 +51,7 @@ from nmt.device import (
 from nmt.ensemble import Ensemble
 from nmt.model import Seq2Seq, count_parameters
 from nmt.plotting import merge_subword_attention
-from nmt.search import Hypothesis, beam_search, greedy_search
+from nmt.search import Hypothesis, beam_search, greedy_search, sample_search
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,35 @@ class SearchOptions:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise TranslationError(f"{name} must be a number >= 0, got {value!r}")
+        return self
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """Sampling instead of searching: one translation per sentence, each token drawn from the model (or
+    an ensemble's averaged log-probabilities), as ``nmt.search.sample_search`` does.
+
+    Attributes:
+        temperature: > 0; the distribution is ``softmax(log p / temperature)``.
+        top_k: draw among the ``top_k`` most probable tokens; 0 = the whole vocabulary.
+        seed: seeds the random numbers of one ``translate`` call; the same seed, sentences, options and
+            models give the same samples (on the same device and precision).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+
+    def checked(self) -> SamplingOptions:
+        """These options if they are valid; else a TranslationError naming the option and its range."""
+        temperature = self.temperature
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
+            raise TranslationError(f"temperature must be a number > 0, got {temperature!r}")
+        for name, upper in (("top_k", math.inf), ("seed", 2**62)):  # (room to add a chunk number to the seed)
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < upper:
+                limit = "" if upper == math.inf else " and < 2**62"
+                raise TranslationError(f"{name} must be a whole number >= 0{limit}, got {value!r}")
         return self
 
 
@@ -296,7 +327,8 @@ class Translator:
         return [self.tokenizer.encode_src(line) if line else [] for line in lines]
 
     def translate(
-        self, sentences: Sequence[str], *, attention: bool = False, progress: bool = False, **options: Any
+        self, sentences: Sequence[str], *, attention: bool = False, progress: bool = False,
+        sampling: SamplingOptions | None = None, **options: Any
     ) -> list[Translation]:
         """Translate sentences; one result per sentence, in input order.
 
@@ -304,6 +336,8 @@ class Translator:
             sentences: source sentences (an empty one gives an empty translation).
             attention: also return each best translation's word attention and alignment.
             progress: show a tqdm bar on stderr.
+            sampling: draw one sample per sentence with these options instead of searching
+                (``beam_size`` and ``length_penalty`` are then unused; ``n_best`` must be 1).
             **options: ``SearchOptions`` fields (beam_size, length_penalty, n_best, max_len,
                 max_len_ratio, batch_tokens); unset ones take their defaults.
 
@@ -315,12 +349,12 @@ class Translator:
             raise TranslationError(f"attention was asked for, but this model was trained with "
                                    f"attention={self.attention_name}, which has none")
         src_ids = self.encode(sentences)
-        results = self.translate_ids(src_ids, search, progress=progress, attention=attention)
+        results = self.translate_ids(src_ids, search, progress=progress, attention=attention, sampling=sampling)
         return [self._result(ids, nbest, attention) for ids, nbest in zip(src_ids, results)]
 
     def translate_ids(
         self, src_ids: Sequence[Sequence[int]], options: SearchOptions | None = None, progress: bool = False,
-        attention: bool = True,
+        attention: bool = True, sampling: SamplingOptions | None = None,
     ) -> list[list[Hypothesis]]:
         """Decode encoded sentences in length-sorted token batches, in input order.
 
@@ -329,11 +363,20 @@ class Translator:
             options: the search options (defaults if None).
             progress: show a tqdm bar on stderr.
             attention: keep each hypothesis' subword attention (validation's heatmaps read it).
+            sampling: sample instead of searching (see ``translate``); one generator, seeded once, serves
+                the batches in their (deterministic) order.
 
         Returns:
-            Per sentence, up to ``n_best`` hypotheses, best first.
+            Per sentence, up to ``n_best`` hypotheses (one when sampling), best first.
         """
         opts = (options or SearchOptions()).checked()
+        generator = None
+        if sampling is not None:
+            if opts.n_best != 1:
+                raise TranslationError(f"sampling draws one translation per sentence; n_best must be 1, "
+                                       f"got {opts.n_best}")
+            sampling = sampling.checked()
+            generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, None)] for _ in src_ids]
         todo = [i for i, ids in enumerate(src_ids) if ids]
         lengths = [len(src_ids[i]) + 1 for i in todo]  # + EOS
@@ -342,12 +385,14 @@ class Translator:
             bar.update(len(src_ids) - len(todo))
             for batch in token_batches(lengths, opts.batch_tokens):
                 rows = [todo[k] for k in batch]
-                for i, nbest in zip(rows, self._search([src_ids[i] for i in rows], opts, attention)):
+                for i, nbest in zip(rows, self._search([src_ids[i] for i in rows], opts, attention, sampling,
+                                                       generator)):
                     results[i] = nbest
                 bar.update(len(rows))
         return results
 
-    def _search(self, batch_ids: list[Sequence[int]], opts: SearchOptions, attention: bool) -> list[list[Hypothesis]]:
+    def _search(self, batch_ids: list[Sequence[int]], opts: SearchOptions, attention: bool,
+                sampling: SamplingOptions | None, generator: torch.Generator | None) -> list[list[Hypothesis]]:
         """One search call on one padded batch: src ``[B, S]``."""
         lengths = [len(ids) + 1 for ids in batch_ids]
         width = max(lengths)
@@ -355,6 +400,10 @@ class Translator:
         src = torch.tensor(padded, dtype=torch.long).to(self.device)  # [B, S]
         src_lengths = torch.tensor(lengths, dtype=torch.long)  # [B]
         self.search_calls += 1
+        if sampling is not None:
+            return [[h] for h in sample_search(self.model, src, src_lengths, opts.max_len, opts.max_len_ratio,
+                                               sampling.temperature, sampling.top_k, generator,
+                                               keep_attention=attention)]
         if opts.beam_size == 1:
             return [[h] for h in greedy_search(self.model, src, src_lengths, opts.max_len, opts.max_len_ratio,
                                                keep_attention=attention)]

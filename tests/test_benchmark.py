@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import SRC, save_tiny_checkpoint
 
 from nmt.analysis import benchmark
 from nmt.analysis import peer as peer_compare
@@ -202,6 +203,21 @@ def test_translate_mode_writes_into_the_run_dir(tmp_path: Path) -> None:
     assert ensemble["config"]["checkpoint"] == [str(run)] * 2 and (tmp_path / "e.json").is_file()
     # two copies of one model average to that model: the same output, so the same BLEU-free row shape
     assert [row["sentences"] for row in ensemble["results"]] == [10]
+
+
+def test_backtranslate_mode_times_beam_and_sampling(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    run = tmp_path / "run"
+    save_tiny_checkpoint(run / "checkpoints" / "best.pt", "additive")
+    source = tmp_path / "mono.de"
+    source.write_text("".join(line + "\n" for line in SRC * 6 + [""]), encoding="utf-8")
+    report = benchmark.main(["backtranslate", "--checkpoint", str(run), "--input", str(source), "--limit", "20",
+                             "--warmup", "5", "--set", "max_len=6", "device=cpu"])
+    assert json.loads((run / "benchmark_backtranslate_cpu.json").read_text()) == json.loads(json.dumps(report))
+    assert report["config"]["lang"] == "de" and report["measured_without_gpu"]
+    assert [(row["method"], row["lines"], row["translated"]) for row in report["results"]] == [
+        ("beam", 20, 20), ("sample", 20, 20)]
+    assert report["results"][1]["options"]["top_k"] == 0 and report["results"][0]["options"]["max_words"] == 9
 
 
 def test_modes_without_a_run_dir_or_mirror_say_what_to_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

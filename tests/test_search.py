@@ -1,4 +1,4 @@
-"""Search: greedy and batched beam search on tiny models (odd sizes, padding, several attentions)."""
+"""Search: greedy, sampling and batched beam search on tiny models (odd sizes, padding, several attentions)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,15 @@ from torch import Tensor, nn
 from nmt.attention import build_attention
 from nmt.data import BOS_ID, EOS_ID, PAD_ID
 from nmt.model import EncoderMemory, Seq2Seq
-from nmt.search import _best_candidates, _row_top_k, beam_search, greedy_search, length_limits, length_penalty_factor
+from nmt.search import (
+    _best_candidates,
+    _row_top_k,
+    beam_search,
+    greedy_search,
+    length_limits,
+    length_penalty_factor,
+    sample_search,
+)
 
 SRC_V, TGT_V = 17, 23
 TYPES = ["additive", "general", "none"]
@@ -281,6 +289,74 @@ def test_beam_with_block_top_k_equals_plain_topk(monkeypatch: pytest.MonkeyPatch
     plain = beam_search(wide, src, src_lengths, beam_size=5, max_len=8, n_best=5)
     assert [[h.tokens for h in hyps] for hyps in block_wise] == [[h.tokens for h in hyps] for hyps in plain]
     assert [[h.score for h in hyps] for hyps in block_wise] == [[h.score for h in hyps] for hyps in plain]
+
+
+class Recording(EosBiased):
+    """``EosBiased`` that keeps every step's logits ``[B, V]``, to check what sampling drew from."""
+
+    def __init__(self, model: Seq2Seq, eos_bias: float) -> None:
+        super().__init__(model, eos_bias)
+        self.steps: list[Tensor] = []
+
+    def decode_step(self, prev: Tensor, state: Tensor, memory: EncoderMemory) -> tuple[Tensor, Tensor, Tensor]:
+        logits, state, attn = super().decode_step(prev, state, memory)
+        self.steps.append(logits.detach().clone())
+        return logits, state, attn
+
+
+def sample(model: nn.Module, seed: int, temperature: float = 1.0, top_k: int = 0, max_len: int = 12) -> list:
+    src, src_lengths = batch(LENGTHS)
+    return sample_search(model, src, src_lengths, max_len, 1.0, temperature, top_k,
+                         torch.Generator().manual_seed(seed))
+
+
+def test_sampling_is_reproducible_from_its_seed() -> None:
+    model = tiny_model(eos_bias=0.0)
+    first, again, other = sample(model, 7, 1.5), sample(model, 7, 1.5), sample(model, 8, 1.5)
+    assert [(h.tokens, h.score) for h in first] == [(h.tokens, h.score) for h in again]
+    assert [h.tokens for h in first] != [h.tokens for h in other]
+    greedy = greedy_search(model, *batch(LENGTHS), max_len=12, max_len_ratio=1.0)
+    assert [h.tokens for h in first] != [h.tokens for h in greedy]  # it does sample
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_sampling_top_1_is_greedy(name: str) -> None:
+    model = tiny_model(name)
+    greedy = greedy_search(model, *batch(LENGTHS), max_len=12, max_len_ratio=1.0)
+    for temperature in (0.5, 2.0):
+        sampled = sample(model, 3, temperature, top_k=1)
+        assert [h.tokens for h in sampled] == [h.tokens for h in greedy]
+        assert [h.score for h in sampled] == pytest.approx([h.score for h in greedy])  # the model's log-probs
+
+
+@pytest.mark.parametrize("top_k", [2, 4])
+def test_sampled_tokens_come_from_the_top_k(top_k: int) -> None:
+    torch.manual_seed(0)
+    attention = build_attention("additive", query_size=9, key_size=10, hidden_size=7)
+    inner = Seq2Seq(SRC_V, TGT_V, attention, emb_size=5, enc_hidden_size=5, dec_hidden_size=9, enc_layers=1,
+                    dec_layers=2, dropout=0.0, tie_embeddings=True).double().eval()  # flat: any token could come
+    model = Recording(inner, eos_bias=0.0)
+    hyps = sample(model, 0, temperature=3.0, top_k=top_k)
+    for step, logits in enumerate(model.steps):
+        logits = logits.float().index_fill(1, torch.tensor([PAD_ID, BOS_ID]), float("-inf"))
+        allowed = logits.topk(top_k, dim=1).indices  # [B, k]
+        for row, hyp in enumerate(hyps):
+            if step < len(hyp.tokens):
+                assert hyp.tokens[step] in allowed[row].tolist()
+    drawn = {t for h in hyps for t in h.tokens}
+    assert len(drawn) > top_k  # not the same few tokens everywhere: the check is not vacuous
+
+
+def test_sampling_scores_are_the_models_log_probabilities() -> None:
+    model = tiny_model()
+    src, src_lengths = batch(LENGTHS)
+    limits = length_limits(src_lengths, 12, 1.0)
+    for i, hyp in enumerate(sample(model, 5, temperature=2.0, top_k=5)):
+        n = LENGTHS[i]
+        ended = len(hyp.tokens) < limits[i]
+        expected = teacher_forced_logprob(model, src[i : i + 1, :n], src_lengths[i : i + 1], hyp.tokens, ended)
+        assert hyp.score == pytest.approx(expected, abs=1e-5)
+        assert all(t not in (PAD_ID, BOS_ID, EOS_ID) for t in hyp.tokens)
 
 
 def test_bad_arguments() -> None:

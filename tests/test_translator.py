@@ -16,7 +16,7 @@ from nmt import Translator
 from nmt.checkpoint import load_for_inference
 from nmt.ensemble import Ensemble
 from nmt.search import beam_search, greedy_search
-from nmt.translator import SearchOptions, TranslationError
+from nmt.translator import SamplingOptions, SearchOptions, TranslationError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LINES = [SRC[0], "", SRC[1], SRC[2] + " " + SRC[3], SRC[4]]
@@ -163,6 +163,35 @@ def test_search_options_are_checked_in_one_place(runs: dict[str, Path]) -> None:
     with pytest.raises(TranslationError, match="device='tpu' is not valid"):
         Translator.from_checkpoint(runs["a"], device="tpu")
     assert SearchOptions() == SearchOptions.from_mapping({})  # the defaults live in the dataclass
+
+
+@pytest.mark.parametrize("members", [["a"], ["a", "b"]])
+def test_sampling_through_the_engine_is_seeded_for_models_and_ensembles(runs: dict[str, Path],
+                                                                        members: list[str]) -> None:
+    translator = Translator.from_checkpoint([runs[m] for m in members], device="cpu")
+    lines = SRC * 4 + [""]
+
+    def texts(**sampling: float) -> list[str]:
+        results = translator.translate(lines, sampling=SamplingOptions(**sampling), max_len=8, batch_tokens=40)
+        return [r.text for r in results]
+
+    first = texts(temperature=2.0, seed=1)
+    assert first == texts(temperature=2.0, seed=1)
+    assert first != texts(temperature=2.0, seed=2)
+    assert first[-1] == ""  # an empty line stays empty
+    greedy = [r.text for r in translator.translate(lines, beam_size=1, max_len=8)]
+    assert texts(top_k=1, seed=5) == greedy
+
+
+def test_sampling_options_are_checked_in_the_same_place(runs: dict[str, Path]) -> None:
+    translator = Translator.from_checkpoint(runs["a"], device="cpu")
+    for bad, message in [({"temperature": 0}, "temperature must be a number > 0, got 0"),
+                         ({"top_k": -1}, "top_k must be a whole number >= 0, got -1"),
+                         ({"seed": 1.5}, "seed must be a whole number >= 0 and < 2\\*\\*62, got 1.5")]:
+        with pytest.raises(TranslationError, match=message):
+            translator.translate(SRC, sampling=SamplingOptions(**bad))
+    with pytest.raises(TranslationError, match="sampling draws one translation per sentence; n_best must be 1"):
+        translator.translate(SRC, sampling=SamplingOptions(), n_best=2)
 
 
 def test_info_reports_the_run_and_its_recorded_bleu(runs: dict[str, Path]) -> None:

@@ -4,6 +4,7 @@
     python scripts/benchmark.py train model=default --checkpoint outputs/RUN     # real BLEU too; JSON into RUN
     python scripts/benchmark.py translate --checkpoint outputs/RUN --beam-sizes 1 5 10 --reps 5
     python scripts/benchmark.py translate --checkpoint RUN_A RUN_B --beam-sizes 5 --out ens   # an ensemble
+    python scripts/benchmark.py backtranslate --checkpoint outputs/EN_DE_RUN --limit 2000      # beam and sampling
     python scripts/benchmark.py data --out runs/bench/data                        # reads $NMT_DATA_MIRROR
     python scripts/benchmark.py scale --synthetic-pairs 500000 --ranks 1 2 --out runs/scale_500k
     python scripts/benchmark.py server --checkpoint outputs/RUN --clients 1 4 16
@@ -17,8 +18,10 @@ figures below on the config's first test split, with ``--checkpoint`` or else wi
 trained for a few steps (whose BLEU is meaningless: the JSON says so).
 ``translate``: ``Translator.translate`` on a whole file (default: ``$NMT_DATA_MIRROR``'s
 test_2016_flickr) per beam size, the median of ``--reps`` after a warm-up, with BLEU/chrF when there is
-a reference. ``data``: preparation time (cold, then cached) and batch padding at the token budget
-(``nmt.analysis.padding``). ``server``: ``serve.py`` under concurrent clients (``nmt.analysis.load``).
+a reference. ``backtranslate``: the back-translation job's sentences/s with beam search and with
+sampling (``nmt.analysis.backtranslation_speed``). ``data``: preparation time (cold, then cached) and
+batch padding at the token budget (``nmt.analysis.padding``). ``server``: ``serve.py`` under
+concurrent clients (``nmt.analysis.load``).
 ``scale``: what a synthetic corpus of N pairs costs to prepare, load and start training on
 (``nmt.analysis.scale``). ``profile``: FLOPs per target token, achieved against peak FLOP/s, time per op group
 (``nmt.analysis.training_profile``).
@@ -42,7 +45,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from nmt.analysis import load, padding, scale, training_profile
+from nmt.analysis import backtranslation_speed, load, padding, scale, training_profile
 from nmt.analysis.cli import REPO_ROOT, device_slug, mirror_file, one_line_errors, parser, sync, write_report
 from nmt.config import to_plain_dict, validate_config
 from nmt.data import Batch
@@ -63,7 +66,8 @@ MEANINGLESS_BLEU_NOTE = (
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = parser(__doc__)
-    modes = p.add_subparsers(dest="mode", required=True, metavar="{train,translate,data,scale,server,profile}")
+    modes = p.add_subparsers(dest="mode", required=True,
+                             metavar="{train,translate,backtranslate,data,scale,server,profile}")
     out = argparse.ArgumentParser(add_help=False)
     out.add_argument("--out", type=Path, help="report path without extension (default: see above)")
     decode = argparse.ArgumentParser(add_help=False)
@@ -90,6 +94,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     translate.add_argument("--precision", default="auto", choices=INFERENCE_PRECISIONS,
                            help="as translate.py's precision")
     translate.add_argument("--limit", type=int, help="use only the first N sentences (smoke runs)")
+    backtranslation_speed.add_arguments(modes.add_parser("backtranslate", parents=[out],
+                                                         help="back-translation sentences/s, beam and sampling"))
     padding.add_arguments(modes.add_parser("data", parents=[out], help="data preparation time and padding"))
     scale.add_arguments(modes.add_parser("scale", parents=[out],
                                          help="what a corpus of N pairs costs: prepare, load, start training"))
@@ -104,13 +110,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with one_line_errors("benchmark.py"):
         args = parse_args(argv)
         measure = {"train": benchmark_training, "translate": benchmark_translation,
+                   "backtranslate": backtranslation_speed.benchmark_backtranslation,
                    "data": padding.benchmark_data, "scale": scale.benchmark_scale,
                    "server": load.benchmark_server,
                    "profile": training_profile.benchmark_profile}[args.mode]
         report, device = measure(args)
         report = {"benchmark": args.mode, **provenance("scripts/benchmark.py", argv), **report}
         checkpoint = getattr(args, "checkpoint", None)
-        if isinstance(checkpoint, list):  # translate mode: an ensemble's report has no one run dir to go to
+        if isinstance(checkpoint, list):  # translate modes: an ensemble's report has no one run dir to go to
             checkpoint = checkpoint[0] if len(checkpoint) == 1 else None
         if args.out is None and not (checkpoint and Path(checkpoint).is_dir()):
             raise SystemExit(f"benchmark.py {args.mode}: pass --out PATH (without extension): there is no run dir "

@@ -1,0 +1,35 @@
+"""Back-translate monolingual text: ``python backtranslate.py checkpoint=RUN input=FILE lang=en output=DIR``.
+
+A thin Hydra entry point: composes ``configs/backtranslate.yaml`` and calls
+``nmt.backtranslation.backtranslate``. Mistakes (a missing file, invalid UTF-8, a model for another
+language, an output folder of another job, a bad option) are reported in one line on stderr with exit
+status 2, before anything is written. Run the same command again after a kill to resume.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from nmt.backtranslation import BacktranslateSettings, BacktranslationError, backtranslate
+from nmt.config import ConfigError
+from nmt.entry_point import check_keys_or_exit, user_errors
+from nmt.translator import USER_ERRORS
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="backtranslate")
+def main(cfg: DictConfig) -> None:
+    """Run the back-translation job (see configs/backtranslate.yaml for the options)."""
+    with user_errors("backtranslate.py", (*USER_ERRORS, BacktranslationError, ConfigError)):
+        try:
+            backtranslate(cfg, argv=sys.argv[1:])
+        except KeyboardInterrupt:  # the job has said where it stopped and how to go on
+            raise SystemExit(130) from None
+
+
+if __name__ == "__main__":
+    check_keys_or_exit("backtranslate.py", Path(__file__).parent / "configs", sys.argv[1:], BacktranslateSettings)
+    main()

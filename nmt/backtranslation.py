@@ -1,0 +1,513 @@
+"""Back-translation: monolingual text becomes synthetic training pairs (Sennrich et al., 2016).
+
+The one concept here is the *back-translation job*: a reverse model (or an ensemble) translates a
+monolingual text in language L, line by line, into its own target language M; the model's outputs and
+the real lines, side by side, are pairs (source = synthetic M, target = real L) that a training
+mixture names as one more source. What it writes into ``output=DIR``:
+
+    DIR/train.<M>         the synthetic side: line i is the translation of input line i
+    DIR/train.<L>         the real side: input line i (stripped), copied
+    DIR/provenance.json   models and their sha256, languages, search options, the input and its sha256
+                          (and the registered corpus' record), line counts, dates, commands, status
+    DIR/.lock             held (flock) while a job writes: a second job on DIR is refused
+
+Both files have exactly one line per input line (a translation's whitespace runs, newlines and tabs
+included, become single spaces). An empty input line, or one of more than ``max_words``
+words (the model never saw such sentences in training), is not translated: its synthetic line stays
+empty, and a mixture drops pairs with an empty side.
+
+Streaming and resuming: the input is read in chunks of ``chunk_lines`` lines, and nothing larger than
+a chunk is held in memory. After each chunk both files are appended to, flushed and fsynced, and then
+``provenance.json`` is rewritten atomically with the lines done and the two files' byte sizes. A run
+started again on the same DIR with the same input, models and options (anything else is refused)
+truncates the files to those sizes and goes on with the next chunk; sampling is seeded per chunk
+(``seed + chunk number``), so a resumed run writes the same bytes as one that was never interrupted. A
+finished DIR is left alone. Before anything is written, the whole input is read once: its sha256, its
+line count (for the ETA) and its UTF-8 are checked, so a bad line stops the job with nothing written.
+
+Shapes: none; lines and files.
+
+Not done here: the search (``nmt.translator.Translator``), fetching registered corpora
+(``nmt.data.monolingual``), and reading the pairs into a mixture (``nmt.data``; tags, weights and
+dropping pairs with an empty side happen there).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import gzip
+import json
+import logging
+import os
+import sys
+import time
+import zlib
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import IO, Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+from tqdm import tqdm
+
+from nmt.data.errors import DataError
+from nmt.data.fetch import sha256_of
+from nmt.data.monolingual import MONOLINGUAL, resolve_monolingual
+from nmt.data.text import iter_decoded
+from nmt.device import uses_bf16
+from nmt.progress import format_duration
+from nmt.provenance import provenance
+from nmt.translator import SamplingOptions, SearchOptions, Translator
+
+log = logging.getLogger(__name__)
+
+PROVENANCE = "provenance.json"
+LOCK = ".lock"
+FORMAT_VERSION = 1
+METHODS = ("beam", "sample")
+
+
+class BacktranslationError(ValueError):
+    """A back-translation job that cannot run as asked (settings, languages, an output dir of another job)."""
+
+
+@dataclass
+class BacktranslateSettings:
+    """``backtranslate.py``'s keys and types; the values (defaults) and a comment per key are in
+    ``configs/backtranslate.yaml``."""
+
+    checkpoint: Any = MISSING
+    input: str = MISSING
+    lang: str = MISSING
+    output: str = MISSING
+    method: str = MISSING
+    beam_size: int = MISSING
+    length_penalty: float = MISSING
+    temperature: float = MISSING
+    top_k: int = MISSING
+    seed: int = MISSING
+    max_words: Any = MISSING
+    max_len: int = MISSING
+    max_len_ratio: float | None = MISSING
+    batch_tokens: int = MISSING
+    chunk_lines: int = MISSING
+    device: str = MISSING
+    precision: str = MISSING
+    invalid_utf8: str = MISSING
+    log_every_s: float = MISSING
+    cache_dir: str = MISSING
+    mirror: str | None = MISSING
+
+
+ConfigStore.instance().store(name="backtranslate_schema", node=BacktranslateSettings)
+
+
+# ------------------------------------------------------------------------------------------- Settings
+def check_settings(cfg: DictConfig) -> tuple[SearchOptions, SamplingOptions | None]:
+    """The search options (and sampling options for ``method=sample``) of a composed config, all checked.
+
+    Raises:
+        BacktranslationError: a required key left out, or a value out of range.
+        TranslationError: a search or sampling option the Translator refuses.
+    """
+    for key, example in (("checkpoint", "checkpoint=RUN_DIR or checkpoint=[RUN_A,RUN_B]"),
+                         ("input", "input=FILE (plain or .gz) or input=multi30k_task2"),
+                         ("lang", "lang=en (the input's language)"), ("output", "output=DIR")):
+        if OmegaConf.is_missing(cfg, key) or cfg[key] in (None, "", []):
+            raise BacktranslationError(f"{key} is missing: pass {example}")
+    if cfg.method not in METHODS:
+        raise BacktranslationError(f"method={cfg.method!r} is not one of {', '.join(METHODS)}")
+    for key in ("chunk_lines", "log_every_s"):
+        if cfg[key] <= 0:
+            raise BacktranslationError(f"{key}={cfg[key]} must be positive")
+    if cfg.max_words not in ("auto", None) and not (isinstance(cfg.max_words, int) and cfg.max_words >= 1):
+        raise BacktranslationError(f"max_words={cfg.max_words!r} must be auto, null or a whole number >= 1")
+    search = SearchOptions(beam_size=cfg.beam_size if cfg.method == "beam" else 1, length_penalty=cfg.length_penalty,
+                           max_len=cfg.max_len, max_len_ratio=cfg.max_len_ratio, batch_tokens=cfg.batch_tokens)
+    sampling = SamplingOptions(cfg.temperature, cfg.top_k, cfg.seed) if cfg.method == "sample" else None
+    return search.checked(), sampling.checked() if sampling else None
+
+
+def settings_as_arguments(cfg: DictConfig) -> list[str]:
+    """Every setting as a ``backtranslate.py`` argument (``checkpoint=[A,B]``, ``mirror=null``), in schema order."""
+    def value(v: Any) -> str:
+        if isinstance(v, (list, tuple)):
+            return "[" + ",".join(map(str, v)) + "]"
+        return "null" if v is None else str(v)
+
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    return [f"{key}={value(plain[key])}" for key in (f.name for f in fields(BacktranslateSettings)) if key in plain]
+
+
+def search_record(method: str, search: SearchOptions, sampling: SamplingOptions | None) -> dict[str, Any]:
+    """The options that decide the output, for provenance.json (what ``method`` does not use is left out)."""
+    record: dict[str, Any] = {"method": method}
+    if sampling is None:
+        record.update(beam_size=search.beam_size, length_penalty=search.length_penalty)
+    else:
+        record.update(asdict(sampling), seed_per_chunk="seed + chunk number (0-based)")
+    record.update(max_len=search.max_len, max_len_ratio=search.max_len_ratio, batch_tokens=search.batch_tokens)
+    return record
+
+
+# ---------------------------------------------------------------------------------------------- Input
+@dataclass
+class InputText:
+    """The monolingual input: where it is, its language, its sha256 and line count (read once before the job)."""
+
+    path: Path
+    lang: str
+    sha256: str
+    lines: int
+    corpus: dict[str, Any] | None  # a registered corpus' record (MonolingualText.info); None for a user's file
+
+
+def open_input(cfg: DictConfig) -> InputText:
+    """Resolve ``cfg.input`` (a file or a registered corpus) and read it once: sha256, lines, UTF-8.
+
+    Raises:
+        DataError: an unknown corpus, a missing or unreadable file, or invalid UTF-8 (naming the line).
+    """
+    mirror = cfg.mirror or os.environ.get("NMT_DATA_MIRROR") or None
+    text = resolve_monolingual(str(cfg.input), str(cfg.lang), cache_dir=cfg.cache_dir, mirror=mirror)
+    n_lines = sum(1 for _ in iter_input_lines(text.path, cfg.invalid_utf8))
+    corpus = text.info if str(cfg.input) in MONOLINGUAL else None
+    return InputText(text.path, text.lang, sha256_of(text.path), n_lines, corpus)
+
+
+def iter_input_lines(path: Path, invalid_utf8: str, skip: int = 0) -> Iterator[str]:
+    """The stripped lines of a plain or gzip file after the first ``skip``, streamed (only ``\\n`` ends a line).
+
+    Raises:
+        DataError: invalid UTF-8 (``error`` mode: the file, line and fix), or an unreadable or broken gzip file.
+    """
+    try:
+        with open(path, "rb") as probe:
+            gz = probe.read(2) == b"\x1f\x8b"
+        with (gzip.open(path, "rb") if gz else open(path, "rb")) as stream:
+            lines = iter_decoded(stream, str(path), invalid_utf8, fix="pass invalid_utf8=replace")
+            for lineno, line in enumerate(lines):
+                if lineno >= skip:
+                    yield line
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DataError(f"cannot read {path}: {exc}. Is the file truncated or not really gzip?") from None
+
+
+def chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
+    """Lists of ``size`` consecutive lines (the last may be shorter)."""
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+# --------------------------------------------------------------------------------------------- Models
+def load_reverse_model(cfg: DictConfig, text: InputText) -> tuple[Translator, str]:
+    """The Translator of ``cfg.checkpoint`` (a run, a .pt file or a list) and the language it writes.
+
+    Raises:
+        BacktranslationError: the model does not translate from the input's language, or writes it itself.
+        CheckpointError, TranslationError: what ``Translator.from_checkpoint`` refuses.
+    """
+    paths = OmegaConf.to_object(cfg.checkpoint) if OmegaConf.is_config(cfg.checkpoint) else cfg.checkpoint
+    paths = [str(p) for p in paths] if isinstance(paths, (list, tuple)) else str(paths)
+    # never cut a line: over-long lines are left untranslated instead (max_words)
+    translator = Translator.from_checkpoint(paths, device=cfg.device, precision=cfg.precision, max_input_words=None)
+    info = translator.info()
+    src, tgt, lang = info["src_lang"], info["tgt_lang"], text.lang
+    if src != lang or not tgt or tgt == lang:
+        name = " + ".join(str(p) for p in translator.checkpoints)
+        raise BacktranslationError(
+            f"{name} translates {src}→{tgt}, but the input {text.path} is {lang} (lang={lang}): back-translating "
+            f"it needs a model that translates from {lang} (one trained with data.src_lang={lang}); pass such a "
+            "checkpoint, or set lang= to the input's language")
+    return translator, tgt
+
+
+def resolve_max_words(value: Any, translator: Translator) -> int | None:
+    """``max_words``: a number, None (no limit), or ``auto``: the models' training ``data.clean.max_len``."""
+    if value != "auto":
+        return value
+    limits = [((c.get("data") or {}).get("clean") or {}).get("max_len") for c in translator.configs]
+    return max((n for n in limits if n is not None), default=None)
+
+
+def decoding_precision(translator: Translator) -> str:
+    """What the models compute in: ``bf16`` (autocast), ``int8`` or ``fp32``; ``auto`` resolved for the device."""
+    if translator.precision == "int8":
+        return "int8"
+    return "bf16" if uses_bf16(translator.precision, translator.device) else "fp32"
+
+
+def models_record(translator: Translator) -> list[dict[str, str]]:
+    """Each model's checkpoint file and sha256, in ensemble order."""
+    return [{"checkpoint": str(path), "sha256": sha256_of(path)} for path in translator.checkpoints]
+
+
+# ---------------------------------------------------------------------------------------------- A chunk
+def translate_chunk(translator: Translator, lines: list[str], chunk_index: int, search: SearchOptions,
+                    sampling: SamplingOptions | None, max_words: int | None) -> tuple[list[str], Counter[str]]:
+    """The synthetic line of each input line (empty for an empty or over-long one), and what was counted."""
+    counts: Counter[str] = Counter(lines=len(lines))
+    todo = []
+    for i, line in enumerate(lines):
+        if not line:
+            counts["empty"] += 1
+        elif max_words is not None and len(line.split()) > max_words:
+            counts["over_long"] += 1
+        else:
+            todo.append(i)
+    # a seed per chunk: a run resumed at chunk n draws what an uninterrupted run drew there
+    chunk_sampling = replace(sampling, seed=sampling.seed + chunk_index) if sampling else None
+    results = translator.translate([lines[i] for i in todo], sampling=chunk_sampling, **asdict(search))
+    synthetic = [""] * len(lines)
+    for i, result in zip(todo, results):
+        synthetic[i] = " ".join(result.text.split())  # one line: no newline or tab can split it
+    counts["translated"] = len(todo)
+    counts["empty_translations"] = sum(1 for i in todo if not synthetic[i])
+    return synthetic, counts
+
+
+# ----------------------------------------------------------------------------------------- The output
+def new_record(text: InputText, models: list[dict[str, str]], tgt: str, job: dict[str, Any],
+               argv: list[str] | None) -> dict[str, Any]:
+    """provenance.json of a job not started yet: ``job`` (what a resume must match) and what people read."""
+    first_run = provenance("backtranslate.py", argv)  # date, command, host, library versions
+    synthetic, real = f"train.{tgt}", f"train.{text.lang}"
+    return {
+        "format_version": FORMAT_VERSION,
+        "status": "partial",
+        **first_run,
+        "finished": None,
+        "pairs": {"source": {"lang": tgt, "file": synthetic, "side": "synthetic"},
+                  "target": {"lang": text.lang, "file": real, "side": "real"}},
+        "input": {"path": str(text.path), "lang": text.lang, "sha256": text.sha256, "lines": text.lines,
+                  "corpus": text.corpus},
+        "models": models,
+        "model_languages": {"src": text.lang, "tgt": tgt},
+        "job": job,
+        "lines": {"input": text.lines, "done": 0, "translated": 0, "empty": 0, "over_long": 0,
+                  "empty_translations": 0},
+        "bytes": {synthetic: 0, real: 0},
+        "runs": [{"date": first_run["date"], "command": first_run["command"], "from_line": 0}],
+    }
+
+
+def check_output_folder(out: Path) -> None:
+    """Refuse an ``output=`` that exists but is neither empty nor a back-translation folder, before writing in it."""
+    ours = {PROVENANCE, LOCK, f".{PROVENANCE}.tmp"}  # what a run cut off before its first record may leave
+    if out.exists() and (not out.is_dir() or not (out / PROVENANCE).is_file() and set(os.listdir(out)) - ours):
+        raise BacktranslationError(f"output={out} exists and is not a back-translation folder (no {PROVENANCE} "
+                                   "in it); pass a new or empty folder as output=")
+
+
+@contextmanager
+def output_lock(out: Path) -> Iterator[None]:
+    """Hold ``out/.lock`` while writing: a second job on the same folder is refused, not interleaved. The OS
+    releases the lock however the process ends (SIGKILL included)."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / LOCK, "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BacktranslationError(f"another process is back-translating into {out}; wait for it to end, or "
+                                       "pass another output=") from None
+        yield
+
+
+def prepare_output(out: Path, record: dict[str, Any]) -> dict[str, Any] | None:
+    """The record to go on from, with the files ready to append to; None when ``out`` holds this job finished.
+
+    A new (or empty) folder gets ``record``; the files are created by the first append. A folder of this
+    job, cut off, gets its files truncated to the sizes its provenance.json recorded after the last
+    whole chunk. Call it holding ``output_lock``.
+
+    Raises:
+        BacktranslationError: another job's folder, or files shorter than recorded.
+    """
+    path = out / PROVENANCE
+    if not path.is_file():
+        write_json_durably(path, record)
+        return record
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise BacktranslationError(f"{path} is not valid JSON ({exc}); delete {out} to start again") from None
+    check_same_job(path, old.get("job") or {}, record["job"])
+    if old["status"] == "complete":
+        return None
+    for name, size in old["bytes"].items():
+        file = out / name
+        if size == 0 and not file.exists():  # cut off before its first chunk
+            continue
+        if not file.is_file() or file.stat().st_size < size:
+            raise BacktranslationError(f"{file} is shorter than the {size:,} bytes {path} recorded (changed "
+                                       f"since?); delete {out} to start again")
+        os.truncate(file, size)  # drop what a cut-off chunk appended after the last record
+    old["runs"].append({**record["runs"][0], "from_line": old["lines"]["done"]})
+    return old
+
+
+def check_same_job(path: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """Refuse to continue a folder that another input, other models or other options began."""
+    differ = [key for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+    if differ:
+        shown = "; ".join(f"{key}: {old.get(key)!r} there, {new.get(key)!r} now" for key in differ[:3])
+        raise BacktranslationError(f"{path} records another back-translation ({shown}); rerun with the same "
+                                   f"input, models and options to resume it, or pass a new output= to start again")
+
+
+def write_json_durably(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` to a temp file, fsync it, rename it over ``path`` and fsync the folder: old or new, never half."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the rename itself survives a power cut
+    finally:
+        os.close(folder)
+
+
+def append_lines(handle: IO[bytes], lines: list[str]) -> int:
+    """Append ``lines`` and force them to disk; the file's size afterwards."""
+    handle.write("".join(line + "\n" for line in lines).encode("utf-8"))
+    handle.flush()
+    os.fsync(handle.fileno())
+    return handle.tell()
+
+
+# ------------------------------------------------------------------------------------------- Progress
+class ChunkProgress:
+    """Where the job stands: a tqdm bar (with ETA) on a terminal, else a log line every ``every_s`` seconds."""
+
+    def __init__(self, total: int, done: int, every_s: float) -> None:
+        self.total, self.done, self.every_s = total, done, every_s
+        self.start_done, self.start = done, time.perf_counter()
+        self.last_log = self.start
+        self.bar = (tqdm(total=total, initial=done, unit=" lines", desc="back-translating", file=sys.stderr,
+                         dynamic_ncols=True) if sys.stderr.isatty() else None)
+
+    def update(self, n_lines: int) -> None:
+        self.done += n_lines
+        if self.bar is not None:
+            self.bar.update(n_lines)
+            return
+        now = time.perf_counter()
+        if now - self.last_log >= self.every_s or self.done == self.total:
+            self.last_log = now
+            log.info(self.line())
+
+    def line(self) -> str:
+        """``12,000/145,000 lines (8%) | 210.4 lines/s | elapsed 57s | ETA 10m32s``."""
+        elapsed = time.perf_counter() - self.start
+        rate = (self.done - self.start_done) / elapsed if elapsed > 0 else 0.0
+        eta = format_duration((self.total - self.done) / rate) if rate > 0 else "?"
+        return (f"{self.done:,}/{self.total:,} lines ({100 * self.done // max(1, self.total)}%) | "
+                f"{rate:,.1f} lines/s | elapsed {format_duration(elapsed)} | ETA {eta}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# --------------------------------------------------------------------------------------------- The job
+def backtranslate(cfg: DictConfig, argv: list[str] | None = None) -> dict[str, Any]:
+    """Back-translate ``cfg.input`` into ``cfg.output`` (the composed ``backtranslate`` config), or resume it.
+
+    Args:
+        cfg: see configs/backtranslate.yaml.
+        argv: the command-line arguments to record; None (a call from Python): every setting of ``cfg``
+            as ``key=value``, the command that reproduces the job.
+
+    Returns:
+        ``{"output", "status", "lines", "done", "translated", "seconds", "sentences_per_s", "max_words"}``:
+        seconds and sentences/s (translated lines per second) count this run's chunks only.
+
+    Raises:
+        BacktranslationError, TranslationError, CheckpointError, DataError: the user's mistakes, reported
+            in one line by ``backtranslate.py``; nothing is written before they are ruled out.
+    """
+    search, sampling = check_settings(cfg)
+    text = open_input(cfg)
+    translator, tgt = load_reverse_model(cfg, text)
+    max_words, models = resolve_max_words(cfg.max_words, translator), models_record(translator)
+    # what decides the output: a resumed run must match all of it
+    job = {"input_sha256": text.sha256, "input_lines": text.lines, "lang": text.lang,
+           "model_sha256": [m["sha256"] for m in models], "model_languages": f"{text.lang}-{tgt}",
+           "search": search_record(cfg.method, search, sampling), "max_words": max_words,
+           "chunk_lines": cfg.chunk_lines, "device": translator.device.type,
+           "precision": decoding_precision(translator)}
+    out = Path(str(cfg.output))
+    check_output_folder(out)
+    with output_lock(out):
+        argv = settings_as_arguments(cfg) if argv is None else argv
+        record = prepare_output(out, new_record(text, models, tgt, job, argv))
+        if record is None:
+            log.info("%s already holds this back-translation, complete: nothing to do", out)
+            return {"output": str(out), "status": "complete", "lines": text.lines, "done": text.lines,
+                    "translated": 0, "seconds": 0.0, "sentences_per_s": None, "max_words": max_words}
+        return _run(translator, text, out, record, search, sampling, max_words, cfg)
+
+
+def _run(translator: Translator, text: InputText, out: Path, record: dict[str, Any], search: SearchOptions,
+         sampling: SamplingOptions | None, max_words: int | None, cfg: DictConfig) -> dict[str, Any]:
+    """The chunks still to do, logged before and after; ``backtranslate``'s summary."""
+    log.info("back-translating %s (%s, %d lines%s) with %s into %s", text.path, text.lang, text.lines,
+             f", from line {record['lines']['done'] + 1}" if record["lines"]["done"] else "",
+             " + ".join(m["checkpoint"] for m in record["models"]), out)
+    translated, seconds = run_chunks(translator, text, out, record, search, sampling, max_words, cfg)
+    log.info("%s: %d lines (%d translated, %d empty, %d over %s words) in %s; %s", out, text.lines,
+             record["lines"]["translated"], record["lines"]["empty"], record["lines"]["over_long"], max_words,
+             format_duration(seconds), record["status"])
+    return {"output": str(out), "status": record["status"], "lines": text.lines, "done": record["lines"]["done"],
+            "translated": translated, "seconds": seconds,
+            "sentences_per_s": translated / seconds if seconds > 0 else None, "max_words": max_words}
+
+
+def run_chunks(translator: Translator, text: InputText, out: Path, record: dict[str, Any], search: SearchOptions,
+               sampling: SamplingOptions | None, max_words: int | None, cfg: DictConfig) -> tuple[int, float]:
+    """Translate the chunks after ``record``'s lines done, committing each; this run's translated lines and seconds."""
+    chunk_lines, done = cfg.chunk_lines, record["lines"]["done"]
+    synthetic_name, real_name = record["pairs"]["source"]["file"], record["pairs"]["target"]["file"]
+    progress = ChunkProgress(text.lines, done, cfg.log_every_s)
+    translated, start = 0, time.perf_counter()
+    try:
+        with open(out / synthetic_name, "ab") as synthetic_file, open(out / real_name, "ab") as real_file:
+            lines_in = iter_input_lines(text.path, cfg.invalid_utf8, skip=done)
+            for index, lines in enumerate(chunks(lines_in, chunk_lines), start=done // chunk_lines):
+                synthetic, counts = translate_chunk(translator, lines, index, search, sampling, max_words)
+                sizes = {synthetic_name: append_lines(synthetic_file, synthetic),
+                         real_name: append_lines(real_file, lines)}
+                commit_chunk(out, record, counts, sizes)
+                translated += counts["translated"]
+                progress.update(len(lines))
+    except KeyboardInterrupt:
+        progress.close()
+        log.warning("interrupted: %s holds the first %d of %d lines; run the same command again to go on", out,
+                    record["lines"]["done"], text.lines)
+        raise
+    finally:
+        progress.close()
+    record.update(status="complete", finished=provenance("backtranslate.py")["date"])
+    write_json_durably(out / PROVENANCE, record)
+    return translated, time.perf_counter() - start
+
+
+def commit_chunk(out: Path, record: dict[str, Any], counts: Counter[str], sizes: dict[str, int]) -> None:
+    """Record a chunk whose lines are on disk: after this, a resumed run starts after it."""
+    for key in ("translated", "empty", "over_long", "empty_translations"):
+        record["lines"][key] += counts[key]
+    record["lines"]["done"] += counts["lines"]
+    record["bytes"] = sizes
+    write_json_durably(out / PROVENANCE, record)
