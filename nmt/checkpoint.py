@@ -123,9 +123,26 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return state
 
 
+def upgrade_saved_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A config saved by an earlier nmt, with renamed keys brought up to date (for resuming its run).
+
+    ``trainer.amp`` (true: bf16 autocast on CUDA) became ``trainer.precision`` (``auto`` does the same);
+    ``model.output_hidden_size`` and ``model.layer_norm`` came later (null and false: what earlier models were).
+    """
+    trainer = dict(config.get("trainer") or {})
+    if "amp" in trainer:
+        amp = trainer.pop("amp")
+        trainer.setdefault("precision", "auto" if amp else "fp32")
+        config = {**config, "trainer": trainer}
+    if "model" in config:
+        config = {**config, "model": {"output_hidden_size": None, "layer_norm": False, **config["model"]}}
+    return config
+
+
 def build_model(config: Mapping[str, Any], tokenizer: Tokenizer) -> Seq2Seq:
-    """The model described by a training config (a dict or the run's DictConfig), sized for ``tokenizer``'s
-    vocabularies."""
+    """The model described by a training config (a dict or the run's DictConfig, from any nmt version), sized
+    for ``tokenizer``'s vocabularies."""
+    config = upgrade_saved_config(dict(config))
     return Seq2Seq.from_config(config["model"], config["attention"], tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
 
 

@@ -167,22 +167,6 @@ def validate_config(cfg: DictConfig) -> None:
                           f"(a tied output matrix is emb_size={model.emb_size} wide), or output_hidden_size=null")
 
 
-def upgrade_saved_config(config: dict[str, Any]) -> dict[str, Any]:
-    """A config saved by an earlier nmt, with renamed keys brought up to date (for resuming its run).
-
-    ``trainer.amp`` (true: bf16 autocast on CUDA) became ``trainer.precision`` (``auto`` does the same);
-    ``model.output_hidden_size`` and ``model.layer_norm`` came later (null and false: what earlier models were).
-    """
-    trainer = dict(config.get("trainer") or {})
-    if "amp" in trainer:
-        amp = trainer.pop("amp")
-        trainer.setdefault("precision", "auto" if amp else "fp32")
-        config = {**config, "trainer": trainer}
-    if "model" in config:
-        config = {**config, "model": {"output_hidden_size": None, "layer_norm": False, **config["model"]}}
-    return config
-
-
 def to_plain_dict(cfg: DictConfig) -> dict[str, Any]:
     """The resolved config as plain Python values, without Hydra's own section (for checkpoints/JSON)."""
     plain = OmegaConf.to_container(cfg, resolve=True)

@@ -32,6 +32,7 @@ WORD_START = "\u2581"  # SentencePiece's word-boundary marker "▁"
 # Pieces that are never part of a word: they form a word of their own (e.g. the source EOS column).
 SPECIAL_PIECES = frozenset({"<s>", "</s>", "<pad>"})
 UNK_PIECE = "<unk>"
+UNK_TEXT = "\u2047"  # ⁇, what SentencePiece decodes <unk> to
 
 
 def _as_array(weights: Tensor | np.ndarray, tgt: Sequence[str], src: Sequence[str], what: str) -> np.ndarray:
@@ -110,6 +111,8 @@ def word_groups(pieces: Sequence[str], unk_is_word: bool = False) -> tuple[list[
     words = []
     for group in merged:
         text = "".join(pieces[i] for i in group)
+        if unk_is_word and text.replace(WORD_START, "") == UNK_PIECE:
+            text = UNK_TEXT  # as SentencePiece decodes it, so the words match the translation's text
         words.append(text.replace(WORD_START, "") or text)
     return merged, words
 

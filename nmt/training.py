@@ -39,8 +39,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from nmt.checkpoint import CheckpointError, RunCheckpoints, build_model, load_checkpoint, resume_paths
-from nmt.config import ConfigError, to_plain_dict, upgrade_saved_config, validate_config
+from nmt.checkpoint import (
+    CheckpointError,
+    RunCheckpoints,
+    build_model,
+    load_checkpoint,
+    resume_paths,
+    upgrade_saved_config,
+)
+from nmt.config import ConfigError, to_plain_dict, validate_config
 from nmt.data import Batch, DataError, EncodedSplit, PreparedData, Tokenizer, build_loader, prepare_data
 from nmt.device import DeviceError, autocast, configure_matmul, slow_bf16_warning, uses_bf16
 from nmt.distributed import (

@@ -129,7 +129,7 @@ def save_tiny_checkpoint(path: Path, attention: str, seed: int = 0, vocab_size: 
     tokenizer = train_tokenizer(SRC * 3, TGT * 3, TokenizerSettings(vocab_size=vocab_size), cache_dir=None)
     config = {
         "model": {"emb_size": 8, "enc_hidden_size": 5, "dec_hidden_size": 7, "enc_layers": 1, "dec_layers": 1,
-                  "dropout": 0.0, "tie_embeddings": True},
+                  "dropout": 0.0, "tie_embeddings": True, "output_hidden_size": None, "layer_norm": False},
         "attention": {"name": attention, "hidden_size": None, "dropout": 0.0},
         "data": {"src_lang": src_lang, "tgt_lang": tgt_lang, "clean": {"max_len": TINY_MAX_WORDS, "max_ratio": 3.0}},
     }

@@ -205,7 +205,8 @@ def test_every_config_file_composes_builds_and_steps() -> None:
     files = sorted(p.stem for p in (CONFIG_DIR / "attention").glob("*.yaml"))
     assert set(ALL_TYPES) <= set(files) and set(files) == set(attention_names())
     model_cfg = {"emb_size": 6, "enc_hidden_size": 5, "dec_hidden_size": 9, "enc_layers": 1,
-                 "dec_layers": 2, "dropout": 0.0, "tie_embeddings": True}
+                 "dec_layers": 2, "dropout": 0.0, "tie_embeddings": True, "output_hidden_size": None,
+                 "layer_norm": False}
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         for name in files:
             cfg = compose(config_name="train", overrides=[f"attention={name}"])

@@ -7,7 +7,7 @@ import torch
 
 from nmt import device as device_module
 from nmt.attention import build_attention
-from nmt.config import upgrade_saved_config
+from nmt.checkpoint import upgrade_saved_config
 from nmt.device import autocast, check_inference_precision, check_precision, quantize_int8, slow_bf16_warning, uses_bf16
 from nmt.model import Seq2Seq
 from nmt.translator import SearchOptions, TranslationError, Translator

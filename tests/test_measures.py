@@ -15,7 +15,7 @@ from nmt.model import Seq2Seq
 
 VOCAB = 40
 MODEL = {"emb_size": 12, "enc_hidden_size": 8, "dec_hidden_size": 10, "enc_layers": 1, "dec_layers": 1,
-         "dropout": 0.0, "tie_embeddings": True}
+         "dropout": 0.0, "tie_embeddings": True, "output_hidden_size": None, "layer_norm": False}
 
 
 def tiny_model(attention: str) -> Seq2Seq:

@@ -69,7 +69,7 @@ def test_target_words_match_the_decoded_text() -> None:
     # is the j-th word of the output line; in the source <unk> stands for real characters of a word.
     tgt = ["▁me", "<unk>", "nd", "▁", "<unk>", "▁x", "y", "▁"]  # decodes to "me ⁇ nd ⁇ xy"
     groups, words = word_groups(tgt, unk_is_word=True)
-    assert words == ["me", "<unk>", "nd", "<unk>", "xy"]
+    assert words == ["me", "⁇", "nd", "⁇", "xy"]  # the words of the decoded text, "⁇" included
     assert sorted(i for g in groups for i in g) == list(range(len(tgt)))
     _, src_words = word_groups(["▁5", "<unk>", "▁", "<unk>", "5", "▁", "</s>"])
     assert src_words == ["5<unk>", "<unk>5", "</s>"]
