@@ -110,6 +110,20 @@ def test_a_synthetic_source_of_another_language_pair_is_refused(
         prepare_data(cfg, cache_dir=tmp_path / "cache")
 
 
+def test_an_unfinished_back_translation_is_refused_with_its_command(
+    tmp_path: Path, tiny_parallel: tuple[list[str], list[str]]
+) -> None:
+    bt = tmp_path / "bt_en"
+    _write(bt / "train.de", ["ein"])
+    _write(bt / "train.en", ["one"])
+    (bt / "provenance.json").write_text('{"status": "partial", "lines": {"done": 1, "input": 3}, '
+                                       '"command": "python backtranslate.py checkpoint=r input=m.en lang=en output=o"}')
+    cfg = _mixture_cfg(tmp_path, tiny_parallel, [{"corpus": "files"}, {"synthetic": str(bt)}])
+    with pytest.raises(DataError, match=r"unfinished back-translation \(1 of 3 lines\): run its command again to "
+                                        r"finish it: python backtranslate.py checkpoint=r"):
+        prepare_data(cfg, cache_dir=tmp_path / "cache")
+
+
 def test_a_bad_weight_on_the_command_line_is_one_line_and_exit_2(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "train.py", "data.mixture=[{corpus:multi30k,weight:0}]", "data.mirror=null",

@@ -181,6 +181,11 @@ def synthetic_files(folder: Path, langs: Sequence[str], where: str) -> tuple[Pat
                         "different language pairs. Back-translate with a model into this mixture's source language.")
     provenance = folder / PROVENANCE
     info = json.loads(provenance.read_text()) if provenance.is_file() else {}
+    if info.get("status", "complete") != "complete":  # its files may end in a chunk that was never committed
+        lines = info.get("lines", {})
+        raise DataError(f"{where}.synthetic = {folder} is an unfinished back-translation ({lines.get('done', '?'):,} "
+                        f"of {lines.get('input', '?'):,} lines): run its command again to finish it: "
+                        f"{info.get('command') or 'python backtranslate.py ... output=' + str(folder)}")
     return src, tgt, {"provenance": info} if info else {}
 
 
