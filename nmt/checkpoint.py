@@ -184,9 +184,13 @@ class RunCheckpoints:
         self.enabled = enabled
 
     def save(self, names: tuple[str, ...], state: dict[str, Any]) -> None:
-        """Write ``state`` as ``<name>.pt`` for each name (``"last"``, ``"best"``)."""
+        """Write ``state`` as ``<name>.pt`` for each name (``"last"``, ``"best"``), ``best`` first.
+
+        ``last.pt`` records the best step; were it written first, a crash between the two files would
+        leave it naming a best that ``best.pt`` does not hold.
+        """
         if self.enabled:
-            for name in names:
+            for name in sorted(names, key=lambda name: name != "best"):
                 save_checkpoint(self.folder / f"{name}.pt", state)
 
     def keep_for_averaging(self, step: int, state: dict[str, Any]) -> None:

@@ -259,23 +259,36 @@ def _hydra_quoted(value: str) -> str:
 
 
 def unknown_group_option(config_dir: str | Path, args: Sequence[str]) -> str | None:
-    """A one-line error for ``GROUP=NAME`` on the command line when ``configs/GROUP/NAME.yaml`` does not exist.
+    """A one-line error for ``GROUP=NAME`` on the command line when no ``GROUP/NAME.yaml`` exists.
 
     Hydra would answer with its search path and exit 1; this names the valid options instead. Sweeps
     (``attention=dot,general``) are checked option by option; ``null`` is a valid choice of any group.
+    Folders added with ``--config-dir`` (``-cd``) count as Hydra counts them.
 
     Returns:
         The message, or None.
     """
+    roots = [Path(config_dir), *extra_config_dirs(args)]
     for arg in args:
         key, sep, value = arg.partition("=")
-        group_dir = Path(config_dir) / key.lstrip("+")
-        if not sep or "." in key or key.startswith(("~", "hydra")) or not group_dir.is_dir():
+        key = key.lstrip("+")
+        if not sep or "." in key or key.startswith(("~", "-", "hydra")) or not (Path(config_dir) / key).is_dir():
             continue
-        valid = sorted(p.stem for p in group_dir.glob("*.yaml"))
-        for option in value.split(","):
-            if option.strip() and option.strip() != "null" and option.strip() not in valid:
-                near = difflib.get_close_matches(option.strip(), valid, n=1)
+        valid = sorted({p.stem for root in roots for p in (root / key).glob("*.yaml")})
+        for option in (o.strip() for o in value.split(",")):
+            if option and option != "null" and option not in valid:
+                near = difflib.get_close_matches(option, valid, n=1)
                 hint = f"did you mean {key}={near[0]}? " if near else ""
-                return f"unknown {key} option {option.strip()!r}: {hint}valid options: {', '.join(valid)}"
+                return f"unknown {key} option {option!r}: {hint}valid options: {', '.join(valid)}"
     return None
+
+
+def extra_config_dirs(args: Sequence[str]) -> list[Path]:
+    """The folders that ``--config-dir=DIR``, ``--config-dir DIR`` or ``-cd DIR`` add to Hydra's search path."""
+    dirs = []
+    for i, arg in enumerate(args):
+        if arg.startswith("--config-dir="):
+            dirs.append(Path(arg.split("=", 1)[1]))
+        elif arg in ("--config-dir", "-cd") and i + 1 < len(args):
+            dirs.append(Path(args[i + 1]))
+    return dirs

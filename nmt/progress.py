@@ -59,8 +59,14 @@ class StepHistory:
         """Drop the lines after ``step`` (a resumed run's checkpoint): the cut-off run wrote them, then lost them."""
         if not self.enabled or not self.path.exists():
             return
-        lines = self.path.read_text().splitlines()
-        kept = [line for line in lines if json.loads(line)["step"] <= step]
+        kept = []
+        for line in self.path.read_text(errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:  # a line torn by a crash or a power cut: the checkpoint says where the run stands
+                continue
+            if isinstance(record, dict) and record.get("step", step + 1) <= step:
+                kept.append(line)
         self.path.write_text("".join(line + "\n" for line in kept))
 
     def append(self, step: int, loss: float, lr: float, grad_norm: float) -> None:

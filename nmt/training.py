@@ -25,15 +25,17 @@ line (``nmt.progress``), the final test and report (``nmt.final_evaluation``).
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import math
+import os
 import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -106,6 +108,27 @@ def lr_factor(schedule: str, warmup_steps: int, total_steps: int, min_ratio: flo
     return factor
 
 
+def lock_run_dir(run_dir: Path) -> IO[str]:
+    """Hold ``run_dir/.lock`` (an flock, released however the process ends) so that one train.py writes a run.
+
+    Raises:
+        TrainingError: another process holds it (two resumes of one run would overwrite each other's checkpoints).
+    """
+    handle = (run_dir / ".lock").open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip() or "another process"
+        handle.close()
+        raise TrainingError(f"{run_dir} is in use by {owner}: wait for it to finish (or stop it), then resume; "
+                            "two processes writing one run would overwrite each other's checkpoints.") from None
+    handle.truncate(0)
+    handle.write(f"train.py (pid {os.getpid()})\n")
+    handle.flush()
+    return handle
+
+
 def run_dir_from_hydra() -> Path:
     from hydra.core.hydra_config import HydraConfig
 
@@ -125,6 +148,7 @@ def resume_config(cfg: DictConfig, state: dict[str, Any]) -> DictConfig:
         overrides = [o for o in HydraConfig.get().overrides.task if "." in o.split("=")[0]]
         overrides = [o.lstrip("+~") for o in overrides if not o.startswith("hydra.")]
         merged = OmegaConf.merge(saved, OmegaConf.from_dotlist(overrides))
+        refuse_changed_run(saved, merged, overrides)
     except ValueError:  # not running under Hydra (tests, notebooks): take this config's trainer section
         merged = OmegaConf.merge(saved, {"trainer": cfg.trainer})
     for group in ("data", "model", "attention"):
@@ -132,6 +156,26 @@ def resume_config(cfg: DictConfig, state: dict[str, Any]) -> DictConfig:
                 OmegaConf.to_container(merged[group], resolve=True):
             log.warning("resuming: using the checkpoint's %s config, not this invocation's", group)
     return merged
+
+
+# Where the data lives and how it is loaded may change on resume; what it is may not.
+RESUME_MAY_CHANGE = ("data.cache_dir", "data.mirror", "data.num_workers", "data.valid_max_tokens")
+
+
+def refuse_changed_run(saved: DictConfig, merged: DictConfig, overrides: list[str]) -> None:
+    """Refuse a resume whose command line changes the model, attention or data (the weights would not fit).
+
+    Raises:
+        ConfigError: naming the first such key, its value in the checkpoint and the fix.
+    """
+    for override in overrides:
+        key = override.split("=", 1)[0]
+        if key.split(".")[0] not in ("model", "attention", "data") or key in RESUME_MAY_CHANGE:
+            continue
+        before, after = OmegaConf.select(saved, key), OmegaConf.select(merged, key)
+        if before != after:
+            raise ConfigError(f"cannot resume with {key}={after!r}: the checkpoint's run has {key}={before!r}, and "
+                              "its weights and data are made for that. Resume without it, or start a new run.")
 
 
 def check_same_data(ranks: list[dict[str, Any]]) -> None:
@@ -228,6 +272,7 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self._apply_optimizer_settings()
         self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
         saved_rng = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]  # older checkpoints: one dict
@@ -238,6 +283,19 @@ class Trainer:
         set_rng_state(saved_rng[self.info.rank % len(saved_rng)])
         log.info("resumed at step %d (epoch %d, batch %d of %d)", self.progress.step, self.progress.epoch,
                  self.progress.batches_done, self.batches_per_epoch)
+
+    def _apply_optimizer_settings(self) -> None:
+        """Make a resumed run's ``trainer.lr``, ``betas`` and ``weight_decay`` the ones in use.
+
+        The optimizer's and scheduler's states carry the values the run started with; config.yaml
+        records this run's, so they are put back in force (unchanged values give the same numbers).
+        """
+        self.scheduler.base_lrs = [float(self.tcfg.lr)] * len(self.optimizer.param_groups)
+        factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+        for group in self.optimizer.param_groups:
+            group.update(lr=float(self.tcfg.lr) * factor, initial_lr=float(self.tcfg.lr),
+                         betas=tuple(float(b) for b in self.tcfg.betas), weight_decay=float(self.tcfg.weight_decay))
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def _init_bookkeeping(self) -> None:
         """Clock, logs and checkpoint folder of the run; on every rank but 0 they write nothing."""
@@ -556,6 +614,7 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None, interrupt_at_step:
     run_dir.mkdir(parents=True, exist_ok=True)
     info = setup_distributed(cfg.trainer.device)
     try:
+        lock = lock_run_dir(run_dir) if info.is_main else None  # noqa: F841  (held until this process ends)
         trainer = Trainer(cfg, run_dir, info, resume_state, interrupt_at_step)
         if info.is_main:
             OmegaConf.save(OmegaConf.create(to_plain_dict(cfg)), run_dir / "config.yaml")

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from nmt.checkpoint import load_checkpoint
 from nmt.config import ConfigError, check_command_line_keys, validate_config
 from nmt.data import DataError, prepare_data
-from nmt.training import train
+from nmt.training import TrainingError, lr_factor, train
 from nmt.translation import TranslateSettings
 from nmt.translator import Translator
 from tests.conftest import CONFIG_DIR, REPO_ROOT
@@ -90,6 +90,8 @@ def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
     interrupted = train(cfg, run_dir=tmp_path / "resumed", interrupt_at_step=13)  # mid-epoch, between validations
     assert interrupted == {"interrupted": True, "step": 13}
     assert load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["progress"]["step"] == 13
+    with (tmp_path / "resumed" / "train_log.jsonl").open("a") as log:
+        log.write('{"step": 14, "loss": 3.1')  # a power cut tore the last line: it must not block resume
     resume_cfg = cfg.copy()
     resume_cfg.trainer.resume = str(tmp_path / "resumed")
     train(resume_cfg)
@@ -108,6 +110,55 @@ def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
     a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")["model"]
     b = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_resumed_run_uses_its_own_lr_betas_and_weight_decay(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path, ["trainer.max_steps=6", "trainer.validate_every=3", "trainer.log_every=1"])
+    train(cfg, run_dir=tmp_path / "run", interrupt_at_step=3)
+    resume_cfg = cfg.copy()
+    resume_cfg.trainer.resume = str(tmp_path / "run")
+    resume_cfg.trainer.lr = cfg.trainer.lr / 2
+    resume_cfg.trainer.betas = [0.8, 0.9]
+    resume_cfg.trainer.weight_decay = 0.0
+    train(resume_cfg)
+    lrs = [json.loads(line)["lr"] for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    factor = lr_factor(cfg.trainer.lr_schedule, cfg.trainer.warmup_steps, 6, cfg.trainer.min_lr_ratio)
+    assert lrs[3:] == pytest.approx([cfg.trainer.lr / 2 * factor(step) for step in range(3, 6)], rel=1e-6)
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    group = state["optimizer"]["param_groups"][0]
+    assert tuple(group["betas"]) == (0.8, 0.9) and group["weight_decay"] == 0.0
+    assert state["config"]["trainer"]["lr"] == cfg.trainer.lr / 2  # config.yaml / the checkpoint record what is used
+
+
+def test_a_second_process_on_a_run_in_use_is_refused(tmp_path: Path) -> None:
+    import fcntl
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with (run / ".lock").open("a+") as held:
+        held.write("train.py (pid 12345)\n")
+        held.flush()
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(TrainingError, match=r"is in use by train.py \(pid 12345\): wait for it"):
+            train(tiny_config(tmp_path, ["trainer.max_steps=2"]), run_dir=run)
+
+
+def test_best_is_written_before_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nmt import checkpoint
+
+    written: list[str] = []
+    monkeypatch.setattr(checkpoint, "save_checkpoint", lambda path, state: written.append(path.stem))
+    checkpoint.RunCheckpoints(tmp_path, enabled=True, average_last=0).save(("last", "best"), {})
+    assert written == ["best", "last"]  # a crash in between never leaves last.pt naming a best that best.pt lacks
+
+
+def test_resuming_with_another_model_shape_is_one_line(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path, ["trainer.max_steps=4", "trainer.validate_every=2"])
+    train(cfg, run_dir=tmp_path / "run", interrupt_at_step=2)
+    result = subprocess.run([sys.executable, "train.py", f"trainer.resume={tmp_path / 'run'}", "model.emb_size=64"],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
+    assert "cannot resume with model.emb_size=64: the checkpoint's run has model.emb_size=" in result.stderr
 
 
 def test_checkpoints_events_and_results_are_complete(tmp_path: Path) -> None:
