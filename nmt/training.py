@@ -69,11 +69,12 @@ from nmt.distributed import (
     wrap_model,
 )
 from nmt.evaluation import corpus_scores
-from nmt.final_evaluation import final_evaluation
+from nmt.final_evaluation import FinishedRun, final_evaluation
 from nmt.gpu_monitor import GpuMonitor
 from nmt.loss import sequence_loss
 from nmt.model import Seq2Seq, count_parameters
 from nmt.progress import Progress, RunClock, StepHistory, progress_line
+from nmt.provenance import device_name, host, library_versions
 from nmt.search import Hypothesis
 from nmt.tensorboard import RunLogger
 from nmt.translator import SearchOptions, Translator
@@ -467,9 +468,46 @@ class Trainer:
     def _finish(self, stopped_early: bool) -> dict[str, Any]:
         """Rank 0 scores the best checkpoint on every split and writes results.json; returns them (else {})."""
         barrier(self.info)
-        results = final_evaluation(self, stopped_early) if self.info.is_main else {}
+        results = final_evaluation(self.finished_run(stopped_early)) if self.info.is_main else {}
         self.logger.close()
         return results
+
+    def summary(self, stopped_early: bool) -> dict[str, Any]:
+        """What the run was and what it took: sizes, steps, the clock, throughput, device, data and versions."""
+        p, tcfg, data_cfg = self.progress, self.tcfg, self.cfg.data
+        return {
+            "attention": self.cfg.attention.name,
+            "parameters": count_parameters(self.model),
+            "steps": p.step,
+            "epochs": p.epoch + p.batches_done / max(1, self.batches_per_epoch),
+            "stopped_early": stopped_early,
+            "best_val_bleu_greedy" if tcfg.val_beam_size == 1 else "best_val_bleu": p.best_bleu,
+            "best_step": p.best_step,
+            "train_seconds": p.train_seconds,
+            "train_target_tokens_per_s": p.target_tokens * self.info.world_size / max(1e-9, p.train_seconds),
+            "setup_seconds": self.setup_seconds,
+            "wall_seconds": p.wall_seconds,
+            "gpu_utilisation": self.gpu_utilisation,
+            "validations": p.validations,
+            "device": device_name(self.device),
+            "precision": self.precision,
+            "bf16_autocast": self.use_bf16,
+            "world_size": self.info.world_size,
+            "data_fingerprint": self.data.fingerprint,
+            "data_sources": self.data.stats.get("sources", []),
+            "train_files_by_rank": [seen["train_files"] for seen in self.data_ranks],
+            "versions": library_versions(),
+            "host": host(),
+            "src_lang": data_cfg.src_lang,
+            "tgt_lang": data_cfg.tgt_lang,
+            "run_dir": str(self.run_dir),
+        }
+
+    def finished_run(self, stopped_early: bool) -> FinishedRun:
+        """What the final evaluation reads of this run."""
+        return FinishedRun(model=self.model, data=self.data, checkpoints=self.checkpoints, decode=self.decode,
+                           teacher_forced_loss=self.teacher_forced_loss, run_dir=self.run_dir, cfg=self.cfg,
+                           summary=self.summary(stopped_early), logger=self.logger)
 
     # ------------------------------------------------------------------------------ checkpoints
     def save(self, *names: str, rng_states: list[dict[str, Any]] | None = None) -> None:
