@@ -281,8 +281,10 @@ class Decoder(nn.Module):
     def compile_step(self, backend: str = "inductor") -> None:
         """Train with the per-step body compiled by ``torch.compile`` (dynamic shapes: batches vary).
 
-        Measured on a 2-core CPU: no faster than eager (docs/results.md), so nothing calls it by default;
-        ``benchmark.py train --compile-step`` measures it again on other hardware.
+        Why it stays: on a GPU the step is launch-bound (a dozen small kernels per target token), the case
+        where fusing the step pays (the guide's speed notes; not measured here, no GPU). Measured on a
+        2-core CPU it is 6% slower than eager (docs/results.md), so nothing calls it by default;
+        ``benchmark.py train --compile-step`` measures it on the hardware at hand.
         """
         self._forward_step = torch.compile(self._forward_step, dynamic=True, backend=backend)
 
