@@ -92,6 +92,8 @@ class Ensemble(nn.Module):
         Returns:
             the mean log-probabilities ``[R, V]`` (float32), the new states, and the mean attention
             weights ``[R, S]`` of the members that attend (the first member's weights if none does).
+            The scores are already normalised where a ``Seq2Seq`` returns logits: the search's
+            log-softmax leaves them as they are (the decoder-step contract in ``nmt.search``).
         """
         log_probs, states, weights = [], [], []
         for model, member_state, member_memory in zip(self.members, state.members, memory.members):

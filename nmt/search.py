@@ -22,6 +22,12 @@ are); done sentences leave the batch at the next sync point (every step on a CPU
 so the work shrinks as sentences end. The only host syncs are those checks and the final read-back.
 With K=1 this is token for token the greedy search.
 
+The decoder step a search drives: ``model.encode(src, src_lengths) -> (memory, state)`` and
+``model.decode_step(prev_tokens, state, memory) -> (scores [R, V], state, attention [R, S])``, where
+``scores`` are next-token *unnormalised log-probabilities*: a ``Seq2Seq`` returns its logits, an
+``Ensemble`` the members' mean log-probabilities. The search takes their log-softmax, which turns
+logits into log-probabilities and leaves log-probabilities as they are, so both work unchanged.
+
 Length limit per sentence: ``min(max_len, ceil(max_len_ratio * src_len) + 5)`` tokens (EOS not
 counted) when ``max_len_ratio`` is set, else ``max_len``; ``src_len`` is the source length as given in
 ``src_lengths`` (EOS included).
