@@ -43,7 +43,7 @@ import sys
 import time
 import zlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -51,6 +51,7 @@ from typing import IO, Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
 from nmt.data.errors import DataError
@@ -511,3 +512,43 @@ def commit_chunk(out: Path, record: dict[str, Any], counts: Counter[str], sizes:
     record["lines"]["done"] += counts["lines"]
     record["bytes"] = sizes
     write_json_durably(out / PROVENANCE, record)
+
+
+# ------------------------------------------------------------------------------- For training mixtures
+CONFIG_FILE = Path(__file__).resolve().parents[1] / "configs" / "backtranslate.yaml"
+
+
+def job_config(settings: Mapping[str, Any]) -> DictConfig:
+    """A job's config from Python: configs/backtranslate.yaml's values (the one home of the defaults) with
+    ``settings`` on top, checked against ``BacktranslateSettings``.
+
+    Raises:
+        BacktranslationError: an unknown key or a value of the wrong type.
+    """
+    values = OmegaConf.load(CONFIG_FILE)
+    for key in ("defaults", "hydra"):
+        values.pop(key, None)
+    try:
+        return OmegaConf.merge(OmegaConf.structured(BacktranslateSettings), values, dict(settings))
+    except OmegaConfBaseException as error:
+        raise BacktranslationError(f"bad back-translation setting: {str(error).splitlines()[0]}") from None
+
+
+def rebuild_synthetic_sources(data_cfg: Any) -> list[dict[str, Any]]:
+    """Back-translate every ``data.mixture`` source whose ``synthetic`` folder is missing or unfinished and
+    that says how (``backtranslate: {checkpoint, input, lang, ...}``, backtranslate.py's settings).
+
+    Returns:
+        The summaries of the jobs that ran (``backtranslate``'s), in mixture order.
+    """
+    summaries = []
+    for entry in (OmegaConf.select(data_cfg, "mixture") or []):
+        if not entry.get("synthetic") or not entry.get("backtranslate"):
+            continue
+        record = Path(str(entry["synthetic"])) / PROVENANCE
+        if record.is_file() and json.loads(record.read_text()).get("status") == "complete":
+            continue
+        log.info("data.mixture: back-translating into %s first (its folder is missing or unfinished)",
+                 entry["synthetic"])
+        summaries.append(backtranslate(job_config({**entry["backtranslate"], "output": str(entry["synthetic"])})))
+    return summaries

@@ -41,6 +41,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from nmt.backtranslation import BacktranslationError, rebuild_synthetic_sources
 from nmt.checkpoint import (
     CheckpointError,
     RunCheckpoints,
@@ -77,7 +78,7 @@ from nmt.progress import Progress, RunClock, StepHistory, progress_line
 from nmt.provenance import device_name, host, library_versions
 from nmt.search import Hypothesis
 from nmt.tensorboard import RunLogger
-from nmt.translator import SearchOptions, Translator
+from nmt.translator import SearchOptions, TranslationError, Translator
 
 __all__ = ["USER_ERRORS", "DistInfo", "Trainer", "TrainingError", "lr_factor", "resume_config",
            "train"]
@@ -90,7 +91,8 @@ class TrainingError(RuntimeError):
 
 
 # What ``train`` raises for a mistake the user can fix; the message names the setting or file and the fix.
-USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, DataError, CheckpointError, DeviceError, TrainingError)
+USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, DataError, CheckpointError, DeviceError, TrainingError,
+                                             BacktranslationError, TranslationError)
 
 
 def lr_factor(schedule: str, warmup_steps: int, total_steps: int, min_ratio: float) -> Callable[[int], float]:
@@ -251,6 +253,7 @@ class Trainer:
     # ----------------------------------------------------------------------------------- setup
     def _prepare_data(self, resume_state: dict[str, Any] | None) -> PreparedData:
         with main_process_first(self.info):  # rank 0 downloads, trains SentencePiece, caches; the others read
+            rebuild_synthetic_sources(self.cfg.data)  # a mixture's missing back-translations (the others find them)
             data = prepare_data(self.cfg.data)
         self.data_ranks = gather_from_ranks({"fingerprint": data.fingerprint, "train_files": data.train.src_ids.paths},
                                             self.info)

@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import SRC, TINY_MAX_WORDS, save_tiny_checkpoint
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 import nmt.backtranslation as bt
 from nmt.backtranslation import BacktranslationError, backtranslate
@@ -292,3 +292,36 @@ def test_a_registered_corpus_by_name(runs: dict[str, Path], mirror_dir: Path, tm
     with open(record["input"]["path"], encoding="utf-8") as text:
         expected = [next(text).strip() for _ in range(CHUNK)]
     assert read_lines(out / "train.en") == expected and len(read_lines(out / "train.de")) == CHUNK
+
+
+def test_a_mixture_makes_its_missing_back_translation_before_training(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """data.mixture's ``backtranslate:`` settings: train.py back-translates a missing folder, once, then mixes it."""
+    from conftest import TGT, data_config
+
+    from nmt.data import prepare_data
+
+    mono = tmp_path / "mono.de"
+    mono.write_text("".join(line + "\n" for line in monolingual_lines(40)))
+    folder = tmp_path / "bt_de"
+    entry = {"synthetic": str(folder), "tag": "<bt>",
+             "backtranslate": {"checkpoint": str(runs["de_en"]), "input": str(mono), "lang": "de"}}
+    cfg = data_config("files", src_lang="en", tgt_lang="de", mixture=[{"corpus": "files"}, entry], files={
+        split: {"src": str(_write_lines(tmp_path / f"{split}.en", TGT * 4)),
+                "tgt": str(_write_lines(tmp_path / f"{split}.de", SRC * 4))} for split in ("train", "valid", "test")})
+    cfg["tokenizer"]["vocab_size"] = 60
+    with pytest.raises(DataError, match=r"is not a folder; .* \(or add data.mixture\[1\].backtranslate settings"):
+        prepare_data(cfg, cache_dir=tmp_path / "cache")  # from Python, nothing makes it
+    first = bt.rebuild_synthetic_sources(OmegaConf.create(cfg))
+    assert [s["status"] for s in first] == ["complete"] and bt.rebuild_synthetic_sources(OmegaConf.create(cfg)) == []
+    data = prepare_data(cfg, cache_dir=tmp_path / "cache")
+    synthetic = data.stats["sources"][1]
+    assert synthetic["tag"] == "<bt>" and synthetic["provenance"]["status"] == "complete"
+    assert synthetic["pairs"] == synthetic["clean"]["kept"] and synthetic["clean"]["total"] == 40
+    assert synthetic["clean"]["dropped"]["empty side"] >= 6  # the 3 empty and 3 over-long lines, left untranslated
+
+
+def _write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines))
+    return path

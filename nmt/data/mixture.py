@@ -52,6 +52,9 @@ class MixtureSourceSchema:
         weight: times per epoch its pairs are seen; fractional weights draw a new subset every epoch.
         tag: a reserved token (no spaces, e.g. ``<bt>``) put before each of its source sentences.
         name: its label in logs and results.json (default: the corpus, folder or file name).
+        backtranslate: with ``synthetic``, how to make the folder when it is missing or unfinished:
+            backtranslate.py's settings (``{checkpoint: RUN, input: multi30k_task2, lang: en}``); train.py
+            runs that job before it prepares the data.
     """
 
     corpus: str | None = None
@@ -62,6 +65,7 @@ class MixtureSourceSchema:
     weight: float = 1.0
     tag: str | None = None
     name: str | None = None
+    backtranslate: Any = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,9 @@ def check_entry(index: int, entry: Any) -> MixtureSourceSchema:
         raise DataError(f"{where}.weight={source.weight!r} must be a number > 0 (times per epoch its pairs are "
                         "seen; 0.5 = half of them); drop the source to leave it out.")
     source.weight = weight
+    if source.backtranslate is not None and (source.synthetic is None or not isinstance(source.backtranslate, Mapping)):
+        raise DataError(f"{where}.backtranslate goes with synthetic: FOLDER and holds backtranslate.py's settings, "
+                        "e.g. {checkpoint: runs/best_en-de/seed42, input: multi30k_task2, lang: en}.")
     if source.tag is not None and (not str(source.tag) or any(c.isspace() for c in str(source.tag))):
         raise DataError(f"{where}.tag={source.tag!r} must be one token without spaces, e.g. <bt>.")
     return source
@@ -172,7 +179,8 @@ def synthetic_files(folder: Path, langs: Sequence[str], where: str) -> tuple[Pat
         DataError: no such folder, or files of another language pair (naming the ones it has).
     """
     if not folder.is_dir():
-        raise DataError(f"{where}.synthetic = {folder} is not a folder; give the output= folder of backtranslate.py.")
+        raise DataError(f"{where}.synthetic = {folder} is not a folder; give the output= folder of backtranslate.py "
+                        f"(or add {where}.backtranslate settings: train.py then makes it).")
     src, tgt = (folder / f"train.{lang}" for lang in langs)
     if not (src.is_file() and tgt.is_file()):
         have = sorted(p.suffix.lstrip(".") for p in folder.glob("train.*"))
