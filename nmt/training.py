@@ -345,7 +345,7 @@ class Trainer:
                 return False
             batch = next(batches)
             step_started = self.clock.now()
-            loss, tokens, grad_norm, lr = self._train_step(batch)
+            loss, tokens, grad_norm, lr = self.train_step(batch)
             self.progress.batches_done += 1
             if loss is None:
                 nonfinite_in_row += 1
@@ -355,7 +355,7 @@ class Trainer:
             self._count_step(loss, tokens, grad_norm, lr, step_started)
             self._log_when_due(grad_norm, lr)
 
-    def _train_step(self, batch: Batch) -> tuple[float | None, int, float, float]:
+    def train_step(self, batch: Batch) -> tuple[float | None, int, float, float]:
         """Learning rate, forward, backward, clip, step.
 
         Returns:

@@ -6,10 +6,14 @@
     python scripts/benchmark.py data --out runs/bench/data                      # needs NMT_DATA_MIRROR
     python scripts/benchmark.py server --checkpoint outputs/RUN
 
-Logic and options: nmt/analysis/benchmark.py (`MODE --help`); the figures explained: docs/benchmarking.md.
+Logic and options: tools/benchmark.py (`MODE --help`); the figures explained: docs/benchmarking.md.
 """
 
-from nmt.analysis.benchmark import main
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tools sit beside the package, not in it
+from tools.benchmark import main  # noqa: E402
 
 if __name__ == "__main__":
     main()

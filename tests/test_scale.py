@@ -1,4 +1,4 @@
-"""nmt.analysis.scale at a tiny size: the synthetic corpus, the preparation children, the training watcher.
+"""tools.scale at a tiny size: the synthetic corpus, the preparation children, the training watcher.
 
 The figures themselves (30k to 4.5M pairs) come from ``scripts/benchmark.py scale``, never from tests.
 """
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import data_config
 
-from nmt.analysis import scale
 from nmt.analysis.cli import REPO_ROOT
 from nmt.data.text import read_lines
+from tools import scale
 
 
 def _args(tmp_path: Path, mirror: Path, *extra: str) -> argparse.Namespace:

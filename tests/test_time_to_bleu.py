@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nmt.analysis import time_to_bleu
+from tools import time_to_bleu
 
 EVAL = "INFO - joeynmt.prediction - Evaluation result (greedy): bleu:"
 PEER_LOG = f"""\

@@ -299,7 +299,7 @@ def test_bf16_training_learns_and_is_recorded(tmp_path: Path) -> None:
     probe = Trainer(cfg, tmp_path / "probe", DistInfo())
     seen: set[torch.dtype] = set()
     probe.model.decoder.output.register_forward_hook(lambda _m, _i, out: seen.add(out.dtype))
-    probe._train_step(next(iter(probe.train_loader)))
+    probe.train_step(next(iter(probe.train_loader)))
     probe.logger.close()
     assert seen == {torch.bfloat16}
 

@@ -19,12 +19,12 @@ trained for a few steps (whose BLEU is meaningless: the JSON says so).
 ``translate``: ``Translator.translate`` on a whole file (default: ``$NMT_DATA_MIRROR``'s
 test_2016_flickr) per beam size, the median of ``--reps`` after a warm-up, with BLEU/chrF when there is
 a reference. ``backtranslate``: the back-translation job's sentences/s with beam search and with
-sampling (``nmt.analysis.backtranslation_speed``). ``data``: preparation time (cold, then cached) and
-batch padding at the token budget (``nmt.analysis.padding``). ``server``: ``serve.py`` under
-concurrent clients (``nmt.analysis.load``).
+sampling (``tools.backtranslation_speed``). ``data``: preparation time (cold, then cached) and
+batch padding at the token budget (``tools.padding``). ``server``: ``serve.py`` under
+concurrent clients (``tools.load``).
 ``scale``: what a synthetic corpus of N pairs costs to prepare, load and start training on
-(``nmt.analysis.scale``). ``profile``: FLOPs per target token, achieved against peak FLOP/s, time per op group
-(``nmt.analysis.training_profile``).
+(``tools.scale``). ``profile``: FLOPs per target token, achieved against peak FLOP/s, time per op group
+(``tools.training_profile``).
 
 Writes ``<out>.json`` with the provenance block; ``<out>`` defaults to ``benchmark_<mode>_<device>`` in
 the checkpoint's run dir; without a run dir, ``--out`` is required. A benchmark, not a test: it asserts
@@ -37,18 +37,13 @@ import argparse
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
 
-from nmt.analysis import backtranslation_speed, load, padding, scale, training_profile
-from nmt.analysis.cli import REPO_ROOT, device_slug, mirror_file, one_line_errors, parser, sync, write_report
-from nmt.config import to_plain_dict, validate_config
-from nmt.data import Batch
+from nmt.analysis.cli import device_slug, mirror_file, one_line_errors, parser, sync, write_report
+from nmt.config import to_plain_dict
 from nmt.device import INFERENCE_PRECISIONS, uses_bf16
 from nmt.evaluation import corpus_scores
 from nmt.gpu_monitor import GpuMonitor
@@ -57,6 +52,8 @@ from nmt.provenance import device_name, provenance
 from nmt.training import DistInfo, Trainer
 from nmt.translation import read_input_lines
 from nmt.translator import SearchOptions, Translator
+from tools import backtranslation_speed, load, padding, scale, training_profile
+from tools.timing import compose_config, measure_training
 
 MEANINGLESS_BLEU_NOTE = (
     "no --checkpoint: translated with the model trained for the benchmark's few steps; its BLEU is "
@@ -124,70 +121,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              "to write the report into")
         write_report(args.out or Path(checkpoint) / f"benchmark_{args.mode}_{device_slug(device)}", report)
         return report
-
-
-def compose_config(overrides: list[str]) -> DictConfig:
-    """``configs/train.yaml`` with Hydra overrides, validated as ``train.py`` validates it."""
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=list(overrides))
-    validate_config(cfg)
-    return cfg
-
-
-def endless_batches(trainer: Trainer) -> Iterator[Batch]:
-    """The trainer's training batches, epoch after epoch, in the order ``train.py`` would use."""
-    epoch = 0
-    while True:
-        trainer.train_loader.batch_sampler.set_epoch(epoch, start=0)
-        yield from trainer.train_loader
-        epoch += 1
-
-
-def measure_training(trainer: Trainer, steps: int | None, warmup_steps: int) -> dict[str, Any]:
-    """Time optimizer steps of ``trainer`` over its real batches (its model is updated by them).
-
-    Args:
-        trainer: a freshly built trainer.
-        steps: timed steps; None = as many as one epoch has batches.
-        warmup_steps: untimed steps first.
-
-    Returns:
-        Per-step medians and totals: target tokens/s, sentences/s, seconds per step, and the setup.
-    """
-    steps = trainer.batches_per_epoch if steps is None else steps
-    if steps < 1:
-        raise SystemExit(f"--train-steps must be >= 1, got {steps}")
-    device, batches = trainer.device, endless_batches(trainer)
-    for _ in range(warmup_steps):
-        trainer._train_step(next(batches))  # the real step of train.py: forward, backward, clip, AdamW
-    sync(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    seconds, tokens, sentences, skipped = [], [], [], 0
-    with GpuMonitor.for_device(device) as gpu:
-        last = time.perf_counter()
-        for _ in range(steps):
-            batch = next(batches)  # batch fetching and collation count as training time
-            loss, n_tokens, _, _ = trainer._train_step(batch)
-            sync(device)  # _train_step reads the loss (.item()), but the optimizer step runs after it
-            now = time.perf_counter()
-            seconds.append(now - last)
-            tokens.append(n_tokens)
-            sentences.append(batch.size)
-            skipped += loss is None
-            last = now
-    total = sum(seconds)
-    return {
-        "steps": steps, "warmup_steps": warmup_steps, "skipped_nonfinite_steps": skipped,
-        "batches_per_epoch": trainer.batches_per_epoch, "target_tokens": sum(tokens), "sentences": sum(sentences),
-        "seconds": total, "target_tokens_per_s_median": statistics.median(t / s for t, s in zip(tokens, seconds)),
-        "target_tokens_per_s_total": sum(tokens) / total, "sentences_per_s_total": sum(sentences) / total,
-        "seconds_per_step_median": statistics.median(seconds), "target_tokens_per_batch_mean": sum(tokens) / steps,
-        "sentences_per_batch_mean": sum(sentences) / steps, "parameters": count_parameters(trainer.model),
-        "precision": trainer.precision, "bf16_autocast": trainer.use_bf16, "gpu_utilisation": gpu.summary(),
-        "cuda_peak_memory_allocated_mib": (torch.cuda.max_memory_allocated(device) / 2**20
-                                           if device.type == "cuda" else None),
-    }
 
 
 def measure_translation(translator: Translator, lines: list[str], refs: list[str] | None, args: argparse.Namespace,

@@ -93,7 +93,7 @@ def count_flops(trainer: Any, batches: Any, steps: int) -> tuple[int, dict[str, 
     tokens = 0
     with counter:
         for _ in range(steps):
-            tokens += trainer._train_step(next(batches))[1]
+            tokens += trainer.train_step(next(batches))[1]
     total = counter.get_total_flops()
     by_module = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()
                  if name.count(".") == 1}  # Seq2Seq.encoder, Seq2Seq.decoder; deeper names are inside them
@@ -108,7 +108,7 @@ def op_time_groups(trainer: Any, batches: Any, steps: int) -> dict[str, Any]:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
         for _ in range(steps):
-            trainer._train_step(next(batches))
+            trainer.train_step(next(batches))
         wall = time.perf_counter() - start
     groups: dict[str, float] = defaultdict(float)
     top = []
@@ -128,8 +128,8 @@ def benchmark_profile(args: argparse.Namespace) -> tuple[dict[str, Any], torch.d
     """The ``profile`` mode: FLOPs, achieved and peak FLOP/s, time per op group; prints a summary."""
     import tempfile
 
-    from nmt.analysis.benchmark import compose_config, endless_batches, measure_training
     from nmt.training import DistInfo, Trainer
+    from tools.timing import compose_config, endless_batches, measure_training
 
     cfg = compose_config(args.overrides)
     with tempfile.TemporaryDirectory(prefix="nmt_profile_") as tmp:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt.analysis.cli import REPO_ROOT, TEST_SPLIT, parser, sync, write_report
+from tools.peer_files import sacrebleu_score
 
 PEER_STAGES = ("venv", "data", "throughput", "decode", "summary")
 MODES = {"greedy": 1, "beam5": 5}  # the peer's names for its two decode settings -> beam size
@@ -85,12 +86,6 @@ def run_peer(peer_dir: Path, workdir: Path, corpus: Path) -> Path:
     return workdir
 
 
-def sacrebleu_score(metrics: Any, name: str) -> float | None:
-    """A score from sacrebleu's ``-w 2`` JSON output (a list of ``{"name", "score", ...}`` dicts)."""
-    return next((float(m["score"]) for m in metrics if m.get("name") == name), None) if isinstance(
-        metrics, list) else None
-
-
 def load_peer_summary(path: Path) -> dict[str, Any]:
     """The peer's ``results/summary.json`` in the shape our own figures use.
 
@@ -131,8 +126,8 @@ def load_peer_summary(path: Path) -> dict[str, Any]:
 
 def measure_our_training(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     """Target tokens/s of the peer-sized model over one epoch (or ``--our-steps``), as ``benchmark.py train``."""
-    from nmt.analysis.benchmark import compose_config, measure_training  # heavy: not for decode-once
     from nmt.training import DistInfo, Trainer
+    from tools.timing import compose_config, measure_training  # heavy: not for decode-once
 
     overrides = [*OUR_TRAINING_OVERRIDES, *args.our_overrides, f"trainer.device={args.device}",
                  f"data.mirror={args.mirror}"]
@@ -297,7 +292,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         decode_once(argv[1:])
         return {}
     if argv[:1] == ["time-to-bleu"]:
-        from nmt.analysis import time_to_bleu
+        from tools import time_to_bleu
 
         return time_to_bleu.main(argv[1:])
     args = parse_args(argv)
