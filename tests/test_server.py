@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 
 from nmt.server import create_app, serve_in_thread
 from nmt.translator import Translator
-from tests.conftest import CONFIG_DIR, REPO_ROOT, SRC, save_tiny_checkpoint
+from tests.conftest import CONFIG_DIR, REPO_ROOT, SRC, TINY_MAX_WORDS, save_tiny_checkpoint
 
 LIMITS = ["max_body_bytes=2048", "max_sentences=6", "max_words=12", "max_beam_size=5"]
 SENTENCES = [*SRC, "Ein Mann.", "Hund", "Die Frau spielt Fußball im Park."]
@@ -116,11 +116,11 @@ def test_translate_list_string_nbest_and_attention(server: tuple[str, Translator
     status, body = call(f"{url}/v1/translate", {"text": ["", SENTENCES[0]]})
     assert status == 200
     assert body["translations"][0] == {"text": "", "score": 0.0, "nbest": [{"text": "", "score": 0.0}],
-                                       "attention": None}
+                                       "attention": None, "truncated": False}
     assert body["translations"][1]["text"] == alone(reference, SENTENCES[0])["text"]
 
 
-def test_health_model_and_page(server: tuple[str, Translator]) -> None:
+def test_health_model_and_page(server: tuple[str, Translator], tiny_run_dir: Path) -> None:
     url, translator = server
     status, before = call(f"{url}/health")
     assert status == 200 and before["status"] == "ok"
@@ -136,7 +136,10 @@ def test_health_model_and_page(server: tuple[str, Translator]) -> None:
     assert status == 200
     assert {k: model[k] for k in ("src_lang", "tgt_lang", "attention", "models")} == {
         "src_lang": "de", "tgt_lang": "en", "attention": "additive", "models": 1}
-    assert model["limits"] == {"max_body_bytes": 2048, "max_sentences": 6, "max_words": 12, "max_beam_size": 5}
+    assert model["limits"] == {"max_body_bytes": 2048, "max_sentences": 6, "max_words": 12, "max_subwords": 256,
+                               "max_beam_size": 5, "max_input_words": TINY_MAX_WORDS, "too_long": "refuse",
+                               "max_queued_sentences": 512}
+    assert "checkpoints" not in model and str(tiny_run_dir) not in json.dumps(model)  # no server paths
     assert model["defaults"]["beam_size"] == 5 and model["defaults"]["max_len"] == 8
     assert model["parameters"] > 0 and model["has_attention"] is True
 
@@ -169,19 +172,19 @@ BAD_REQUESTS = [
     (json.dumps({"text": ["Hund", " ".join(["Hund"] * 13)]}).encode(), 413,
      "sentence 2 has 13 words; the limit is max_words=12"),
     (b'{"text": ["Hund"', 422, "not valid JSON"),
-    (b"\xff\xfe", 422, "not valid JSON"),
+    (b"\xff\xfe", 422, "not valid UTF-8"),
     (b'["Hund"]', 422, '"text"'),
     (b'{"texts": "Hund"}', 422, '"text"'),
     (b'{"text": "Hund", "beam": 3}', 422, "unknown field 'beam'"),
     (b'{"text": 5}', 422, "list of strings"),
     (b'{"text": ["Hund", 3]}', 422, "list of strings"),
-    (b'{"text": "Hund", "beam_size": "5"}', 422, "beam_size must be a whole number >= 1, got '5'"),
-    (b'{"text": "Hund", "beam_size": true}', 422, "beam_size must be a whole number >= 1, got True"),
-    (b'{"text": "Hund", "length_penalty": -1}', 422, "length_penalty must be a number >= 0"),
+    (b'{"text": "Hund", "beam_size": "5"}', 422, "beam_size must be a whole number from 1 to 1000, got '5'"),
+    (b'{"text": "Hund", "beam_size": true}', 422, "beam_size must be a whole number from 1 to 1000, got True"),
+    (b'{"text": "Hund", "length_penalty": -1}', 422, "length_penalty must be a number from 0 to 10, got -1"),
     (b'{"text": "Hund", "attention": 1}', 422, '"attention" must be true or false'),
     (b'{"text": "Hund", "length_penalty": NaN}', 422, "NaN is not a JSON number"),
     (b'{"text": "Hund", "beam_size": 9}', 422, "beam_size=9 is over the limit max_beam_size=5"),
-    (b'{"text": "Hund", "beam_size": 0}', 422, "beam_size must be a whole number >= 1, got 0"),
+    (b'{"text": "Hund", "beam_size": 0}', 422, "beam_size must be a whole number from 1 to 1000, got 0"),
     (b'{"text": "Hund", "beam_size": 2, "n_best": 3}', 422, "n_best (3) cannot exceed beam_size (2)"),
 ]
 
@@ -278,7 +281,7 @@ def test_serve_py_finishes_in_flight_requests_on_sigterm(tiny_run_dir: Path, tmp
 @pytest.mark.parametrize(("args", "message"), [
     (["checkpoint=/no/such/run"], "/no/such/run"),
     (["beam=3"], "unknown config key beam: did you mean beam_size?"),
-    (["checkpoint=RUN", "max_words=0"], "max_words=0 must be positive"),
+    (["checkpoint=RUN", "max_words=0"], "max_words=0 must be a whole number >= 1"),
     ([], "no checkpoint given; pass checkpoint=PATH"),
 ])
 def test_serve_py_user_errors_are_one_line_exit_2(tiny_run_dir: Path, tmp_path: Path, args: list[str],
