@@ -524,3 +524,14 @@ def test_serve_py_refuses_a_bad_port_or_one_in_use_before_loading(tmp_path: Path
             stdout, stderr = process.communicate(timeout=120)
             assert process.returncode == 2 and stdout == "" and stderr.count("\n") == 1, stderr
             assert stderr.startswith("serve.py: error: ") and message in stderr, stderr
+
+
+def test_serve_yaml_documents_every_setting() -> None:
+    from dataclasses import fields
+
+    from nmt.server import ServeSettings
+
+    comments = "\n".join(line for line in (CONFIG_DIR / "serve.yaml").read_text(encoding="utf-8").splitlines()
+                         if line.startswith("#"))
+    missing = [f.name for f in fields(ServeSettings) if f"#   {f.name} " not in comments]
+    assert missing == []
