@@ -108,6 +108,7 @@ class ServeSettings(EngineSettings):
     keep_alive_s: int = 5
     batch_wait_ms: float = 5.0
     batch_sentences: int = 128
+    slice_sentences: int = 8
     shutdown_timeout_s: float = 30.0
     log_level: str = "info"
 
@@ -115,7 +116,7 @@ class ServeSettings(EngineSettings):
 ConfigStore.instance().store(name="serve_settings", node=ServeSettings)
 
 LIMITS = ("max_body_bytes", "max_sentences", "max_words", "max_subwords", "max_beam_size")
-POSITIVE = (*LIMITS, "batch_sentences", "max_queued_sentences", "max_connections", "keep_alive_s")
+POSITIVE = (*LIMITS, "batch_sentences", "slice_sentences", "max_queued_sentences", "max_connections", "keep_alive_s")
 
 
 def check_serve_settings(settings: Any) -> SearchOptions:
@@ -198,6 +199,11 @@ class _Job:
     key: tuple[SearchOptions, bool]  # the search options and the attention flag: jobs batch only with equals
     future: asyncio.Future[list[dict[str, Any]]]  # cancelled when the client has gone: never decoded then
     arrived: float  # event-loop time
+    results: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # of its first sentences, so far
+
+    @property
+    def left(self) -> int:
+        return len(self.sentences) - len(self.results)
 
 
 def new_engine_thread() -> ThreadPoolExecutor:
@@ -213,19 +219,25 @@ def new_engine_thread() -> ThreadPoolExecutor:
 class MicroBatcher:
     """Collects requests on the event loop and decodes each batch in one worker thread.
 
+    A request of more than ``slice_sentences`` sentences is decoded a slice at a time, alone, and goes to
+    the back of the queue between slices, so the requests that came meanwhile wait for one slice, not for
+    all of it.
+
     Args:
         translator: the engine; only the worker thread calls it.
         wait_s: how long the oldest waiting request holds its batch open for others.
-        batch_sentences: at most this many sentences per batch (a larger request goes alone).
+        batch_sentences: at most this many sentences per batch of small requests.
+        slice_sentences: requests with more sentences are decoded this many at a time.
         engine_thread: the one-thread executor to decode on; best the one that loaded ``translator``
             (``new_engine_thread()``). None: a new one.
     """
 
-    def __init__(self, translator: Translator, wait_s: float, batch_sentences: int,
+    def __init__(self, translator: Translator, wait_s: float, batch_sentences: int, slice_sentences: int = 8,
                  engine_thread: ThreadPoolExecutor | None = None) -> None:
         self.translator = translator
         self.wait_s = wait_s
         self.batch_sentences = batch_sentences
+        self.slice_sentences = slice_sentences
         self.batches = 0
         self.sentences = 0
         self.abandoned = 0  # requests dropped from the queue because their client had gone
@@ -256,7 +268,7 @@ class MicroBatcher:
 
     @property
     def queued_sentences(self) -> int:
-        return sum(len(job.sentences) for job in self._pending if not job.future.done())
+        return sum(job.left for job in self._pending if not job.future.done())
 
     def seconds_per_sentence(self) -> float:
         """The worker's mean decoding time per sentence so far (0 before the first batch)."""
@@ -265,16 +277,28 @@ class MicroBatcher:
     async def run(self) -> None:
         """Forever: wait for a batch to fill (or its window to close), decode it, hand out the results."""
         while True:
-            jobs = await self._next_batch()
-            if jobs:
-                await self._decode(jobs)
+            pieces = await self._next_batch()
+            if pieces:
+                await self._decode(pieces)
 
-    async def _next_batch(self) -> list[_Job]:
+    def _drop_abandoned(self) -> None:
+        live = collections.deque(job for job in self._pending if not job.future.done())
+        self.abandoned += len(self._pending) - len(live)
+        self._pending = live
+
+    async def _next_batch(self) -> list[tuple[_Job, int]]:
+        """The next batch: (job, how many of its remaining sentences) pairs, taken out of the queue."""
         loop = asyncio.get_running_loop()
-        while not self._pending:
+        while True:
+            self._drop_abandoned()
+            if self._pending:
+                break
             self._arrival.clear()
             await self._arrival.wait()
         first = self._pending[0]
+        if first.left > self.slice_sentences:  # a large request: one slice, alone, at once
+            self._pending.popleft()
+            return [(first, self.slice_sentences)]
         # The window opens when the worker is free, not only when the first job came: under load the clients
         # answered a moment ago are about to send again, and a batch that waits for them holds all the
         # clients instead of half of them (at idle the worker has long been free: the first job's time rules).
@@ -286,44 +310,57 @@ class MicroBatcher:
             self._arrival.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._arrival.wait(), deadline - loop.time())
-        jobs, count, rest = [], 0, collections.deque()
-        for job in self._pending:  # in arrival order: the first job always, then others that fit
-            if job.future.done():  # withdrawn: its client has gone
-                self.abandoned += 1
-            elif job.key == first.key and (not jobs or count + len(job.sentences) <= self.batch_sentences):
-                jobs.append(job)
-                count += len(job.sentences)
+        self._drop_abandoned()
+        pieces: list[tuple[_Job, int]] = []
+        count, rest = 0, collections.deque()
+        for job in self._pending:  # in arrival order: the first small job always, then others that fit
+            small = job.left <= self.slice_sentences
+            if small and job.key == first.key and (not pieces or count + job.left <= self.batch_sentences):
+                pieces.append((job, job.left))
+                count += job.left
             else:
                 rest.append(job)
         self._pending = rest
-        return jobs
+        return pieces
 
     def _same_key_sentences(self, key: tuple[SearchOptions, bool]) -> int:
-        return sum(len(job.sentences) for job in self._pending if job.key == key and not job.future.done())
+        return sum(job.left for job in self._pending if job.key == key and not job.future.done())
 
-    async def _decode(self, jobs: list[_Job]) -> None:
-        sentences = [s for job in jobs for s in job.sentences]
+    async def _decode(self, pieces: list[tuple[_Job, int]]) -> None:
+        key = pieces[0][0].key
+        sentences = [s for job, n in pieces for s in job.sentences[len(job.results):len(job.results) + n]]
         self._last_batch_sentences = len(sentences)
         try:
-            results = await self._run_on_worker(sentences, jobs[0].key)
+            results = await self._run_on_worker(sentences, key)
         except Exception as error:
-            if len(jobs) == 1:
-                _settle(jobs[0].future, error=error)
+            if len(pieces) == 1:
+                _settle(pieces[0][0].future, error=error)
                 return
             # one request can break a shared search (an input the model chokes on): each request is decoded
             # again on its own, so its batch-mates get their answers and only the culprit gets the error
-            log.warning("a batch of %d requests failed (%r); decoding them one at a time", len(jobs), error)
-            for job in jobs:
+            log.warning("a batch of %d requests failed (%r); decoding them one at a time", len(pieces), error)
+            for job, n in pieces:
                 if not job.future.done():
                     try:
-                        _settle(job.future, await self._run_on_worker(job.sentences, job.key))
+                        self._deliver(job, await self._run_on_worker(job.sentences[len(job.results):][:n], key))
                     except Exception as alone:  # noqa: BLE001 - handed to that request's handler
                         _settle(job.future, error=alone)
             return
         start = 0
-        for job in jobs:
-            _settle(job.future, results[start:start + len(job.sentences)])
-            start += len(job.sentences)
+        for job, n in pieces:
+            self._deliver(job, results[start:start + n])
+            start += n
+
+    def _deliver(self, job: _Job, results: list[dict[str, Any]]) -> None:
+        """Add a slice's results to its job: the answer when it was the last slice, else back into the queue."""
+        if job.future.done():  # its client has gone
+            return
+        job.results.extend(results)
+        if job.left:
+            self._pending.append(job)  # behind the requests that came while this slice was decoded
+            self._arrival.set()
+        else:
+            job.future.set_result(job.results)
 
     async def _run_on_worker(self, sentences: list[str], key: tuple[SearchOptions, bool]) -> list[dict[str, Any]]:
         loop = asyncio.get_running_loop()
@@ -372,7 +409,8 @@ def create_app(translator: Translator, settings: ServeSettings,
         ConfigError, TranslationError: settings that cannot work (``check_serve_settings``).
     """
     defaults = check_serve_settings(settings)
-    batcher = MicroBatcher(translator, settings.batch_wait_ms / 1000, settings.batch_sentences, engine_thread)
+    batcher = MicroBatcher(translator, settings.batch_wait_ms / 1000, settings.batch_sentences,
+                           settings.slice_sentences, engine_thread)
     limits = {**{name: getattr(settings, name) for name in LIMITS}, "max_input_words": translator.max_input_words,
               "too_long": settings.too_long, "max_queued_sentences": settings.max_queued_sentences}
     info = {key: value for key, value in translator.info().items() if key != "checkpoints"}  # no server paths

@@ -372,7 +372,8 @@ def scripted(tiny_run_dir: Path) -> Iterator[tuple[str, ScriptedTranslator]]:
     translator = ScriptedTranslator.from_checkpoint(tiny_run_dir, device="cpu")
     translator.gate, translator.calls = threading.Event(), []
     translator.gate.set()
-    app = create_app(translator, serve_settings("max_queued_sentences=2", "request_timeout_s=0.5"))
+    app = create_app(translator, serve_settings("max_queued_sentences=2", "request_timeout_s=0.5",
+                                                "slice_sentences=2"))
     with serve_in_thread(app) as url:
         yield url, translator
     translator.gate.set()
@@ -445,6 +446,23 @@ def post_with_headers(url: str, payload: Any) -> tuple[int, Any, str | None]:
             return response.status, json.loads(response.read()), response.headers.get("Retry-After")
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read()), error.headers.get("Retry-After")
+
+
+def test_a_large_request_is_decoded_in_slices_with_others_in_between(scripted: tuple[str, ScriptedTranslator],
+                                                                      reference: Translator) -> None:
+    url, translator = scripted  # slice_sentences=2
+    big = SENTENCES[:5]
+    translator.gate.clear()
+    with ThreadPoolExecutor(2) as pool:
+        large = pool.submit(call, f"{url}/v1/translate", {"text": big})
+        wait_for_health(url, lambda h: len(translator.calls) == 1)  # its first slice is being decoded
+        small = pool.submit(call, f"{url}/v1/translate", {"text": "Hund"})
+        wait_for_health(url, lambda h: h["queued"] == 1)
+        translator.gate.set()
+        (status, answer), (small_status, _) = large.result(), small.result()
+    assert translator.calls == [big[:2], ["Hund"], big[2:4], big[4:]]  # the small request did not wait for all
+    assert status == small_status == 200
+    assert [t["text"] for t in answer["translations"]] == [alone(reference, s)["text"] for s in big]
 
 
 def test_slow_clients_are_closed(scripted: tuple[str, ScriptedTranslator]) -> None:
