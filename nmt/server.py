@@ -46,7 +46,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
@@ -108,7 +108,7 @@ class ServeSettings(EngineSettings):
     keep_alive_s: int = 5
     batch_wait_ms: float = 5.0
     batch_sentences: int = 128
-    slice_sentences: int = 8
+    slice_subwords: int = 2048  # beam_size x source subwords per slice of a large request
     shutdown_timeout_s: float = 30.0
     log_level: str = "info"
 
@@ -116,7 +116,7 @@ class ServeSettings(EngineSettings):
 ConfigStore.instance().store(name="serve_settings", node=ServeSettings)
 
 LIMITS = ("max_body_bytes", "max_sentences", "max_words", "max_subwords", "max_beam_size")
-POSITIVE = (*LIMITS, "batch_sentences", "slice_sentences", "max_queued_sentences", "max_connections", "keep_alive_s")
+POSITIVE = (*LIMITS, "batch_sentences", "slice_subwords", "max_queued_sentences", "max_connections", "keep_alive_s")
 
 
 def check_serve_settings(settings: Any) -> SearchOptions:
@@ -193,17 +193,35 @@ def _is_loopback(host: str) -> bool:
 
 
 # ------------------ Micro-batching: one worker thread, batches of requests that share their options
+OVERLOAD_MEMORY_S = 5.0
+"""/health says "overloaded" for this long after the last 503, so a probe between two bursts still sees it."""
+
+
 @dataclass
 class _Job:
     sentences: list[str]
     key: tuple[SearchOptions, bool]  # the search options and the attention flag: jobs batch only with equals
     future: asyncio.Future[list[dict[str, Any]]]  # cancelled when the client has gone: never decoded then
     arrived: float  # event-loop time
+    costs: list[int]  # per sentence: beam_size x (source subwords + EOS), what its search costs in proportion
     results: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # of its first sentences, so far
 
     @property
     def left(self) -> int:
         return len(self.sentences) - len(self.results)
+
+    @property
+    def cost_left(self) -> int:
+        return sum(self.costs[len(self.results):])
+
+    def slice_size(self, budget: int) -> int:
+        """How many of the remaining sentences fit in ``budget`` (at least one)."""
+        count, total = 0, 0
+        for cost in self.costs[len(self.results):]:
+            if count and total + cost > budget:
+                break
+            count, total = count + 1, total + cost
+        return count
 
 
 def new_engine_thread() -> ThreadPoolExecutor:
@@ -219,25 +237,26 @@ def new_engine_thread() -> ThreadPoolExecutor:
 class MicroBatcher:
     """Collects requests on the event loop and decodes each batch in one worker thread.
 
-    A request of more than ``slice_sentences`` sentences is decoded a slice at a time, alone, and goes to
-    the back of the queue between slices, so the requests that came meanwhile wait for one slice, not for
-    all of it.
+    A request whose search would cost more than ``slice_subwords`` (beam size x source subwords, summed
+    over its sentences) is decoded a slice of at most that cost at a time (at least one sentence), alone,
+    and goes to the back of the queue between slices: the requests that came meanwhile wait for one
+    slice, not for all of it.
 
     Args:
         translator: the engine; only the worker thread calls it.
         wait_s: how long the oldest waiting request holds its batch open for others.
         batch_sentences: at most this many sentences per batch of small requests.
-        slice_sentences: requests with more sentences are decoded this many at a time.
+        slice_subwords: the cost budget of a slice of a large request (beam size x source subwords).
         engine_thread: the one-thread executor to decode on; best the one that loaded ``translator``
             (``new_engine_thread()``). None: a new one.
     """
 
-    def __init__(self, translator: Translator, wait_s: float, batch_sentences: int, slice_sentences: int = 8,
+    def __init__(self, translator: Translator, wait_s: float, batch_sentences: int, slice_subwords: int = 2048,
                  engine_thread: ThreadPoolExecutor | None = None) -> None:
         self.translator = translator
         self.wait_s = wait_s
         self.batch_sentences = batch_sentences
-        self.slice_sentences = slice_sentences
+        self.slice_subwords = slice_subwords
         self.batches = 0
         self.sentences = 0
         self.abandoned = 0  # requests dropped from the queue because their client had gone
@@ -246,13 +265,19 @@ class MicroBatcher:
         self._arrival = asyncio.Event()
         self._free_since = 0.0  # event-loop time the worker last finished a batch
         self._last_batch_sentences = 0  # how many sentences it held (0: none yet)
+        self._last_overload = -math.inf  # monotonic time of the last 503
         self._executor = engine_thread or new_engine_thread()
 
-    def submit(self, sentences: list[str], options: SearchOptions, attention: bool
-               ) -> asyncio.Future[list[dict[str, Any]]]:
-        """Queue ``sentences``; the future gets their ``Translation.to_dict()``s. Cancel it to withdraw them."""
+    def submit(self, sentences: list[str], options: SearchOptions, attention: bool,
+               subwords: list[int] | None = None) -> asyncio.Future[list[dict[str, Any]]]:
+        """Queue ``sentences``; the future gets their ``Translation.to_dict()``s. Cancel it to withdraw them.
+
+        ``subwords``: each sentence's source subwords (None: its words stand in for them).
+        """
         loop = asyncio.get_running_loop()
-        job = _Job(sentences, (options, attention), loop.create_future(), loop.time())
+        lengths = subwords if subwords is not None else [len(s.split()) for s in sentences]
+        costs = [options.beam_size * (n + 1) for n in lengths]
+        job = _Job(sentences, (options, attention), loop.create_future(), loop.time(), costs)
         self._pending.append(job)
         self._arrival.set()
         return job.future
@@ -273,6 +298,24 @@ class MicroBatcher:
     def seconds_per_sentence(self) -> float:
         """The worker's mean decoding time per sentence so far (0 before the first batch)."""
         return self.busy_seconds / self.sentences if self.sentences else 0.0
+
+    def check_room(self, sentences: int, max_queued: int) -> None:
+        """503 when the queue cannot take ``sentences`` more: a bounded wait for everyone admitted.
+
+        Raises:
+            RequestError: 503 with ``Retry-After``: the queued sentences times the mean time per sentence.
+        """
+        queued = self.queued_sentences
+        if queued + sentences > max_queued and queued > 0:  # an empty queue takes any request
+            self._last_overload = time.monotonic()
+            retry_after = min(60, max(1, math.ceil(queued * self.seconds_per_sentence())))
+            raise RequestError(503, f"the server is overloaded: {queued} sentences are waiting (the limit is "
+                                    f"max_queued_sentences={max_queued}); retry after {retry_after} s",
+                               {"Retry-After": str(retry_after)})
+
+    def overloaded(self, max_queued: int) -> bool:
+        """The queue is full, or refused a request within the last ``OVERLOAD_MEMORY_S``."""
+        return self.queued_sentences >= max_queued or time.monotonic() - self._last_overload < OVERLOAD_MEMORY_S
 
     async def run(self) -> None:
         """Forever: wait for a batch to fill (or its window to close), decode it, hand out the results."""
@@ -296,9 +339,9 @@ class MicroBatcher:
             self._arrival.clear()
             await self._arrival.wait()
         first = self._pending[0]
-        if first.left > self.slice_sentences:  # a large request: one slice, alone, at once
+        if first.cost_left > self.slice_subwords:  # a large request: one slice, alone, at once
             self._pending.popleft()
-            return [(first, self.slice_sentences)]
+            return [(first, first.slice_size(self.slice_subwords))]
         # The window opens when the worker is free, not only when the first job came: under load the clients
         # answered a moment ago are about to send again, and a batch that waits for them holds all the
         # clients instead of half of them (at idle the worker has long been free: the first job's time rules).
@@ -314,7 +357,7 @@ class MicroBatcher:
         pieces: list[tuple[_Job, int]] = []
         count, rest = 0, collections.deque()
         for job in self._pending:  # in arrival order: the first small job always, then others that fit
-            small = job.left <= self.slice_sentences
+            small = job.cost_left <= self.slice_subwords
             if small and job.key == first.key and (not pieces or count + job.left <= self.batch_sentences):
                 pieces.append((job, job.left))
                 count += job.left
@@ -410,7 +453,7 @@ def create_app(translator: Translator, settings: ServeSettings,
     """
     defaults = check_serve_settings(settings)
     batcher = MicroBatcher(translator, settings.batch_wait_ms / 1000, settings.batch_sentences,
-                           settings.slice_sentences, engine_thread)
+                           settings.slice_subwords, engine_thread)
     limits = {**{name: getattr(settings, name) for name in LIMITS}, "max_input_words": translator.max_input_words,
               "too_long": settings.too_long, "max_queued_sentences": settings.max_queued_sentences}
     info = {key: value for key, value in translator.info().items() if key != "checkpoints"}  # no server paths
@@ -418,7 +461,7 @@ def create_app(translator: Translator, settings: ServeSettings,
                   "limits": limits}
     page = resources.files("nmt").joinpath("static", "translate.html").read_text(encoding="utf-8")
     counters = {"requests": 0, "refused": 0, "overloaded": 0}
-    started, last_overload = time.monotonic(), [-math.inf]
+    started = time.monotonic()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -429,44 +472,11 @@ def create_app(translator: Translator, settings: ServeSettings,
             await worker
         batcher.close()
 
-    def check_room(sentences: int) -> None:
-        """503 when the queue cannot take ``sentences`` more: a bounded wait for everyone admitted."""
-        queued = batcher.queued_sentences
-        if queued + sentences > settings.max_queued_sentences and queued > 0:  # an empty queue takes any request
-            last_overload[0] = time.monotonic()
-            retry_after = min(60, max(1, math.ceil(queued * batcher.seconds_per_sentence())))
-            raise RequestError(503, f"the server is overloaded: {queued} sentences are waiting (the limit is "
-                                    f"max_queued_sentences={settings.max_queued_sentences}); retry after "
-                                    f"{retry_after} s", {"Retry-After": str(retry_after)})
-
-    async def translate(request: Request) -> Response:
-        try:
-            check_media_type(request)
-            body = await read_body(request, settings.max_body_bytes)
-            checked = parse_translate_request(body, settings, defaults)
-            checked = check_lengths(checked, translator.tokenizer, translator.max_input_words, settings.max_subwords,
-                                    settings.too_long)
-            check_room(len(checked.sentences))
-            future = batcher.submit(checked.sentences, checked.options, checked.attention)
-            translations = await answer_unless_gone(request, future)
-        except (RequestError, TranslationError) as error:
-            status = getattr(error, "status", 422)
-            counters["overloaded" if status == 503 else "refused"] += 1
-            return error_response(status, str(error), getattr(error, "headers", None))
-        except ClientDisconnect:  # gone while sending its body (or closed for being too slow): nobody to answer
-            return error_response(400, "the client closed the connection before its request was complete")
-        if translations is None:
-            return error_response(400, "the client closed the connection before its answer was ready")
-        counters["requests"] += 1
-        for translation, truncated in zip(translations, checked.truncated):
-            translation["truncated"] = truncated
-        return JSONResponse({"translations": translations})
-
+    translate = translate_endpoint(translator, settings, defaults, batcher, counters)
     model_summary = {key: model_info[key] for key in ("attention", "src_lang", "tgt_lang", "parameters", "bleu")}
 
     async def health(request: Request) -> Response:
-        overloaded = (batcher.queued_sentences >= settings.max_queued_sentences
-                      or time.monotonic() - last_overload[0] < OVERLOAD_MEMORY_S)
+        overloaded = batcher.overloaded(settings.max_queued_sentences)
         return JSONResponse({
             "status": "overloaded" if overloaded else "ok", **model_summary, **counters,
             "abandoned": batcher.abandoned, "sentences": batcher.sentences, "batches": batcher.batches,
@@ -496,8 +506,33 @@ def create_app(translator: Translator, settings: ServeSettings,
     return app
 
 
-OVERLOAD_MEMORY_S = 5.0
-"""/health says "overloaded" for this long after the last 503, so a probe between two bursts still sees it."""
+def translate_endpoint(translator: Translator, settings: Any, defaults: SearchOptions, batcher: MicroBatcher,
+                       counters: dict[str, int]) -> Callable[[Request], Awaitable[Response]]:
+    """``POST /v1/translate``: checks (``nmt.server_input``), room in the queue, the batcher, the answer."""
+    async def translate(request: Request) -> Response:
+        try:
+            check_media_type(request)
+            body = await read_body(request, settings.max_body_bytes)
+            checked = parse_translate_request(body, settings, defaults)
+            checked = check_lengths(checked, translator.tokenizer, translator.max_input_words, settings.max_subwords,
+                                    settings.too_long)
+            batcher.check_room(len(checked.sentences), settings.max_queued_sentences)
+            future = batcher.submit(checked.sentences, checked.options, checked.attention, checked.subwords)
+            translations = await answer_unless_gone(request, future)
+        except (RequestError, TranslationError) as error:
+            status = getattr(error, "status", 422)
+            counters["overloaded" if status == 503 else "refused"] += 1
+            return error_response(status, str(error), getattr(error, "headers", None))
+        except ClientDisconnect:  # gone while sending its body (or closed for being too slow): nobody to answer
+            return error_response(400, "the client closed the connection before its request was complete")
+        if translations is None:
+            return error_response(400, "the client closed the connection before its answer was ready")
+        counters["requests"] += 1
+        for translation, truncated in zip(translations, checked.truncated):
+            translation["truncated"] = truncated
+        return JSONResponse({"translations": translations})
+
+    return translate
 
 
 async def answer_unless_gone(request: Request, future: asyncio.Future[Any]) -> Any:

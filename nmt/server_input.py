@@ -55,12 +55,14 @@ class TranslateRequest:
         attention: whether the client asked for word attention.
         truncated: per sentence, whether it is over the model's length limit and will be cut to it
             (only with ``too_long=truncate``; with ``refuse`` such a request never gets this far).
+        subwords: per sentence, the source subwords the model will read (set by ``check_lengths``).
     """
 
     sentences: list[str]
     options: SearchOptions
     attention: bool
     truncated: list[bool]
+    subwords: list[int] | None = None
 
 
 def check_media_type(request: Request) -> None:
@@ -166,12 +168,12 @@ def check_lengths(request: TranslateRequest, tokenizer: Tokenizer, max_input_wor
                                 f"trained on sentences of at most {max_input_words} words (max_input_words); "
                                 "split it, or start the server with too_long=truncate")
     lines, _ = truncate_words(lines, max_input_words)
-    for number, line in enumerate(lines, start=1):
-        subwords = len(tokenizer.encode_src(line)) if line else 0
-        if subwords > max_subwords:
-            raise RequestError(413, f"sentence {number} has {subwords} subwords; the limit is "
+    subwords = [len(tokenizer.encode_src(line)) if line else 0 for line in lines]
+    for number, count in enumerate(subwords, start=1):
+        if count > max_subwords:
+            raise RequestError(413, f"sentence {number} has {count} subwords; the limit is "
                                     f"max_subwords={max_subwords}; send shorter sentences")
-    return dataclasses.replace(request, truncated=over)
+    return dataclasses.replace(request, truncated=over, subwords=subwords)
 
 
 def _bounded_int(digits: str) -> int:

@@ -7,6 +7,7 @@
     python scripts/benchmark.py data --out runs/bench/data                        # reads $NMT_DATA_MIRROR
     python scripts/benchmark.py scale --synthetic-pairs 500000 --ranks 1 2 --out runs/scale_500k
     python scripts/benchmark.py server --checkpoint outputs/RUN --clients 1 4 16
+    python scripts/benchmark.py overload --checkpoint outputs/RUN --clients 300 --seconds 60
     python scripts/benchmark.py profile model=default attention=additive --out runs/bench/profile
 
 ``train``: Hydra overrides of ``configs/train.yaml`` as ``train.py`` takes them; the project's own
@@ -19,6 +20,8 @@ trained for a few steps (whose BLEU is meaningless: the JSON says so).
 test_2016_flickr) per beam size, the median of ``--reps`` after a warm-up, with BLEU/chrF when there is
 a reference. ``data``: preparation time (cold, then cached) and batch padding at the token budget
 (``nmt.analysis.padding``). ``server``: ``serve.py`` under concurrent clients (``nmt.analysis.load``).
+``overload``: the worst request the server's limits let through, and up to 300 clients at once
+(``nmt.analysis.overload``).
 ``scale``: what a synthetic corpus of N pairs costs to prepare, load and start training on
 (``nmt.analysis.scale``). ``profile``: FLOPs per target token, achieved against peak FLOP/s, time per op group
 (``nmt.analysis.training_profile``).
@@ -42,7 +45,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from nmt.analysis import load, padding, scale, training_profile
+from nmt.analysis import load, overload, padding, scale, training_profile
 from nmt.analysis.cli import REPO_ROOT, device_slug, mirror_file, one_line_errors, parser, sync, write_report
 from nmt.config import to_plain_dict, validate_config
 from nmt.data import Batch
@@ -63,7 +66,7 @@ MEANINGLESS_BLEU_NOTE = (
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = parser(__doc__)
-    modes = p.add_subparsers(dest="mode", required=True, metavar="{train,translate,data,scale,server,profile}")
+    modes = p.add_subparsers(dest="mode", required=True, metavar="{train,translate,data,scale,server,overload,profile}")
     out = argparse.ArgumentParser(add_help=False)
     out.add_argument("--out", type=Path, help="report path without extension (default: see above)")
     decode = argparse.ArgumentParser(add_help=False)
@@ -94,6 +97,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     scale.add_arguments(modes.add_parser("scale", parents=[out],
                                          help="what a corpus of N pairs costs: prepare, load, start training"))
     load.add_arguments(modes.add_parser("server", parents=[out], help="serve.py under concurrent clients"))
+    overload.add_arguments(modes.add_parser("overload", parents=[out],
+                                            help="serve.py: the worst request, and up to 300 clients at once"))
     training_profile.add_arguments(modes.add_parser("profile", parents=[out],
                                                     help="training FLOP/s and time per op group"))
     return p.parse_args(argv)
@@ -105,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args = parse_args(argv)
         measure = {"train": benchmark_training, "translate": benchmark_translation,
                    "data": padding.benchmark_data, "scale": scale.benchmark_scale,
-                   "server": load.benchmark_server,
+                   "server": load.benchmark_server, "overload": overload.benchmark_overload,
                    "profile": training_profile.benchmark_profile}[args.mode]
         report, device = measure(args)
         report = {"benchmark": args.mode, **provenance("scripts/benchmark.py", argv), **report}
