@@ -103,6 +103,7 @@ class ServeSettings(EngineSettings):
     max_beam_size: int = 10
     too_long: str = "refuse"  # a sentence over the model's max_input_words: refuse (413) | truncate
     max_queued_sentences: int = 512
+    max_queue_wait_s: float = 10.0  # and no more than this much work, at the measured seconds per sentence
     max_connections: int = 1000
     request_timeout_s: float = 5.0
     keep_alive_s: int = 5
@@ -137,7 +138,8 @@ def check_serve_settings(settings: Any) -> SearchOptions:
     if search.beam_size > settings.max_beam_size:
         raise ConfigError(f"beam_size={search.beam_size} is over max_beam_size={settings.max_beam_size}; "
                           "raise max_beam_size or lower beam_size")
-    for name, low in (("batch_wait_ms", 0.0), ("shutdown_timeout_s", 0.0), ("request_timeout_s", 0.1)):
+    for name, low in (("batch_wait_ms", 0.0), ("shutdown_timeout_s", 0.0), ("request_timeout_s", 0.1),
+                      ("max_queue_wait_s", 0.1)):
         value = getattr(settings, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < math.inf:
             raise ConfigError(f"{name}={value} must be a finite number >= {low:g}")
@@ -299,23 +301,30 @@ class MicroBatcher:
         """The worker's mean decoding time per sentence so far (0 before the first batch)."""
         return self.busy_seconds / self.sentences if self.sentences else 0.0
 
-    def check_room(self, sentences: int, max_queued: int) -> None:
+    def check_room(self, sentences: int, max_queued: int, max_wait_s: float = math.inf) -> None:
         """503 when the queue cannot take ``sentences`` more: a bounded wait for everyone admitted.
 
+        Full means ``max_queued`` sentences, or more work than ``max_wait_s`` at the mean decoding time per
+        sentence so far (a slower model or busier cores then admit fewer). An empty queue takes any request.
+
         Raises:
-            RequestError: 503 with ``Retry-After``: the queued sentences times the mean time per sentence.
+            RequestError: 503 with ``Retry-After``: the queued work in seconds (1-60).
         """
         queued = self.queued_sentences
-        if queued + sentences > max_queued and queued > 0:  # an empty queue takes any request
+        wait_s = (queued + sentences) * self.seconds_per_sentence()
+        if queued > 0 and (queued + sentences > max_queued or wait_s > max_wait_s):
             self._last_overload = time.monotonic()
             retry_after = min(60, max(1, math.ceil(queued * self.seconds_per_sentence())))
-            raise RequestError(503, f"the server is overloaded: {queued} sentences are waiting (the limit is "
-                                    f"max_queued_sentences={max_queued}); retry after {retry_after} s",
+            raise RequestError(503, f"the server is overloaded: {queued} sentences are waiting, about "
+                                    f"{wait_s:.0f} s of work with this request (the limits are max_queued_sentences="
+                                    f"{max_queued} and max_queue_wait_s={max_wait_s:g}); retry after {retry_after} s",
                                {"Retry-After": str(retry_after)})
 
-    def overloaded(self, max_queued: int) -> bool:
+    def overloaded(self, max_queued: int, max_wait_s: float = math.inf) -> bool:
         """The queue is full, or refused a request within the last ``OVERLOAD_MEMORY_S``."""
-        return self.queued_sentences >= max_queued or time.monotonic() - self._last_overload < OVERLOAD_MEMORY_S
+        queued = self.queued_sentences
+        return (queued >= max_queued or queued * self.seconds_per_sentence() >= max_wait_s
+                or time.monotonic() - self._last_overload < OVERLOAD_MEMORY_S)
 
     async def run(self) -> None:
         """Forever: wait for a batch to fill (or its window to close), decode it, hand out the results."""
@@ -455,7 +464,8 @@ def create_app(translator: Translator, settings: ServeSettings,
     batcher = MicroBatcher(translator, settings.batch_wait_ms / 1000, settings.batch_sentences,
                            settings.slice_subwords, engine_thread)
     limits = {**{name: getattr(settings, name) for name in LIMITS}, "max_input_words": translator.max_input_words,
-              "too_long": settings.too_long, "max_queued_sentences": settings.max_queued_sentences}
+              "too_long": settings.too_long, "max_queued_sentences": settings.max_queued_sentences,
+              "max_queue_wait_s": settings.max_queue_wait_s}
     info = {key: value for key, value in translator.info().items() if key != "checkpoints"}  # no server paths
     model_info = {**info, "has_attention": translator.has_attention, "defaults": dataclasses.asdict(defaults),
                   "limits": limits}
@@ -476,7 +486,7 @@ def create_app(translator: Translator, settings: ServeSettings,
     model_summary = {key: model_info[key] for key in ("attention", "src_lang", "tgt_lang", "parameters", "bleu")}
 
     async def health(request: Request) -> Response:
-        overloaded = batcher.overloaded(settings.max_queued_sentences)
+        overloaded = batcher.overloaded(settings.max_queued_sentences, settings.max_queue_wait_s)
         return JSONResponse({
             "status": "overloaded" if overloaded else "ok", **model_summary, **counters,
             "abandoned": batcher.abandoned, "sentences": batcher.sentences, "batches": batcher.batches,
@@ -516,7 +526,7 @@ def translate_endpoint(translator: Translator, settings: Any, defaults: SearchOp
             checked = parse_translate_request(body, settings, defaults)
             checked = check_lengths(checked, translator.tokenizer, translator.max_input_words, settings.max_subwords,
                                     settings.too_long)
-            batcher.check_room(len(checked.sentences), settings.max_queued_sentences)
+            batcher.check_room(len(checked.sentences), settings.max_queued_sentences, settings.max_queue_wait_s)
             future = batcher.submit(checked.sentences, checked.options, checked.attention, checked.subwords)
             translations = await answer_unless_gone(request, future)
         except (RequestError, TranslationError) as error:

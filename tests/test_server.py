@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -25,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from omegaconf import DictConfig
 
 from nmt.server import create_app, serve_in_thread
-from nmt.translator import Translator
+from nmt.translator import SearchOptions, Translator
 from tests.conftest import CONFIG_DIR, REPO_ROOT, SRC, TINY_MAX_WORDS, save_tiny_checkpoint
 from tests.test_server_input import hostile_bodies
 
@@ -140,7 +141,7 @@ def test_health_model_and_page(server: tuple[str, Translator], tiny_run_dir: Pat
         "src_lang": "de", "tgt_lang": "en", "attention": "additive", "models": 1}
     assert model["limits"] == {"max_body_bytes": 2048, "max_sentences": 6, "max_words": 12, "max_subwords": 256,
                                "max_beam_size": 5, "max_input_words": TINY_MAX_WORDS, "too_long": "refuse",
-                               "max_queued_sentences": 512}
+                               "max_queued_sentences": 512, "max_queue_wait_s": 10.0}
     assert "checkpoints" not in model and str(tiny_run_dir) not in json.dumps(model)  # no server paths
     assert model["defaults"]["beam_size"] == 5 and model["defaults"]["max_len"] == 8
     assert model["parameters"] > 0 and model["has_attention"] is True
@@ -426,6 +427,7 @@ def test_a_full_queue_answers_503_and_abandoned_requests_are_not_decoded(
         wait_for_health(url, lambda h: h["queued_sentences"] == 1)
         status, answer, retry_after = post_with_headers(url, {"text": ["Zwei Hunde.", "Ein Mann."]})
         assert status == 503 and "1 sentences are waiting" in answer["error"] and int(retry_after) >= 1
+        assert "max_queued_sentences=2" in answer["error"]
         health = call(f"{url}/health")[1]
         assert health["status"] == "overloaded" and health["overloaded"] == 1
         leaving.close()
@@ -435,6 +437,29 @@ def test_a_full_queue_answers_503_and_abandoned_requests_are_not_decoded(
     health = wait_for_health(url, lambda h: h["abandoned"] == 1)
     assert health["sentences"] == 1 and translator.calls == [["Hund"]]  # "Ein Mann." was never decoded
     assert call(f"{url}/v1/translate", {"text": "Ein Mann."})[0] == 200  # and the server goes on
+
+
+def test_the_queue_is_bounded_in_seconds_of_work_too(tiny_run_dir: Path) -> None:
+    """With decoding measured at 1 s per sentence, max_queue_wait_s=3 admits 3 waiting sentences, not 4."""
+    from nmt.server import MicroBatcher
+    from nmt.server_input import RequestError
+
+    async def scenario() -> list[int]:
+        batcher = MicroBatcher(Translator.from_checkpoint(tiny_run_dir, device="cpu"), 0.0, 128)
+        batcher.busy_seconds, batcher.sentences = 10.0, 10  # as if measured
+        statuses = []
+        for _ in range(5):
+            try:
+                batcher.check_room(1, max_queued=100, max_wait_s=3.0)
+                batcher.submit(["Hund"], SearchOptions(), False)
+                statuses.append(200)
+            except RequestError as error:
+                statuses.append(error.status)
+        assert batcher.overloaded(100, 3.0)
+        batcher.close()
+        return statuses
+
+    assert asyncio.run(scenario()) == [200, 200, 200, 503, 503]
 
 
 def post_with_headers(url: str, payload: Any) -> tuple[int, Any, str | None]:

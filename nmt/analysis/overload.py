@@ -165,7 +165,8 @@ def load_client(url: str, lines: list[str], stop_at: float, max_requests: int, s
             outcomes[outcome] += 1
             if outcome == "200":
                 latencies.append(time.perf_counter() - start)
-        if retry_after:
+        if retry_after:  # a polite client; its kept-alive connection would be closed while it waits
+            connection.close()
             time.sleep(min(float(retry_after), max(0.0, stop_at - time.perf_counter())))
     connection.close()
 
