@@ -151,6 +151,16 @@ def check_writable(path: str, key: str, folder: bool = False) -> None:
         raise TranslationError(f"{key}={path} cannot be created: {parent} is not writable; choose another path")
 
 
+def _check_outputs(cfg: DictConfig) -> None:
+    """``check_writable`` on every file or folder the job will write."""
+    if str(cfg.output) != STDIO:
+        check_writable(str(cfg.output), "output")
+    if cfg.alignments:
+        check_writable(str(cfg.alignments), "alignments")
+    if cfg.attention_dir:
+        check_writable(str(cfg.attention_dir), "attention_dir", folder=True)
+
+
 def _read_reference(path: str, n_lines: int, invalid_utf8: str) -> list[str]:
     refs = read_input_lines(path, invalid_utf8)
     if len(refs) != n_lines:
@@ -194,12 +204,7 @@ def translate_main(cfg: DictConfig) -> dict[str, Any]:
             ``translate.py`` (see ``nmt.translator.USER_ERRORS``).
     """
     options = SearchOptions.from_settings(cfg)
-    if str(cfg.output) != STDIO:  # found now, not after the whole input has been decoded
-        check_writable(str(cfg.output), "output")
-    if cfg.alignments:
-        check_writable(str(cfg.alignments), "alignments")
-    if cfg.attention_dir:
-        check_writable(str(cfg.attention_dir), "attention_dir", folder=True)
+    _check_outputs(cfg)  # now, not after the whole input has been decoded
     translator = Translator.from_settings(cfg)
     wants_attention = bool(cfg.attention_dir or cfg.alignments)
     if wants_attention and not translator.has_attention:

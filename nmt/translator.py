@@ -23,6 +23,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -99,7 +100,8 @@ class SearchOptions:
         for name in ("beam_size", "n_best", "max_len", "batch_tokens"):
             value, high = getattr(self, name), OPTION_BOUNDS[name][1]
             if not _whole_number(value) or value > high:
-                raise TranslationError(f"{name} must be a whole number from 1 to {high}, got {_brief(value)}")
+                limit = ">= 1" if high == math.inf else f"from 1 to {high}"
+                raise TranslationError(f"{name} must be a whole number {limit}, got {_brief(value)}")
         if self.n_best > self.beam_size:
             raise TranslationError(f"n_best ({self.n_best}) cannot exceed beam_size ({self.beam_size})")
         for name in ("length_penalty", "max_len_ratio"):
@@ -116,7 +118,7 @@ OPTION_BOUNDS: dict[str, tuple[float, float]] = {
     "beam_size": (1, 1000),
     "n_best": (1, 1000),
     "max_len": (1, 10_000),
-    "batch_tokens": (1, 10_000_000),
+    "batch_tokens": (1, math.inf),  # a memory budget, not a cost: sys.maxsize means "by sentences" (peer.py)
     "length_penalty": (0.0, 10.0),  # GNMT alpha; useful values lie in 0-2, and alpha = 10 already ranks by length
     "max_len_ratio": (0.0, 100.0),
 }
