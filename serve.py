@@ -1,8 +1,9 @@
 """Serve a trained model over HTTP: ``python serve.py checkpoint=RUN_DIR`` (then open http://127.0.0.1:8000/).
 
 A thin Hydra entry point: composes ``configs/serve.yaml`` and calls ``nmt.server.serve_main``. Mistakes
-found before the server starts (missing checkpoint, unknown key, bad value) are reported in one line on
-stderr with exit status 2. SIGTERM or Ctrl-C lets in-flight requests finish, then exits 0.
+found before the server starts (an unknown key, a bad value, a port in use, a missing checkpoint; every
+setting is checked and the port taken before the model loads) are reported in one line on stderr with
+exit status 2. SIGTERM or Ctrl-C lets in-flight requests finish, then exits 0.
 """
 
 from __future__ import annotations

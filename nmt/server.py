@@ -4,10 +4,12 @@ The one concept here is the *translation server* behind ``serve.py``: an ASGI ap
 uvicorn) whose endpoints are
 
 - ``POST /v1/translate``: ``{"text": str | [str], "beam_size", "n_best", "length_penalty", "attention"}``
-  (all but ``text`` optional) -> ``{"translations": [Translation.to_dict(), ...]}`` in input order;
-- ``GET /health``: ``{"status": "ok"}``, what model it serves (attention type, languages, parameters, the
-  run's recorded test BLEU) and counters (requests, sentences, batches, search calls);
-- ``GET /v1/model``: ``Translator.info()`` plus this server's request defaults and limits;
+  (all but ``text`` optional) -> ``{"translations": [Translation.to_dict() + {"truncated"}, ...]}`` in
+  input order;
+- ``GET /health``: ``{"status": "ok" | "overloaded"}``, what model it serves (attention type, languages,
+  parameters, the run's recorded test BLEU) and counters (requests, sentences, batches, search calls,
+  refusals, requests abandoned by their client);
+- ``GET /v1/model``: ``Translator.info()`` (without file paths) plus this server's defaults and limits;
 - ``GET /``: one self-contained HTML page (``nmt/static/translate.html``) with the attention heatmap.
 
 Micro-batching: requests that arrive within ``batch_wait_ms`` of the first waiting one and ask for the
@@ -16,13 +18,19 @@ same search options are decoded together, in one ``Translator.translate`` call, 
 sentences itself, and a sentence's translation does not depend on its batch-mates, so each sentence gets
 the translation it would get alone. While the worker decodes, new requests queue and form the next batch,
 whose window opens when the worker is free again (so the clients just answered can join it) and closes
-early once as many sentences wait as the last batch held.
+early once as many sentences wait as the last batch held. A batch that fails is decoded again one
+request at a time, so a request that breaks the search fails alone.
 
-Bad requests get a JSON ``{"error": "..."}`` naming the problem (413 over a size limit, 422 for a wrong
-type or an option the Translator refuses, 404/405 for a wrong path or method) and the server goes on.
+Hostile input and load (every answer says what happened; no client can hold the others up for long):
+requests are checked by ``nmt.server_input`` (415, 413, 422; never a 500 for a malformed body); the
+queue holds at most ``max_queued_sentences`` (503 with ``Retry-After`` beyond); a request whose client
+has gone is not decoded; ``allowed_hosts`` refuses other ``Host`` headers (DNS rebinding; on by default
+on a loopback address); a connection must send a whole request within ``request_timeout_s``. uvicorn
+and h11 enforce the rest with their own settings: ``max_connections`` (uvicorn's ``limit_concurrency``,
+a plain 503 beyond), ``keep_alive_s`` (``timeout_keep_alive``) and the 16 KiB header limit (h11's).
 
-Not done here: batching by tokens, option checks, device and precision choice (all the Translator's),
-TLS, authentication and rate limiting (put a reverse proxy in front for anything public).
+Not done here: batching by tokens, option ranges, device and precision choice (all the Translator's),
+TLS, authentication and rate limiting per client (put a reverse proxy in front for anything public).
 """
 
 from __future__ import annotations
@@ -31,36 +39,49 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import json
+import ipaddress
 import logging
+import math
 import signal
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+import h11
 import uvicorn
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
+from uvicorn.config import LOG_LEVELS
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from nmt.config import ConfigError
+from nmt.server_input import (
+    TOO_LONG_CHOICES,
+    RequestError,
+    check_lengths,
+    check_media_type,
+    parse_translate_request,
+    read_body,
+)
 from nmt.translator import EngineSettings, SearchOptions, TranslationError, Translator
 
 log = logging.getLogger(__name__)
 
-SEARCH_OVERRIDES = ("beam_size", "n_best", "length_penalty")
-"""The search options a request may set (the others are the server's, from its config)."""
-
 ENDPOINTS = "GET /, GET /health, GET /v1/model, POST /v1/translate"
+LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
+MAX_HEADER_BYTES = 16 * 1024  # h11's own default, set explicitly: longer request heads get a 400 from uvicorn
 
 
 @dataclass
@@ -74,122 +95,135 @@ class ServeSettings(EngineSettings):
 
     host: str = "127.0.0.1"  # this machine only; put a reverse proxy in front for anything public
     port: int = 8000
+    allowed_hosts: Any = "auto"  # auto: the loopback names when bound to loopback, else any; or a list
     max_body_bytes: int = 65536
     max_sentences: int = 64
     max_words: int = 200
+    max_subwords: int = 256
     max_beam_size: int = 10
+    too_long: str = "refuse"  # a sentence over the model's max_input_words: refuse (413) | truncate
+    max_queued_sentences: int = 512
+    max_queue_wait_s: float = 10.0  # and no more than this much work, at the measured seconds per sentence
+    max_connections: int = 1000
+    request_timeout_s: float = 5.0
+    keep_alive_s: int = 5
     batch_wait_ms: float = 5.0
     batch_sentences: int = 128
+    slice_subwords: int = 2048  # beam_size x source subwords per slice of a large request
     shutdown_timeout_s: float = 30.0
     log_level: str = "info"
 
 
 ConfigStore.instance().store(name="serve_settings", node=ServeSettings)
 
-LIMITS = ("max_body_bytes", "max_sentences", "max_words", "max_beam_size")
+LIMITS = ("max_body_bytes", "max_sentences", "max_words", "max_subwords", "max_beam_size")
+POSITIVE = (*LIMITS, "batch_sentences", "slice_subwords", "max_queued_sentences", "max_connections", "keep_alive_s")
 
 
 def check_serve_settings(settings: Any) -> SearchOptions:
-    """Check ``ServeSettings`` (or a composed ``serve`` config) before anything loads.
+    """Check ``ServeSettings`` (or a composed ``serve`` config) before anything loads; binds nothing.
 
     Returns:
         The search options every request starts from.
 
     Raises:
-        ConfigError: a limit that is not positive, or a default beam over ``max_beam_size``.
+        ConfigError: the first bad setting (port, host, allowed_hosts, log level, a limit, a timeout).
         TranslationError: a search option the Translator refuses.
     """
     search = SearchOptions.from_settings(settings)
-    for name in (*LIMITS, "batch_sentences"):
-        if getattr(settings, name) < 1:
-            raise ConfigError(f"{name}={getattr(settings, name)} must be positive")
+    for name in POSITIVE:
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name}={value} must be a whole number >= 1")
     if search.beam_size > settings.max_beam_size:
         raise ConfigError(f"beam_size={search.beam_size} is over max_beam_size={settings.max_beam_size}; "
                           "raise max_beam_size or lower beam_size")
-    if settings.batch_wait_ms < 0 or settings.shutdown_timeout_s < 0:
-        raise ConfigError("batch_wait_ms and shutdown_timeout_s must be >= 0")
+    for name, low in (("batch_wait_ms", 0.0), ("shutdown_timeout_s", 0.0), ("request_timeout_s", 0.1),
+                      ("max_queue_wait_s", 0.1)):
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < math.inf:
+            raise ConfigError(f"{name}={value} must be a finite number >= {low:g}")
+    if isinstance(settings.port, bool) or not isinstance(settings.port, int) or not 0 <= settings.port <= 65535:
+        raise ConfigError(f"port={settings.port} is not a TCP port; choose one from 0 to 65535 (0: any free port)")
+    _check_host(settings.host)
+    if str(settings.log_level).lower() not in LOG_LEVELS:
+        raise ConfigError(f"log_level={settings.log_level} is not a log level; choose one of {', '.join(LOG_LEVELS)}")
+    if settings.too_long not in TOO_LONG_CHOICES:
+        raise ConfigError(f"too_long={settings.too_long} must be one of {', '.join(TOO_LONG_CHOICES)}")
+    allowed_hosts(settings)
     return search
 
 
-class RequestError(Exception):
-    """A request the server refuses: the HTTP status and a one-line message for the client."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-# ------------------------------------------------------------- Requests in: size limits, JSON types
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """The request body, refused with 413 as soon as it passes ``max_bytes`` (declared or streamed)."""
-    declared = request.headers.get("content-length", "")
-    too_big = RequestError(413, f"the request body is over the limit max_body_bytes={max_bytes}; "
-                                "send fewer or shorter sentences per request")
-    if declared.isdigit() and int(declared) > max_bytes:
-        raise too_big
-    chunks, size = [], 0
-    async for chunk in request.stream():  # a chunked body has no length to check in advance
-        size += len(chunk)
-        if size > max_bytes:
-            raise too_big
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def parse_translate_request(body: bytes, settings: ServeSettings, defaults: SearchOptions
-                            ) -> tuple[list[str], SearchOptions, bool]:
-    """Sentences, search options and the attention flag of a ``/v1/translate`` body.
-
-    The server checks the JSON and the limits of ``settings``; ``SearchOptions`` (the engine) checks the
-    options: ``defaults`` (the config's) with the request's overrides.
-
-    Raises:
-        RequestError: 422 for invalid JSON or a wrong type, 413 for a limit.
-        TranslationError: a search option the Translator refuses (422).
-    """
+def _check_host(host: Any) -> None:
+    if not isinstance(host, str) or not host:
+        raise ConfigError(f"host={host} must be an address or a name to bind, e.g. 127.0.0.1 or 0.0.0.0")
     try:
-        payload = json.loads(body, parse_constant=_refuse_constant)
-    except ValueError as error:  # UnicodeDecodeError is a ValueError too
-        raise RequestError(422, f"the request body is not valid JSON ({error})") from None
-    if not isinstance(payload, dict) or "text" not in payload:
-        raise RequestError(422, 'the body must be a JSON object with "text": a string or a list of strings')
-    unknown = sorted(set(payload) - {"text", "attention", *SEARCH_OVERRIDES})
-    if unknown:
-        raise RequestError(422, f"unknown field {unknown[0]!r}; valid fields: text, {', '.join(SEARCH_OVERRIDES)}, "
-                                "attention")
-    text = payload["text"]
-    sentences = [text] if isinstance(text, str) else text
-    if not isinstance(sentences, list) or not all(isinstance(s, str) for s in sentences):
-        raise RequestError(422, '"text" must be a string or a list of strings')
-    if len(sentences) > settings.max_sentences:
-        raise RequestError(413, f"the request has {len(sentences)} sentences; the limit is "
-                                f"max_sentences={settings.max_sentences}")
-    for number, sentence in enumerate(sentences, start=1):
-        words = len(sentence.split())
-        if words > settings.max_words:
-            raise RequestError(413, f"sentence {number} has {words} words; the limit is max_words={settings.max_words}")
-    attention = payload.get("attention", False)
-    if not isinstance(attention, bool):
-        raise RequestError(422, f'"attention" must be true or false, got {attention!r}')
-    overrides = {name: payload[name] for name in SEARCH_OVERRIDES if name in payload}
-    options = SearchOptions.from_mapping({**dataclasses.asdict(defaults), **overrides})  # the engine's checks
-    if options.beam_size > settings.max_beam_size:
-        raise RequestError(422, f"beam_size={options.beam_size} is over the limit "
-                                f"max_beam_size={settings.max_beam_size}")
-    return sentences, options, attention
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as error:
+        raise ConfigError(f"host={host} is not an address this machine can bind ({error}); use 127.0.0.1 "
+                          "(this machine only) or 0.0.0.0 (every interface)") from None
 
 
-def _refuse_constant(name: str) -> None:
-    raise ValueError(f"{name} is not a JSON number")
+def allowed_hosts(settings: Any) -> list[str] | None:
+    """The ``Host`` header values the server answers (None: any), from ``allowed_hosts`` and ``host``.
+
+    ``auto`` allows the loopback names when the server is bound to a loopback address, so that a page on
+    another site whose name was rebound to 127.0.0.1 cannot talk to it; bound elsewhere it allows any
+    (a reverse proxy in front should check). ``*`` allows any; a list allows those names.
+    """
+    value = settings.allowed_hosts
+    value = OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
+    if value == "auto":
+        return LOOPBACK_HOSTS if _is_loopback(settings.host) else None
+    if value == "*" or value == ["*"]:
+        return None
+    if not isinstance(value, list) or not value or not all(isinstance(h, str) and h for h in value):
+        raise ConfigError(f"allowed_hosts={value} must be auto, * or a list of host names, e.g. "
+                          "[translate.example.org,localhost]")
+    if any("*" in h[1:] or (h.startswith("*") and not h.startswith("*.")) for h in value):
+        raise ConfigError(f"allowed_hosts={value}: a wildcard must look like *.example.org")
+    return value
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 # ------------------ Micro-batching: one worker thread, batches of requests that share their options
+OVERLOAD_MEMORY_S = 5.0
+"""/health says "overloaded" for this long after the last 503, so a probe between two bursts still sees it."""
+
+
 @dataclass
 class _Job:
     sentences: list[str]
     key: tuple[SearchOptions, bool]  # the search options and the attention flag: jobs batch only with equals
-    future: asyncio.Future[list[dict[str, Any]]]
+    future: asyncio.Future[list[dict[str, Any]]]  # cancelled when the client has gone: never decoded then
     arrived: float  # event-loop time
+    costs: list[int]  # per sentence: beam_size x (source subwords + EOS), what its search costs in proportion
+    results: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # of its first sentences, so far
+
+    @property
+    def left(self) -> int:
+        return len(self.sentences) - len(self.results)
+
+    @property
+    def cost_left(self) -> int:
+        return sum(self.costs[len(self.results):])
+
+    def slice_size(self, budget: int) -> int:
+        """How many of the remaining sentences fit in ``budget`` (at least one)."""
+        count, total = 0, 0
+        for cost in self.costs[len(self.results):]:
+            if count and total + cost > budget:
+                break
+            count, total = count + 1, total + cost
+        return count
 
 
 def new_engine_thread() -> ThreadPoolExecutor:
@@ -205,52 +239,118 @@ def new_engine_thread() -> ThreadPoolExecutor:
 class MicroBatcher:
     """Collects requests on the event loop and decodes each batch in one worker thread.
 
+    A request whose search would cost more than ``slice_subwords`` (beam size x source subwords, summed
+    over its sentences) is decoded a slice of at most that cost at a time (at least one sentence), alone,
+    and goes to the back of the queue between slices: the requests that came meanwhile wait for one
+    slice, not for all of it.
+
     Args:
         translator: the engine; only the worker thread calls it.
         wait_s: how long the oldest waiting request holds its batch open for others.
-        batch_sentences: at most this many sentences per batch (a larger request goes alone).
+        batch_sentences: at most this many sentences per batch of small requests.
+        slice_subwords: the cost budget of a slice of a large request (beam size x source subwords).
         engine_thread: the one-thread executor to decode on; best the one that loaded ``translator``
             (``new_engine_thread()``). None: a new one.
     """
 
-    def __init__(self, translator: Translator, wait_s: float, batch_sentences: int,
+    def __init__(self, translator: Translator, wait_s: float, batch_sentences: int, slice_subwords: int = 2048,
                  engine_thread: ThreadPoolExecutor | None = None) -> None:
         self.translator = translator
         self.wait_s = wait_s
         self.batch_sentences = batch_sentences
+        self.slice_subwords = slice_subwords
         self.batches = 0
         self.sentences = 0
+        self.abandoned = 0  # requests dropped from the queue because their client had gone
         self.busy_seconds = 0.0  # time the worker spent decoding: against the uptime, how busy the server is
         self._pending: collections.deque[_Job] = collections.deque()
         self._arrival = asyncio.Event()
         self._free_since = 0.0  # event-loop time the worker last finished a batch
         self._last_batch_sentences = 0  # how many sentences it held (0: none yet)
+        self._last_overload = -math.inf  # monotonic time of the last 503
         self._executor = engine_thread or new_engine_thread()
+
+    def submit(self, sentences: list[str], options: SearchOptions, attention: bool,
+               subwords: list[int] | None = None) -> asyncio.Future[list[dict[str, Any]]]:
+        """Queue ``sentences``; the future gets their ``Translation.to_dict()``s. Cancel it to withdraw them.
+
+        ``subwords``: each sentence's source subwords (None: its words stand in for them).
+        """
+        loop = asyncio.get_running_loop()
+        lengths = subwords if subwords is not None else [len(s.split()) for s in sentences]
+        costs = [options.beam_size * (n + 1) for n in lengths]
+        job = _Job(sentences, (options, attention), loop.create_future(), loop.time(), costs)
+        self._pending.append(job)
+        self._arrival.set()
+        return job.future
 
     async def translate(self, sentences: list[str], options: SearchOptions, attention: bool) -> list[dict[str, Any]]:
         """The translations of ``sentences`` (``Translation.to_dict()`` each), decoded with other requests."""
-        loop = asyncio.get_running_loop()
-        job = _Job(sentences, (options, attention), loop.create_future(), loop.time())
-        self._pending.append(job)
-        self._arrival.set()
-        return await job.future
+        return await self.submit(sentences, options, attention)
 
     @property
     def queued(self) -> int:
-        return len(self._pending)
+        """Requests waiting for the worker (not the batch it is decoding)."""
+        return sum(not job.future.done() for job in self._pending)
+
+    @property
+    def queued_sentences(self) -> int:
+        return sum(job.left for job in self._pending if not job.future.done())
+
+    def seconds_per_sentence(self) -> float:
+        """The worker's mean decoding time per sentence so far (0 before the first batch)."""
+        return self.busy_seconds / self.sentences if self.sentences else 0.0
+
+    def check_room(self, sentences: int, max_queued: int, max_wait_s: float = math.inf) -> None:
+        """503 when the queue cannot take ``sentences`` more: a bounded wait for everyone admitted.
+
+        Full means ``max_queued`` sentences, or more work than ``max_wait_s`` at the mean decoding time per
+        sentence so far (a slower model or busier cores then admit fewer). An empty queue takes any request.
+
+        Raises:
+            RequestError: 503 with ``Retry-After``: the queued work in seconds (1-60).
+        """
+        queued = self.queued_sentences
+        wait_s = (queued + sentences) * self.seconds_per_sentence()
+        if queued > 0 and (queued + sentences > max_queued or wait_s > max_wait_s):
+            self._last_overload = time.monotonic()
+            retry_after = min(60, max(1, math.ceil(queued * self.seconds_per_sentence())))
+            raise RequestError(503, f"the server is overloaded: {queued} sentences are waiting, about "
+                                    f"{wait_s:.0f} s of work with this request (the limits are max_queued_sentences="
+                                    f"{max_queued} and max_queue_wait_s={max_wait_s:g}); retry after {retry_after} s",
+                               {"Retry-After": str(retry_after)})
+
+    def overloaded(self, max_queued: int, max_wait_s: float = math.inf) -> bool:
+        """The queue is full, or refused a request within the last ``OVERLOAD_MEMORY_S``."""
+        queued = self.queued_sentences
+        return (queued >= max_queued or queued * self.seconds_per_sentence() >= max_wait_s
+                or time.monotonic() - self._last_overload < OVERLOAD_MEMORY_S)
 
     async def run(self) -> None:
         """Forever: wait for a batch to fill (or its window to close), decode it, hand out the results."""
         while True:
-            jobs = await self._next_batch()
-            await self._decode(jobs)
+            pieces = await self._next_batch()
+            if pieces:
+                await self._decode(pieces)
 
-    async def _next_batch(self) -> list[_Job]:
+    def _drop_abandoned(self) -> None:
+        live = collections.deque(job for job in self._pending if not job.future.done())
+        self.abandoned += len(self._pending) - len(live)
+        self._pending = live
+
+    async def _next_batch(self) -> list[tuple[_Job, int]]:
+        """The next batch: (job, how many of its remaining sentences) pairs, taken out of the queue."""
         loop = asyncio.get_running_loop()
-        while not self._pending:
+        while True:
+            self._drop_abandoned()
+            if self._pending:
+                break
             self._arrival.clear()
             await self._arrival.wait()
         first = self._pending[0]
+        if first.cost_left > self.slice_subwords:  # a large request: one slice, alone, at once
+            self._pending.popleft()
+            return [(first, first.slice_size(self.slice_subwords))]
         # The window opens when the worker is free, not only when the first job came: under load the clients
         # answered a moment ago are about to send again, and a batch that waits for them holds all the
         # clients instead of half of them (at idle the worker has long been free: the first job's time rules).
@@ -262,41 +362,69 @@ class MicroBatcher:
             self._arrival.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._arrival.wait(), deadline - loop.time())
-        jobs, count, rest = [], 0, collections.deque()
-        for job in self._pending:  # in arrival order: the first job always, then others that fit
-            if job.key == first.key and (not jobs or count + len(job.sentences) <= self.batch_sentences):
-                jobs.append(job)
-                count += len(job.sentences)
+        self._drop_abandoned()
+        pieces: list[tuple[_Job, int]] = []
+        count, rest = 0, collections.deque()
+        for job in self._pending:  # in arrival order: the first small job always, then others that fit
+            small = job.cost_left <= self.slice_subwords
+            if small and job.key == first.key and (not pieces or count + job.left <= self.batch_sentences):
+                pieces.append((job, job.left))
+                count += job.left
             else:
                 rest.append(job)
         self._pending = rest
-        return jobs
+        return pieces
 
     def _same_key_sentences(self, key: tuple[SearchOptions, bool]) -> int:
-        return sum(len(job.sentences) for job in self._pending if job.key == key)
+        return sum(job.left for job in self._pending if job.key == key and not job.future.done())
 
-    async def _decode(self, jobs: list[_Job]) -> None:
-        sentences = [s for job in jobs for s in job.sentences]
+    async def _decode(self, pieces: list[tuple[_Job, int]]) -> None:
+        key = pieces[0][0].key
+        sentences = [s for job, n in pieces for s in job.sentences[len(job.results):len(job.results) + n]]
         self._last_batch_sentences = len(sentences)
+        try:
+            results = await self._run_on_worker(sentences, key)
+        except Exception as error:
+            if len(pieces) == 1:
+                _settle(pieces[0][0].future, error=error)
+                return
+            # one request can break a shared search (an input the model chokes on): each request is decoded
+            # again on its own, so its batch-mates get their answers and only the culprit gets the error
+            log.warning("a batch of %d requests failed (%r); decoding them one at a time", len(pieces), error)
+            for job, n in pieces:
+                if not job.future.done():
+                    try:
+                        self._deliver(job, await self._run_on_worker(job.sentences[len(job.results):][:n], key))
+                    except Exception as alone:  # noqa: BLE001 - handed to that request's handler
+                        _settle(job.future, error=alone)
+            return
+        start = 0
+        for job, n in pieces:
+            self._deliver(job, results[start:start + n])
+            start += n
+
+    def _deliver(self, job: _Job, results: list[dict[str, Any]]) -> None:
+        """Add a slice's results to its job: the answer when it was the last slice, else back into the queue."""
+        if job.future.done():  # its client has gone
+            return
+        job.results.extend(results)
+        if job.left:
+            self._pending.append(job)  # behind the requests that came while this slice was decoded
+            self._arrival.set()
+        else:
+            job.future.set_result(job.results)
+
+    async def _run_on_worker(self, sentences: list[str], key: tuple[SearchOptions, bool]) -> list[dict[str, Any]]:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         try:
-            results = await loop.run_in_executor(self._executor, self._translate, sentences, *jobs[0].key)
-        except Exception as error:  # each waiting request answers for itself (422 or 500)
-            for job in jobs:
-                if not job.future.done():
-                    job.future.set_exception(error)
-            return
+            results = await loop.run_in_executor(self._executor, self._translate, sentences, *key)
         finally:
             self._free_since = loop.time()
             self.busy_seconds += time.perf_counter() - started
         self.batches += 1
         self.sentences += len(sentences)
-        start = 0
-        for job in jobs:
-            if not job.future.done():  # done = the client went away
-                job.future.set_result(results[start:start + len(job.sentences)])
-            start += len(job.sentences)
+        return results
 
     def _translate(self, sentences: list[str], options: SearchOptions, attention: bool) -> list[dict[str, Any]]:
         """On the worker thread: decode, and build the JSON-ready dicts there too (off the event loop)."""
@@ -308,6 +436,16 @@ class MicroBatcher:
         self._executor.shutdown(wait=True)
 
 
+def _settle(future: asyncio.Future[Any], result: Any = None, error: BaseException | None = None) -> None:
+    """Hand a job its result or error, unless its client has gone (a cancelled future)."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
 # ------------------------------------------------------------------------------------------ The app
 def create_app(translator: Translator, settings: ServeSettings,
                engine_thread: ThreadPoolExecutor | None = None) -> Starlette:
@@ -316,19 +454,23 @@ def create_app(translator: Translator, settings: ServeSettings,
     Args:
         translator: the engine, used from one worker thread only.
         settings: ``ServeSettings`` or a composed ``serve`` config (its checkpoint is not read):
-            request defaults, limits and the batching window.
+            request defaults, limits, allowed hosts and the batching window.
         engine_thread: the thread that loaded ``translator`` (``new_engine_thread``), to decode on too.
 
     Raises:
         ConfigError, TranslationError: settings that cannot work (``check_serve_settings``).
     """
     defaults = check_serve_settings(settings)
-    batcher = MicroBatcher(translator, settings.batch_wait_ms / 1000, settings.batch_sentences, engine_thread)
-    limits = {name: getattr(settings, name) for name in LIMITS}
-    model_info = {**translator.info(), "has_attention": translator.has_attention,
-                  "defaults": dataclasses.asdict(defaults), "limits": limits}
+    batcher = MicroBatcher(translator, settings.batch_wait_ms / 1000, settings.batch_sentences,
+                           settings.slice_subwords, engine_thread)
+    limits = {**{name: getattr(settings, name) for name in LIMITS}, "max_input_words": translator.max_input_words,
+              "too_long": settings.too_long, "max_queued_sentences": settings.max_queued_sentences,
+              "max_queue_wait_s": settings.max_queue_wait_s}
+    info = {key: value for key, value in translator.info().items() if key != "checkpoints"}  # no server paths
+    model_info = {**info, "has_attention": translator.has_attention, "defaults": dataclasses.asdict(defaults),
+                  "limits": limits}
     page = resources.files("nmt").joinpath("static", "translate.html").read_text(encoding="utf-8")
-    counters = {"requests": 0, "refused": 0}
+    counters = {"requests": 0, "refused": 0, "overloaded": 0}
     started = time.monotonic()
 
     @contextlib.asynccontextmanager
@@ -340,25 +482,16 @@ def create_app(translator: Translator, settings: ServeSettings,
             await worker
         batcher.close()
 
-    async def translate(request: Request) -> Response:
-        try:
-            body = await read_body(request, settings.max_body_bytes)
-            sentences, options, attention = parse_translate_request(body, settings, defaults)
-            translations = await batcher.translate(sentences, options, attention)
-        except (RequestError, TranslationError) as error:
-            counters["refused"] += 1
-            return error_response(getattr(error, "status", 422), str(error))
-        counters["requests"] += 1
-        return JSONResponse({"translations": translations})
-
+    translate = translate_endpoint(translator, settings, defaults, batcher, counters)
     model_summary = {key: model_info[key] for key in ("attention", "src_lang", "tgt_lang", "parameters", "bleu")}
 
     async def health(request: Request) -> Response:
+        overloaded = batcher.overloaded(settings.max_queued_sentences, settings.max_queue_wait_s)
         return JSONResponse({
-            "status": "ok", **model_summary, "requests": counters["requests"], "refused": counters["refused"],
-            "sentences": batcher.sentences, "batches": batcher.batches,
+            "status": "overloaded" if overloaded else "ok", **model_summary, **counters,
+            "abandoned": batcher.abandoned, "sentences": batcher.sentences, "batches": batcher.batches,
             "search_calls": translator.search_calls, "queued": batcher.queued,
-            "busy_seconds": round(batcher.busy_seconds, 3),
+            "queued_sentences": batcher.queued_sentences, "busy_seconds": round(batcher.busy_seconds, 3),
             "uptime_s": round(time.monotonic() - started, 3),
         })
 
@@ -374,12 +507,65 @@ def create_app(translator: Translator, settings: ServeSettings,
         Route("/v1/model", model, methods=["GET"]),
         Route("/v1/translate", translate, methods=["POST"]),
     ]
+    hosts = allowed_hosts(settings)
+    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=hosts)] if hosts else []
     handlers = {HTTPException: http_error, Exception: internal_error}
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)  # type: ignore[arg-type]
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
+                    exception_handlers=handlers)  # type: ignore[arg-type]
+    app.state.settings = settings  # for uvicorn_config
+    return app
 
 
-def error_response(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+def translate_endpoint(translator: Translator, settings: Any, defaults: SearchOptions, batcher: MicroBatcher,
+                       counters: dict[str, int]) -> Callable[[Request], Awaitable[Response]]:
+    """``POST /v1/translate``: checks (``nmt.server_input``), room in the queue, the batcher, the answer."""
+    async def translate(request: Request) -> Response:
+        try:
+            check_media_type(request)
+            body = await read_body(request, settings.max_body_bytes)
+            checked = parse_translate_request(body, settings, defaults)
+            checked = check_lengths(checked, translator.tokenizer, translator.max_input_words, settings.max_subwords,
+                                    settings.too_long)
+            batcher.check_room(len(checked.sentences), settings.max_queued_sentences, settings.max_queue_wait_s)
+            future = batcher.submit(checked.sentences, checked.options, checked.attention, checked.subwords)
+            translations = await answer_unless_gone(request, future)
+        except (RequestError, TranslationError) as error:
+            status = getattr(error, "status", 422)
+            counters["overloaded" if status == 503 else "refused"] += 1
+            return error_response(status, str(error), getattr(error, "headers", None))
+        except ClientDisconnect:  # gone while sending its body (or closed for being too slow): nobody to answer
+            return error_response(400, "the client closed the connection before its request was complete")
+        if translations is None:
+            return error_response(400, "the client closed the connection before its answer was ready")
+        counters["requests"] += 1
+        for translation, truncated in zip(translations, checked.truncated):
+            translation["truncated"] = truncated
+        return JSONResponse({"translations": translations})
+
+    return translate
+
+
+async def answer_unless_gone(request: Request, future: asyncio.Future[Any]) -> Any:
+    """The future's result, or None (and the future cancelled, so the job is not decoded) if the client goes first."""
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({future, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not future.done():
+        future.cancel()
+        return None
+    return future.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client disconnects (the body has been read: the server has nothing else to receive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 async def http_error(request: Request, error: Exception) -> Response:
@@ -398,25 +584,109 @@ async def internal_error(request: Request, error: Exception) -> Response:
     return error_response(500, f"internal error ({type(error).__name__}); see the server log")
 
 
+# ------------------------------------------------------------ Connections: uvicorn's limits, and one more
+class RequestDeadlineProtocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline for receiving each whole request, head and body.
+
+    uvicorn's ``timeout_keep_alive`` closes connections idle *between* requests only: a client that sends
+    its request a few bytes at a time (slowloris), or never finishes its body, would otherwise hold its
+    connection, and a half-read body its handler, for as long as it likes. The deadline starts when the
+    connection opens or its last answer went out, and stops once h11 has the whole request; the time
+    the request then waits for the worker is the server's, not the client's.
+    """
+
+    request_timeout_s = 5.0  # set per server by ``uvicorn_config``
+    _deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state in _REQUEST_RECEIVED:
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # may start the next (pipelined) request
+        if not self.transport.is_closing() and self.conn.their_state not in _REQUEST_RECEIVED:
+            self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(self.request_timeout_s, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if self.conn.their_state not in _REQUEST_RECEIVED and not self.transport.is_closing():
+            self.logger.info("closed a connection that sent no whole request in %g s", self.request_timeout_s)
+            self.transport.close()
+
+
+_REQUEST_RECEIVED = (h11.DONE, h11.MUST_CLOSE, h11.CLOSED)
+
+
+def uvicorn_config(app: Starlette, log_level: str | None = None) -> uvicorn.Config:
+    """uvicorn's settings for ``app`` (from ``create_app``), from its ``ServeSettings``."""
+    settings = app.state.settings
+    protocol = type("RequestDeadlineProtocol", (RequestDeadlineProtocol,),
+                    {"request_timeout_s": float(settings.request_timeout_s)})
+    return uvicorn.Config(
+        app, http=protocol, log_level=(log_level or str(settings.log_level)).lower(),
+        limit_concurrency=settings.max_connections,  # beyond: uvicorn's own plain 503
+        timeout_keep_alive=settings.keep_alive_s, h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        timeout_graceful_shutdown=settings.shutdown_timeout_s or None)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (not yet listening), or one line saying why it cannot be.
+
+    Raises:
+        ConfigError: the port is in use (or the address is not this machine's).
+    """
+    family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart need not wait out TIME_WAIT
+    try:
+        sock.bind(address)
+    except OSError as error:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {error.strerror or error}; choose another port= "
+                          "or stop the program that uses it") from None
+    return sock
+
+
 # --------------------------------------------------------------------------------------- Running it
 def serve_main(cfg: DictConfig) -> None:
     """Load the model(s) of ``cfg.checkpoint`` and serve them until SIGTERM or Ctrl-C (``serve.py``).
+
+    Every setting is checked, and the port taken, before the model loads.
 
     Raises:
         ConfigError, TranslationError, CheckpointError, DataError: user mistakes, found before the
             server starts (reported in one line by ``serve.py``).
     """
-    check_serve_settings(cfg)  # before the model loads
+    check_serve_settings(cfg)
+    sock = bind_socket(cfg.host, cfg.port)  # a port in use is found now, not after a minute of loading
     engine = new_engine_thread()
     translator = engine.submit(Translator.from_settings, cfg).result()  # checkpoint(s), device, precision
     app = create_app(translator, cfg, engine)
-    log.info("serving %s on http://%s:%d/", ", ".join(translator.info()["checkpoints"]), cfg.host, cfg.port)
+    log.info("serving %s on http://%s:%d/", ", ".join(translator.info()["checkpoints"]), cfg.host,
+             sock.getsockname()[1])
     # uvicorn handles SIGTERM/SIGINT itself (graceful shutdown), then re-raises the signal to the handler
     # it found; that handler ends the process with status 0 instead of -15 or a KeyboardInterrupt
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _exit_after_shutdown)
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
-                timeout_graceful_shutdown=cfg.shutdown_timeout_s or None)
+    uvicorn.Server(uvicorn_config(app)).run(sockets=[sock])
 
 
 def _exit_after_shutdown(signum: int, frame: object) -> None:
@@ -427,10 +697,8 @@ def _exit_after_shutdown(signum: int, frame: object) -> None:
 def serve_in_thread(app: Starlette) -> Iterator[str]:
     """Run ``app`` (``create_app``) with uvicorn on a background thread, on a free port of 127.0.0.1 (tests);
     yields its base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))  # 0: the system chooses the port
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    sock = bind_socket("127.0.0.1", 0)  # 0: the system chooses the port
+    server = uvicorn.Server(uvicorn_config(app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="uvicorn")
     thread.start()
     try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import os
 import sys
 import time
 import zlib
@@ -122,6 +123,44 @@ def _open_output(path: str) -> AbstractContextManager[IO[str]]:
     return open(out, "w", encoding="utf-8", newline="\n")
 
 
+def check_writable(path: str, key: str, folder: bool = False) -> None:
+    """Refuse, before any decoding, an output that cannot be written: a folder given for a file (or the
+    reverse), a path under a file, or a place without write permission.
+
+    Args:
+        path: the file (or, with ``folder``, the folder) to be written; created with its parents if missing.
+        key: the setting that named it, for the message.
+
+    Raises:
+        TranslationError: one line naming ``key`` and what to change.
+    """
+    target = Path(path)
+    if target.exists():
+        if target.is_dir() != folder:
+            kind, wanted = ("a file", "a folder") if folder else ("a directory", "a file")
+            raise TranslationError(f"{key}={path} is {kind}; name {wanted} to write")
+        if not os.access(target, os.W_OK):
+            raise TranslationError(f"{key}={path} is not writable; choose another path or change its permissions")
+        return
+    parent = target.parent
+    while not parent.exists():  # the folders translate.py would create
+        parent = parent.parent
+    if not parent.is_dir():
+        raise TranslationError(f"{key}={path} cannot be created: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise TranslationError(f"{key}={path} cannot be created: {parent} is not writable; choose another path")
+
+
+def _check_outputs(cfg: DictConfig) -> None:
+    """``check_writable`` on every file or folder the job will write."""
+    if str(cfg.output) != STDIO:
+        check_writable(str(cfg.output), "output")
+    if cfg.alignments:
+        check_writable(str(cfg.alignments), "alignments")
+    if cfg.attention_dir:
+        check_writable(str(cfg.attention_dir), "attention_dir", folder=True)
+
+
 def _read_reference(path: str, n_lines: int, invalid_utf8: str) -> list[str]:
     refs = read_input_lines(path, invalid_utf8)
     if len(refs) != n_lines:
@@ -165,6 +204,7 @@ def translate_main(cfg: DictConfig) -> dict[str, Any]:
             ``translate.py`` (see ``nmt.translator.USER_ERRORS``).
     """
     options = SearchOptions.from_settings(cfg)
+    _check_outputs(cfg)  # now, not after the whole input has been decoded
     translator = Translator.from_settings(cfg)
     wants_attention = bool(cfg.attention_dir or cfg.alignments)
     if wants_attention and not translator.has_attention:

@@ -99,17 +99,19 @@ class SearchOptions:
     def checked(self) -> SearchOptions:
         """These options if they are valid; else a TranslationError naming the option and its range."""
         for name in ("beam_size", "n_best", "max_len", "batch_tokens"):
-            value = getattr(self, name)
-            if not _whole_number(value):
-                raise TranslationError(f"{name} must be a whole number >= 1, got {value!r}")
+            value, high = getattr(self, name), OPTION_BOUNDS[name][1]
+            if not _whole_number(value) or value > high:
+                limit = ">= 1" if high == math.inf else f"from 1 to {high}"
+                raise TranslationError(f"{name} must be a whole number {limit}, got {_brief(value)}")
         if self.n_best > self.beam_size:
             raise TranslationError(f"n_best ({self.n_best}) cannot exceed beam_size ({self.beam_size})")
         for name in ("length_penalty", "max_len_ratio"):
-            value = getattr(self, name)
+            value, (low, high) = getattr(self, name), OPTION_BOUNDS[name]
             if value is None and name == "max_len_ratio":
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise TranslationError(f"{name} must be a number >= 0, got {value!r}")
+            # a NaN fails every comparison, so the range test is written to fail on it too
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise TranslationError(f"{name} must be a number from {low:g} to {high:g}, got {_brief(value)}")
         return self
 
 
@@ -140,6 +142,24 @@ class SamplingOptions:
                 limit = "" if upper == math.inf else " and < 2**62"
                 raise TranslationError(f"{name} must be a whole number >= 0{limit}, got {value!r}")
         return self
+
+
+OPTION_BOUNDS: dict[str, tuple[float, float]] = {
+    "beam_size": (1, 1000),
+    "n_best": (1, 1000),
+    "max_len": (1, 10_000),
+    "batch_tokens": (1, math.inf),  # a memory budget, not a cost: sys.maxsize means "by sentences" (peer.py)
+    "length_penalty": (0.0, 10.0),  # GNMT alpha; useful values lie in 0-2, and alpha = 10 already ranks by length
+    "max_len_ratio": (0.0, 100.0),
+}
+"""The range of each search option, inclusive: the one place translate.py, serve.py and Python users
+are checked against (a server narrows ``beam_size`` further with its own ``max_beam_size``)."""
+
+
+def _brief(value: Any) -> str:
+    """``repr`` of a value for an error message, at most 40 characters (a request may send anything)."""
+    text = repr(value) if isinstance(value, (bool, int, float, str, type(None))) else f"a {type(value).__name__}"
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 @dataclass

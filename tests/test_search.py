@@ -334,7 +334,8 @@ def test_sampled_tokens_come_from_the_top_k(top_k: int) -> None:
     torch.manual_seed(0)
     attention = build_attention("additive", query_size=9, key_size=10, hidden_size=7)
     inner = Seq2Seq(SRC_V, TGT_V, attention, emb_size=5, enc_hidden_size=5, dec_hidden_size=9, enc_layers=1,
-                    dec_layers=2, dropout=0.0, tie_embeddings=True).double().eval()  # flat: any token could come
+                    dec_layers=2, dropout=0.0, tie_embeddings=True, output_hidden_size=None,
+                    layer_norm=False).double().eval()  # flat: any token could come
     model = Recording(inner, eos_bias=0.0)
     hyps = sample(model, 0, temperature=3.0, top_k=top_k)
     for step, logits in enumerate(model.steps):

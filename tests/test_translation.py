@@ -177,6 +177,10 @@ def test_user_errors_say_what_is_wrong(tiny_run_dir: Path, no_attention_ckpt: Pa
     out = tmp_path / "out.en"
     translate_main(translate_cfg(f"checkpoint={tiny_run_dir}", f"input={bad}", f"output={out}", "invalid_utf8=replace"))
     assert len(read_lines(out)) == 3
+    with pytest.raises(TranslationError, match=r"attention_dir=.*in\.de is a file; name a folder to write"):
+        translate_main(translate_cfg(f"checkpoint={tiny_run_dir}", f"input={src}", f"attention_dir={src}"))
+    with pytest.raises(TranslationError, match=r"alignments=.* is a directory; name a file to write"):
+        translate_main(translate_cfg(f"checkpoint={tiny_run_dir}", f"input={src}", f"alignments={tmp_path}"))
     ref = write_lines(tmp_path / "short.en", TGT[:1])
     with pytest.raises(TranslationError, match="has 1 lines but the input has 2"):
         translate_main(translate_cfg(f"checkpoint={tiny_run_dir}", f"input={src}", f"reference={ref}"))
@@ -198,6 +202,14 @@ def test_cli_stdout_has_only_translations(tiny_run_dir: Path, tmp_path: Path) ->
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.split("\n")) == 4 and done.stdout.split("\n")[1] == ""
     assert list(tmp_path.iterdir()) == []  # no Hydra output folder, no log file
+    (tmp_path / "a_file").write_text("", encoding="utf-8")
+    for output, message in ((tmp_path, "is a directory; name a file to write"),
+                            (tmp_path / "a_file" / "out.en", "is a file, not a folder")):
+        unwritable = cli(f"checkpoint={tiny_run_dir}", f"output={output}", stdin=f"{SRC[0]}\n")
+        assert unwritable.returncode == 2 and unwritable.stdout == "", unwritable.stderr
+        assert unwritable.stderr.startswith(f"translate.py: error: output={output}") and message in unwritable.stderr
+        assert unwritable.stderr.count("\n") == 1 and "translated" not in unwritable.stderr  # refused before decoding
+    (tmp_path / "a_file").unlink()
     missing = cli()
     assert missing.returncode == 2 and missing.stdout == ""
     assert missing.stderr.strip() == (

@@ -152,10 +152,13 @@ def test_search_options_are_checked_in_one_place(runs: dict[str, Path]) -> None:
         translator.translate(SRC, beam=3)
     with pytest.raises(TranslationError, match=r"n_best \(3\) cannot exceed beam_size \(2\)"):
         translator.translate(SRC, beam_size=2, n_best=3)
-    with pytest.raises(TranslationError, match="beam_size must be a whole number >= 1, got 0"):
+    with pytest.raises(TranslationError, match="beam_size must be a whole number from 1 to 1000, got 0"):
         translator.translate(SRC, beam_size=0)
-    with pytest.raises(TranslationError, match="length_penalty must be a number >= 0, got 'x'"):
+    with pytest.raises(TranslationError, match="length_penalty must be a number from 0 to 10, got 'x'"):
         translator.translate(SRC, length_penalty="x")
+    for bad in (float("nan"), float("inf"), -0.5, 11):  # NaN fails every comparison: it must still be refused
+        with pytest.raises(TranslationError, match=f"length_penalty must be a number from 0 to 10, got {bad!r}"):
+            translator.translate(SRC, length_penalty=bad)
     with pytest.raises(TranslationError, match="attention=none, which has none"):
         Translator.from_checkpoint(runs["none"]).translate(SRC, attention=True)
     with pytest.raises(TranslationError, match="max_input_words must be auto, null or a whole number >= 1, got 'many'"):

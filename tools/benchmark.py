@@ -8,6 +8,7 @@
     python scripts/benchmark.py data --out runs/bench/data                        # reads $NMT_DATA_MIRROR
     python scripts/benchmark.py scale --synthetic-pairs 500000 --ranks 1 2 --out runs/scale_500k
     python scripts/benchmark.py server --checkpoint outputs/RUN --clients 1 4 16
+    python scripts/benchmark.py overload --checkpoint outputs/RUN --clients 300 --seconds 60
     python scripts/benchmark.py profile model=default attention=additive --out runs/bench/profile
 
 ``train``: Hydra overrides of ``configs/train.yaml`` as ``train.py`` takes them; the project's own
@@ -22,6 +23,8 @@ a reference. ``backtranslate``: the back-translation job's sentences/s with beam
 sampling (``tools.backtranslation_speed``). ``data``: preparation time (cold, then cached) and
 batch padding at the token budget (``tools.padding``). ``server``: ``serve.py`` under
 concurrent clients (``tools.load``).
+``overload``: the worst request the server's limits let through, and up to 300 clients at once
+(``tools.overload``).
 ``scale``: what a synthetic corpus of N pairs costs to prepare, load and start training on
 (``tools.scale``). ``profile``: FLOPs per target token, achieved against peak FLOP/s, time per op group
 (``tools.training_profile``).
@@ -52,7 +55,7 @@ from nmt.provenance import device_name, provenance
 from nmt.training import DistInfo, Trainer
 from nmt.translation import read_input_lines
 from nmt.translator import SearchOptions, Translator
-from tools import backtranslation_speed, load, padding, scale, training_profile
+from tools import backtranslation_speed, load, overload, padding, scale, training_profile
 from tools.timing import compose_config, measure_training
 
 MEANINGLESS_BLEU_NOTE = (
@@ -64,7 +67,7 @@ MEANINGLESS_BLEU_NOTE = (
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = parser(__doc__)
     modes = p.add_subparsers(dest="mode", required=True,
-                             metavar="{train,translate,backtranslate,data,scale,server,profile}")
+                             metavar="{train,translate,backtranslate,data,scale,server,overload,profile}")
     out = argparse.ArgumentParser(add_help=False)
     out.add_argument("--out", type=Path, help="report path without extension (default: see above)")
     decode = argparse.ArgumentParser(add_help=False)
@@ -97,6 +100,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     scale.add_arguments(modes.add_parser("scale", parents=[out],
                                          help="what a corpus of N pairs costs: prepare, load, start training"))
     load.add_arguments(modes.add_parser("server", parents=[out], help="serve.py under concurrent clients"))
+    overload.add_arguments(modes.add_parser("overload", parents=[out],
+                                            help="serve.py: the worst request, and up to 300 clients at once"))
     training_profile.add_arguments(modes.add_parser("profile", parents=[out],
                                                     help="training FLOP/s and time per op group"))
     return p.parse_args(argv)
@@ -109,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         measure = {"train": benchmark_training, "translate": benchmark_translation,
                    "backtranslate": backtranslation_speed.benchmark_backtranslation,
                    "data": padding.benchmark_data, "scale": scale.benchmark_scale,
-                   "server": load.benchmark_server,
+                   "server": load.benchmark_server, "overload": overload.benchmark_overload,
                    "profile": training_profile.benchmark_profile}[args.mode]
         report, device = measure(args)
         report = {"benchmark": args.mode, **provenance("scripts/benchmark.py", argv), **report}

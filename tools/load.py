@@ -26,7 +26,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -91,15 +91,15 @@ class Connection(http.client.HTTPConnection):
 
 
 @contextmanager
-def running_server(args: argparse.Namespace) -> Iterator[str]:
-    """``serve.py`` on a free port of 127.0.0.1; yields its URL; SIGTERM at the end."""
+def serve_process(args: argparse.Namespace, settings: Sequence[str]) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``serve.py`` with ``args.checkpoint`` and ``settings`` on a free port of 127.0.0.1; yields its URL and
+    process; SIGTERM at the end."""
     with socket.socket() as sock:
         sock.bind((HOST, 0))
         port = sock.getsockname()[1]
     env = {**os.environ, **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})}
     process = subprocess.Popen([sys.executable, str(REPO_ROOT / "serve.py"), f"checkpoint={args.checkpoint}",
-                                f"host={HOST}", f"port={port}", f"device={args.device}", f"beam_size={args.beam_size}",
-                                f"batch_wait_ms={args.batch_wait_ms}", "log_level=warning"], env=env)
+                                f"host={HOST}", f"port={port}", f"device={args.device}", *settings], env=env)
     url = f"http://{HOST}:{port}"
     try:
         deadline = time.monotonic() + 300
@@ -111,10 +111,18 @@ def running_server(args: argparse.Namespace) -> Iterator[str]:
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"serve.py did not start (exit status {process.poll()})") from None
                 time.sleep(0.2)
-        yield url
+        yield url, process
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
+
+
+@contextmanager
+def running_server(args: argparse.Namespace) -> Iterator[str]:
+    """``serve.py`` with this mode's beam size and batching window; yields its URL."""
+    settings = [f"beam_size={args.beam_size}", f"batch_wait_ms={args.batch_wait_ms}", "log_level=warning"]
+    with serve_process(args, settings) as (url, _):
+        yield url
 
 
 def latencies_ms(latencies: list[float]) -> dict[str, float]:
