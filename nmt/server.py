@@ -284,10 +284,6 @@ class MicroBatcher:
         self._arrival.set()
         return job.future
 
-    async def translate(self, sentences: list[str], options: SearchOptions, attention: bool) -> list[dict[str, Any]]:
-        """The translations of ``sentences`` (``Translation.to_dict()`` each), decoded with other requests."""
-        return await self.submit(sentences, options, attention)
-
     @property
     def queued(self) -> int:
         """Requests waiting for the worker (not the batch it is decoding)."""
