@@ -150,10 +150,13 @@ def resume_config(cfg: DictConfig, state: dict[str, Any]) -> DictConfig:
 
         overrides = [o for o in HydraConfig.get().overrides.task if "." in o.split("=")[0]]
         overrides = [o.lstrip("+~") for o in overrides if not o.startswith("hydra.")]
+    except ValueError:  # not running under Hydra (tests, notebooks): take this config's trainer section
+        overrides = None
+    if overrides is None:
+        merged = OmegaConf.merge(saved, {"trainer": cfg.trainer})
+    else:
         merged = OmegaConf.merge(saved, OmegaConf.from_dotlist(overrides))
         refuse_changed_run(saved, merged, overrides)
-    except ValueError:  # not running under Hydra (tests, notebooks): take this config's trainer section
-        merged = OmegaConf.merge(saved, {"trainer": cfg.trainer})
     for group in ("data", "model", "attention"):
         if OmegaConf.select(cfg, group) is not None and OmegaConf.to_container(cfg[group], resolve=True) != \
                 OmegaConf.to_container(merged[group], resolve=True):

@@ -190,7 +190,7 @@ def test_a_model_for_another_language_exits_2_with_one_line(runs: dict[str, Path
     ({"method": "greedy"}, BacktranslationError, "method='greedy' is not one of beam, sample"),
     ({"temperature": "0", "method": "sample"}, TranslationError, "temperature must be a number > 0"),
     ({"top_k": "-2", "method": "sample"}, TranslationError, "top_k must be a whole number >= 0"),
-    ({"beam_size": "0"}, TranslationError, "beam_size must be a whole number >= 1"),
+    ({"beam_size": "0"}, TranslationError, "beam_size must be a whole number from 1 to 1000"),
     ({"chunk_lines": "0"}, BacktranslationError, "chunk_lines=0 must be positive"),
     ({"max_words": "0"}, BacktranslationError, "max_words=0 must be auto, null or a whole number >= 1"),
     ({"output": "taken"}, BacktranslationError, "exists and is not a back-translation folder"),
