@@ -1,7 +1,7 @@
 """Translate with a trained checkpoint: ``python translate.py checkpoint=RUN_DIR input=FILE output=FILE``.
 
 A thin Hydra entry point: composes ``configs/translate.yaml`` and calls
-``nmt.translation.translate_main``. Mistakes in the request (missing checkpoint, bad input) are
+``nmt.translate_job.translate_main``. Mistakes in the request (missing checkpoint, bad input) are
 reported in one line on stderr with exit status 2; stdout carries translations only.
 """
 
@@ -14,7 +14,7 @@ import hydra
 from omegaconf import DictConfig
 
 from nmt.entry_point import check_keys_or_exit, user_errors
-from nmt.translation import TranslateSettings, translate_main
+from nmt.translate_job import TranslateSettings, translate_main
 from nmt.translator import USER_ERRORS
 
 

@@ -3,7 +3,7 @@
 Data flows one way: ``nmt.data`` (corpora, subwords, batches) -> ``nmt.model`` (encoder, decoder,
 ``nmt.attention`` plug-in) -> ``nmt.training`` (loop, validation, checkpoints) and ``nmt.search``
 (greedy / sampling / beam) -> ``nmt.translator`` (the inference engine: ``Translator``) ->
-``nmt.translation`` (files and stdin), ``nmt.server`` (HTTP) and ``nmt.backtranslation`` (monolingual
+``nmt.translate_job`` (files and stdin), ``nmt.server`` (HTTP) and ``nmt.backtranslation`` (monolingual
 text into synthetic pairs); ``nmt.analysis`` holds what users run on their own runs (``scripts/compare_runs.py``,
 ``scripts/tune_decoding.py``); the measuring tools are in ``tools/``, beside the package.
 

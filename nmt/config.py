@@ -1,4 +1,5 @@
-"""Settings checking for ``train.py``: fail before any work starts, naming the bad key and the valid choices.
+"""Settings checking for every entry point (``train.py``, ``translate.py``, ``serve.py``, ``backtranslate.py``):
+fail before any work starts, naming the bad key and the valid choices; the training config's schema.
 
 Where each setting and its default live (each default is written once):
 
@@ -10,7 +11,7 @@ Where each setting and its default live (each default is written once):
   (``data.tatoeba``: ``nmt.data.tatoeba.TatoebaSettings``; ``data.mixture`` entries:
   ``nmt.data.mixture.MixtureSourceSchema``). Code below the entry points (``Seq2Seq``, the data layer)
   receives values and does not restate them.
-- ``translate.py`` and ``serve.py``: their settings dataclasses (``nmt.translation.TranslateSettings``,
+- ``translate.py`` and ``serve.py``: their settings dataclasses (``nmt.translate_job.TranslateSettings``,
   ``nmt.server.ServeSettings``) hold types *and* defaults, because the Python API (``Translator``,
   ``SearchOptions``) shares them; Hydra's ConfigStore gives them to the YAML files, which hold comments.
 - ``backtranslate.py``: like training, its schema (``nmt.backtranslation.BacktranslateSettings``) holds
@@ -43,7 +44,7 @@ from omegaconf.errors import OmegaConfBaseException
 from nmt.attention import attention_names, attention_options
 from nmt.data.prepare import DataSchema, resolve_data_config
 from nmt.device import PRECISIONS
-from nmt.schema import bad_value_message, first_unknown_key, unknown_dotted_key, unknown_key_message
+from nmt.setting_keys import bad_value_message, first_unknown_key, unknown_dotted_key, unknown_key_message
 
 
 class ConfigError(ValueError):

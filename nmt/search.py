@@ -35,7 +35,7 @@ counted) when ``max_len_ratio`` is set, else ``max_len``; ``src_len`` is the sou
 Shapes: B batch, K beam size, S source length, T target length, V target vocabulary, L decoder
 layers, H decoder size.
 
-Not done here: batching and sorting of sentences, (de)tokenisation (``nmt.translation``), switching
+Not done here: batching and sorting of sentences, (de)tokenisation (``nmt.translate_job``), switching
 the model to eval mode (the caller does that), ensembles (``nmt.ensemble``), coverage penalties.
 """
 

@@ -1,7 +1,7 @@
 """The inference engine: ``Translator`` turns sentences into translations with one or more trained models.
 
 Every use of a trained model goes through it: validation during training, ``translate.py`` (files and
-stdin, ``nmt.translation``), ``serve.py`` (HTTP, ``nmt.server``), the analysis scripts, and Python users::
+stdin, ``nmt.translate_job``), ``serve.py`` (HTTP, ``nmt.server``), the analysis scripts, and Python users::
 
     from nmt import Translator
     translator = Translator.from_checkpoint("outputs/RUN_DIR")            # or a list: an ensemble
@@ -50,8 +50,8 @@ from nmt.device import (
 )
 from nmt.ensemble import Ensemble
 from nmt.model import Seq2Seq, count_parameters
-from nmt.plotting import merge_subword_attention
 from nmt.search import Hypothesis, beam_search, greedy_search, sample_search
+from nmt.words import merge_subword_attention
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Tests for nmt.plotting and nmt.alignment: subword merging, PNG heatmaps, Pharaoh alignments."""
+"""Tests for nmt.words, nmt.plotting and nmt.alignment: subword merging, PNG heatmaps, Pharaoh alignments."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from nmt.alignment import pharaoh_alignment
-from nmt.plotting import attention_figure, merge_subword_attention, save_attention_png, word_groups
+from nmt.plotting import attention_figure, save_attention_png
+from nmt.words import merge_subword_attention, word_groups
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -25,7 +25,7 @@ from nmt.checkpoint import load_checkpoint
 from nmt.config import ConfigError, check_command_line_keys, validate_config
 from nmt.data import DataError, prepare_data
 from nmt.training import TrainingError, lr_factor, train
-from nmt.translation import TranslateSettings
+from nmt.translate_job import TranslateSettings
 from nmt.translator import Translator
 from tests.conftest import CONFIG_DIR, REPO_ROOT
 

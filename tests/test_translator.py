@@ -219,6 +219,6 @@ def test_long_inputs_are_cut_as_in_training(runs: dict[str, Path], caplog: pytes
 
 
 def test_training_does_not_import_the_translate_job() -> None:
-    code = "import sys, nmt.training; assert 'nmt.translation' not in sys.modules, 'nmt.translation imported'"
+    code = "import sys, nmt.training; assert 'nmt.translate_job' not in sys.modules, 'nmt.translate_job imported'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -53,7 +53,7 @@ from nmt.gpu_monitor import GpuMonitor
 from nmt.model import count_parameters
 from nmt.provenance import device_name, provenance
 from nmt.training import DistInfo, Trainer
-from nmt.translation import read_input_lines
+from nmt.translate_job import read_input_lines
 from nmt.translator import SearchOptions, Translator
 from tools import backtranslation_speed, load, overload, padding, scale, training_profile
 from tools.timing import compose_config, measure_training

@@ -36,7 +36,7 @@ import torch
 
 from nmt.analysis.cli import REPO_ROOT, mirror_file, sync
 from nmt.provenance import device_name
-from nmt.translation import read_input_lines
+from nmt.translate_job import read_input_lines
 from nmt.translator import Translator
 
 HOST = "127.0.0.1"  # never anywhere else

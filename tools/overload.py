@@ -35,7 +35,7 @@ import torch
 
 from nmt.analysis.cli import mirror_file
 from nmt.data import Tokenizer
-from nmt.translation import read_input_lines
+from nmt.translate_job import read_input_lines
 from nmt.translator import Translator
 from tools.load import Connection, percentile, request, serve_process
 

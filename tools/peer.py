@@ -156,7 +156,7 @@ def decode_once(argv: list[str]) -> None:
     for name in ("--beam-size", "--batch-sentences"):
         p.add_argument(name, type=int, required=True)
     args = p.parse_args(argv)
-    from nmt.translation import read_input_lines
+    from nmt.translate_job import read_input_lines
     from nmt.translator import SearchOptions, Translator
 
     translator = Translator.from_checkpoint(args.checkpoint, device=args.device, max_input_words=None)
@@ -183,7 +183,7 @@ def decode_once(argv: list[str]) -> None:
 def measure_our_decoding(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     """Greedy and beam 5 on test_2016_flickr: whole-process and decode-only sentences/s, and BLEU."""
     from nmt.evaluation import corpus_scores
-    from nmt.translation import read_input_lines
+    from nmt.translate_job import read_input_lines
 
     src = args.mirror / "multi30k" / f"{TEST_SPLIT}.de.gz"
     refs = read_input_lines(args.mirror / "multi30k" / f"{TEST_SPLIT}.en.gz")

@@ -31,7 +31,7 @@ from typing import Any
 
 from nmt.data.corpora import CORPORA, build_corpus
 from nmt.data.errors import DataError
-from nmt.schema import unknown_key_message
+from nmt.setting_keys import unknown_key_message
 
 KINDS = ("corpus", "src", "synthetic")  # what a source entry names: exactly one of these keys (src goes with tgt)
 PROVENANCE = "provenance.json"

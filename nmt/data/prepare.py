@@ -55,7 +55,7 @@ from nmt.data.tokenizer import (
     tokenizer_key,
     train_and_cache,
 )
-from nmt.schema import bad_value_message, first_unknown_key
+from nmt.setting_keys import bad_value_message, first_unknown_key
 
 log = logging.getLogger(__name__)
 ENCODE_CHUNK_LINES = 50_000  # pairs per SentencePiece batch call (the progress bar moves once per chunk)

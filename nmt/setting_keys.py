@@ -1,4 +1,4 @@
-"""Settings schemas: checking keys against a dataclass, naming the nearest valid key.
+"""Setting keys: checking a key against the dataclass of its settings section, naming the nearest valid key.
 
 The one concept here is *walking a key through a schema*: every section of the settings (``data``,
 ``model``, ``trainer``, the translate and serve settings) is a dataclass, and a key that is not one of

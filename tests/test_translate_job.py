@@ -20,7 +20,7 @@ from nmt.checkpoint import load_for_inference
 from nmt.data.batching import token_batches
 from nmt.model import Seq2Seq
 from nmt.search import beam_search, greedy_search
-from nmt.translation import translate_main
+from nmt.translate_job import translate_main
 from nmt.translator import TranslationError, Translator
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -1,0 +1,129 @@
+"""Words from subwords: grouping SentencePiece pieces into the words of a sentence, and an attention matrix with them.
+
+The one concept here is *the word a piece belongs to*. SentencePiece marks a word start with ``▁``
+(U+2581); target words are those of the detokenized output (where ``<unk>`` decodes to ``⁇``, a word of
+its own), source words those of the input line. ``merge_subword_attention`` turns a subword attention
+matrix into a word one, as Bahdanau et al. (2015, Fig. 3) show it: a target word's row is the *average*
+of its pieces' rows (each row is a distribution, so the average still sums to 1), and a source word's
+column is the *sum* of its pieces' columns (the attention mass that fell anywhere on that word). The
+engine's attention in words, the alignments and the heatmaps all use it.
+
+Shapes: T target length, S source length (in pieces), Tw / Sw the same in words.
+
+Not done here: drawing (``nmt.plotting``) or alignments (``nmt.alignment``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from torch import Tensor
+
+WORD_START = "\u2581"  # SentencePiece's word-boundary marker "▁"
+# Pieces that are never part of a word: they form a word of their own (e.g. the source EOS column).
+SPECIAL_PIECES = frozenset({"<s>", "</s>", "<pad>"})
+UNK_PIECE = "<unk>"
+UNK_TEXT = "\u2047"  # ⁇, what SentencePiece decodes <unk> to
+
+
+def as_array(weights: Tensor | np.ndarray, tgt: Sequence[str], src: Sequence[str], what: str) -> np.ndarray:
+    """``weights`` as a float64 ``[T, S]`` array, checked against T target and S source ``what`` (pieces, labels)."""
+    if isinstance(weights, Tensor):
+        weights = weights.detach().float().cpu().numpy()
+    array = np.asarray(weights, dtype=np.float64)
+    if array.ndim != 2:
+        raise ValueError(f"attention weights must be a [T, S] matrix, got shape {tuple(array.shape)}")
+    if array.shape != (len(tgt), len(src)):
+        raise ValueError(f"attention shape {array.shape} does not match {len(tgt)} target x {len(src)} source {what}")
+    return array
+
+
+def word_groups(pieces: Sequence[str], unk_is_word: bool = False) -> tuple[list[list[int]], list[str]]:
+    """Group SentencePiece pieces into words.
+
+    A piece opens a new word when it starts with ``▁``, is the first piece, stands alone, or follows
+    a piece that stands alone. Special pieces (``</s>``) stand alone, and so does ``<unk>`` when
+    ``unk_is_word``: SentencePiece decodes it to `` ⁇ `` with spaces around, so in *decoded* text it
+    is a word of its own (in the source it stands for real characters and stays inside its word). A
+    bare ``▁`` piece has no text: it joins the next word (or the previous one, before a special).
+
+    Args:
+        pieces: Subword pieces of one sentence, in order.
+        unk_is_word: Treat ``<unk>`` as a word of its own (target side).
+
+    Returns:
+        ``(groups, words)``: the piece indices of each word, and each word's text (pieces joined,
+        ``▁`` removed).
+    """
+
+    def alone(piece: str) -> bool:
+        return piece in SPECIAL_PIECES or (unk_is_word and piece == UNK_PIECE)
+
+    groups: list[list[int]] = []
+    prev_alone = True
+    for i, piece in enumerate(pieces):
+        if alone(piece) or prev_alone or piece.startswith(WORD_START):
+            groups.append([i])
+        else:
+            groups[-1].append(i)
+        prev_alone = alone(piece)
+
+    def special(group: list[int]) -> bool:
+        return len(group) == 1 and pieces[group[0]] in SPECIAL_PIECES
+
+    merged: list[list[int]] = []
+    pending: list[int] = []  # bare "▁" pieces waiting for the word they precede
+    for group in groups:
+        if all(pieces[i] == WORD_START for i in group):
+            pending += group
+            continue
+        if pending and not special(group):
+            group = pending + group
+        elif pending and merged:  # before a special piece they join the previous word
+            merged[-1] += pending
+        elif pending:
+            merged.append(pending)
+        merged.append(group)
+        pending = []
+    if pending and merged and not special(merged[-1]):
+        merged[-1] += pending
+    elif pending:
+        merged.append(pending)
+    words = []
+    for group in merged:
+        text = "".join(pieces[i] for i in group)
+        if unk_is_word and text.replace(WORD_START, "") == UNK_PIECE:
+            text = UNK_TEXT  # as SentencePiece decodes it, so the words match the translation's text
+        words.append(text.replace(WORD_START, "") or text)
+    return merged, words
+
+
+def merge_subword_attention(weights: Tensor | np.ndarray, src_pieces: Sequence[str], tgt_pieces: Sequence[str]
+                            ) -> tuple[np.ndarray, list[str], list[str]]:
+    """Turn a subword attention matrix into a word attention matrix.
+
+    Args:
+        weights: Attention ``[T, S]``; row j is the distribution used to emit target piece j.
+        src_pieces: The S source pieces (may end with ``</s>``, which stays a column of its own).
+        tgt_pieces: The T target pieces (``<unk>`` is a word of its own, as in the decoded text).
+
+    Returns:
+        ``(weights_words [Tw, Sw], src_words, tgt_words)``: summed over the pieces of a source word,
+        averaged over the pieces of a target word.
+
+    Raises:
+        ValueError: When the matrix does not match the number of pieces.
+    """
+    array = as_array(weights, tgt_pieces, src_pieces, "pieces")
+    src_groups, src_words = word_groups(src_pieces)
+    tgt_groups, tgt_words = word_groups(tgt_pieces, unk_is_word=True)  # words of the decoded output
+    # membership matrices: sum columns into source words, average rows into target words
+    src_member = np.zeros((len(src_pieces), len(src_groups)))  # [S, Sw]
+    for k, group in enumerate(src_groups):
+        src_member[group, k] = 1.0
+    tgt_mean = np.zeros((len(tgt_groups), len(tgt_pieces)))  # [Tw, T]
+    for k, group in enumerate(tgt_groups):
+        tgt_mean[k, group] = 1.0 / len(group)
+    merged = tgt_mean @ array @ src_member  # [Tw, Sw]
+    return merged, src_words, tgt_words
