@@ -12,8 +12,9 @@ import hydra
 from omegaconf import DictConfig
 
 from nmt.checkpoint import CheckpointError
-from nmt.config import TrainSchema, resume_overrides
+from nmt.config import TrainSchema
 from nmt.entry_point import check_keys_or_exit, user_errors
+from nmt.resume import resume_overrides
 from nmt.training import USER_ERRORS, train
 
 

@@ -18,10 +18,10 @@ elsewhere never runs code. Files are written to ``<name>.tmp``, flushed to disk 
 crash mid-write (or a power cut after it) never leaves a half-written ``last.pt`` or ``best.pt``.
 
 ``RunCheckpoints`` keeps a run's ``checkpoints/`` folder: ``last.pt`` and ``best.pt``, and the last
-validation checkpoints for weight averaging (``trainer.average_last``). ``resume_paths`` says which
-file a ``trainer.resume=`` value continues from and which run dir it writes on into.
+validation checkpoints for weight averaging (``trainer.average_last``).
 
-Deliberately not here: what to put in ``progress`` (``nmt.training``), training itself.
+Deliberately not here: what to put in ``progress`` (``nmt.training``), training itself, and resuming
+a run from a checkpoint (``nmt.resume``).
 """
 
 from __future__ import annotations
@@ -155,18 +155,6 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu"
     model = build_model(state["config"], tokenizer)
     model.load_state_dict(state["model"])
     return model.to(device).eval(), tokenizer, state["config"]
-
-
-def resume_paths(resume: str | Path) -> tuple[Path, Path]:
-    """The checkpoint a ``trainer.resume`` value continues from, and the run dir the resumed run writes into.
-
-    A run dir resumes from its ``checkpoints/last.pt`` (inference would pick ``best.pt``); a checkpoint
-    file ``RUN/checkpoints/NAME.pt`` resumes from itself, writing on into ``RUN``.
-    """
-    resume = Path(resume)
-    if resume.is_dir():
-        return resume / CHECKPOINT_DIR / "last.pt", resume
-    return resume, resume.parent.parent
 
 
 class RunCheckpoints:

@@ -23,16 +23,13 @@ Checks: a command-line key is walked through the entry point's schema before Hyd
 composed training config is checked for keys in YAML files, types (OmegaConf against the same
 dataclasses), the attention type's own options and values with a fixed set of choices.
 
-``resume_overrides`` turns ``trainer.resume=RUN`` on the command line into Hydra settings that make the
-resumed run write into RUN alone.
-
-Deliberately not here: composing the config (Hydra does it in the entry points).
+Deliberately not here: composing the config (Hydra does it in the entry points) and a resumed run's
+config (``nmt.resume``).
 """
 
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,41 +219,6 @@ def _bad_value(schema: type, key: str, value: Any) -> str | None:
     except OmegaConfBaseException as error:
         return bad_value_message("", error, key)
     return None
-
-
-def resume_overrides(args: Sequence[str]) -> list[str]:
-    """Hydra overrides that make ``train.py trainer.resume=RUN`` write only into RUN.
-
-    Without them Hydra makes a new ``outputs/<date>/<time>_<attention>/`` holding only ``.hydra/`` and a
-    ``train.log``. With them its run dir is RUN, so the log goes on in ``RUN/train.log``, and it writes
-    no ``.hydra/`` (RUN keeps the one from its start; the resumed config goes to ``RUN/config.yaml``).
-
-    Args:
-        args: the command-line arguments (``sys.argv[1:]``).
-
-    Returns:
-        The overrides to append; none without ``trainer.resume``, in a sweep (``-m``), or when the
-        command line sets ``hydra.run.dir`` itself.
-
-    Raises:
-        CheckpointError: the resume path is neither a run dir with ``checkpoints/last.pt`` nor a checkpoint file.
-    """
-    from nmt.checkpoint import resolve_checkpoint, resume_paths
-
-    values = [a.split("=", 1)[1] for a in args if a.lstrip("+").startswith("trainer.resume=")]
-    resume = values[-1].strip("'\"") if values else ""
-    if resume in ("", "null") or any(a in ("-m", "--multirun") or a.startswith("hydra.run.dir=") for a in args):
-        return []
-    checkpoint, run_dir = resume_paths(resume)
-    resolve_checkpoint(checkpoint)  # fail here, before Hydra creates a run dir for a run that cannot start
-    return [f"hydra.run.dir={_hydra_quoted(str(run_dir))}", "hydra.output_subdir=null"]
-
-
-def _hydra_quoted(value: str) -> str:
-    """``value`` as a Hydra override value: as is when plain, else single-quoted (spaces, commas, brackets)."""
-    if re.fullmatch(r"[\w./+@-]+", value):
-        return value
-    return "'" + value.replace("'", "\\'") + "'"
 
 
 def unknown_group_option(config_dir: str | Path, args: Sequence[str]) -> str | None:

@@ -47,8 +47,6 @@ from nmt.checkpoint import (
     RunCheckpoints,
     build_model,
     load_checkpoint,
-    resume_paths,
-    upgrade_saved_config,
 )
 from nmt.config import ConfigError, to_plain_dict, validate_config
 from nmt.data import Batch, DataError, EncodedSplit, PreparedData, Tokenizer, build_loader, prepare_data
@@ -64,7 +62,6 @@ from nmt.distributed import (
     gather_rng_states,
     main_process_first,
     seed_everything,
-    set_rng_state,
     setup_distributed,
     shutdown,
     wrap_model,
@@ -76,12 +73,12 @@ from nmt.loss import sequence_loss
 from nmt.model import Seq2Seq, count_parameters
 from nmt.progress import Progress, RunClock, StepHistory, progress_line
 from nmt.provenance import device_name, host, library_versions
+from nmt.resume import restore_run, resume_config, resume_paths
 from nmt.search import Hypothesis
 from nmt.tensorboard import RunLogger
 from nmt.translator import SearchOptions, TranslationError, Translator
 
-__all__ = ["USER_ERRORS", "DistInfo", "Trainer", "TrainingError", "lr_factor", "resume_config",
-           "train"]
+__all__ = ["USER_ERRORS", "DistInfo", "Trainer", "TrainingError", "lr_factor", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -136,52 +133,6 @@ def run_dir_from_hydra() -> Path:
     from hydra.core.hydra_config import HydraConfig
 
     return Path(HydraConfig.get().runtime.output_dir)
-
-
-def resume_config(cfg: DictConfig, state: dict[str, Any]) -> DictConfig:
-    """The config of a resumed run: the checkpoint's, with this invocation's ``trainer`` keys on top.
-
-    Under Hydra, only the dotted overrides typed on the command line are applied (so a run started
-    with ``experiment=smoke`` keeps its settings when resumed with a bare ``trainer.resume=DIR``).
-    """
-    saved = OmegaConf.create(upgrade_saved_config(state["config"]))
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        overrides = [o for o in HydraConfig.get().overrides.task if "." in o.split("=")[0]]
-        overrides = [o.lstrip("+~") for o in overrides if not o.startswith("hydra.")]
-    except ValueError:  # not running under Hydra (tests, notebooks): take this config's trainer section
-        overrides = None
-    if overrides is None:
-        merged = OmegaConf.merge(saved, {"trainer": cfg.trainer})
-    else:
-        merged = OmegaConf.merge(saved, OmegaConf.from_dotlist(overrides))
-        refuse_changed_run(saved, merged, overrides)
-    for group in ("data", "model", "attention"):
-        if OmegaConf.select(cfg, group) is not None and OmegaConf.to_container(cfg[group], resolve=True) != \
-                OmegaConf.to_container(merged[group], resolve=True):
-            log.warning("resuming: using the checkpoint's %s config, not this invocation's", group)
-    return merged
-
-
-# Where the data lives and how it is loaded may change on resume; what it is may not.
-RESUME_MAY_CHANGE = ("data.cache_dir", "data.mirror", "data.num_workers", "data.valid_max_tokens")
-
-
-def refuse_changed_run(saved: DictConfig, merged: DictConfig, overrides: list[str]) -> None:
-    """Refuse a resume whose command line changes the model, attention or data (the weights would not fit).
-
-    Raises:
-        ConfigError: naming the first such key, its value in the checkpoint and the fix.
-    """
-    for override in overrides:
-        key = override.split("=", 1)[0]
-        if key.split(".")[0] not in ("model", "attention", "data") or key in RESUME_MAY_CHANGE:
-            continue
-        before, after = OmegaConf.select(saved, key), OmegaConf.select(merged, key)
-        if before != after:
-            raise ConfigError(f"cannot resume with {key}={after!r}: the checkpoint's run has {key}={before!r}, and "
-                              "its weights and data are made for that. Resume without it, or start a new run.")
 
 
 def check_same_data(ranks: list[dict[str, Any]]) -> None:
@@ -276,33 +227,10 @@ class Trainer:
             raise ConfigError(f"model/attention settings do not work together: {error}") from error
 
     def _restore(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self._apply_optimizer_settings()
-        self.scaler.load_state_dict(state["scaler"])
-        self.progress = Progress(**state["progress"])
-        saved_rng = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]  # older checkpoints: one dict
-        if len(saved_rng) != self.info.world_size and self.info.is_main:
-            log.warning("the checkpoint holds RNG states for %d process(es), this run has %d: the dropout streams "
-                        "(and with another world size, the data shares) differ from the uninterrupted run's",
-                        len(saved_rng), self.info.world_size)
-        set_rng_state(saved_rng[self.info.rank % len(saved_rng)])
+        self.progress = restore_run(state, self.model, self.optimizer, self.scheduler, self.scaler, self.tcfg,
+                                    self.info)
         log.info("resumed at step %d (epoch %d, batch %d of %d)", self.progress.step, self.progress.epoch,
                  self.progress.batches_done, self.batches_per_epoch)
-
-    def _apply_optimizer_settings(self) -> None:
-        """Make a resumed run's ``trainer.lr``, ``betas`` and ``weight_decay`` the ones in use.
-
-        The optimizer's and scheduler's states carry the values the run started with; config.yaml
-        records this run's, so they are put back in force (unchanged values give the same numbers).
-        """
-        self.scheduler.base_lrs = [float(self.tcfg.lr)] * len(self.optimizer.param_groups)
-        factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
-        for group in self.optimizer.param_groups:
-            group.update(lr=float(self.tcfg.lr) * factor, initial_lr=float(self.tcfg.lr),
-                         betas=tuple(float(b) for b in self.tcfg.betas), weight_decay=float(self.tcfg.weight_decay))
-        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def _init_bookkeeping(self) -> None:
         """Clock, logs and checkpoint folder of the run; on every rank but 0 they write nothing."""

@@ -309,7 +309,7 @@ def test_bf16_training_learns_and_is_recorded(tmp_path: Path) -> None:
 
 
 def test_resuming_a_run_saved_with_the_old_amp_key(tmp_path: Path) -> None:
-    from nmt.training import resume_config
+    from nmt.resume import resume_config
 
     cfg = tiny_config(tmp_path, [])
     legacy = OmegaConf.to_container(cfg, resolve=True)

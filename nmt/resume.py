@@ -1,0 +1,149 @@
+"""Resuming a run: which checkpoint and run dir ``trainer.resume`` means, the config the resumed run uses,
+and the checkpoint's state put back into the run's objects.
+
+The one concept here is *continuing a run exactly where it stopped*:
+
+- ``resume_overrides``: ``train.py trainer.resume=RUN`` makes Hydra write into RUN alone;
+- ``resume_paths``: a run dir resumes from ``checkpoints/last.pt``, a checkpoint file from itself;
+- ``resume_config``: the checkpoint's config with this invocation's trainer settings on top; a
+  command line that changes the model, attention or data is refused (``refuse_changed_run``);
+- ``restore_run``: weights, optimizer, scheduler, scaler, progress and every rank's RNG state, with
+  the resumed run's own ``lr``, ``betas`` and ``weight_decay`` put in force.
+
+What a checkpoint holds and how it is written is ``nmt.checkpoint``; dropping the log lines a cut-off
+run wrote after its checkpoint is ``nmt.progress.StepHistory.keep_until``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from nmt.checkpoint import CHECKPOINT_DIR, resolve_checkpoint, upgrade_saved_config
+from nmt.config import ConfigError
+from nmt.distributed import DistInfo, set_rng_state
+from nmt.progress import Progress
+
+log = logging.getLogger(__name__)
+
+def resume_overrides(args: Sequence[str]) -> list[str]:
+    """Hydra overrides that make ``train.py trainer.resume=RUN`` write only into RUN.
+
+    Without them Hydra makes a new ``outputs/<date>/<time>_<attention>/`` holding only ``.hydra/`` and a
+    ``train.log``. With them its run dir is RUN, so the log goes on in ``RUN/train.log``, and it writes
+    no ``.hydra/`` (RUN keeps the one from its start; the resumed config goes to ``RUN/config.yaml``).
+
+    Args:
+        args: the command-line arguments (``sys.argv[1:]``).
+
+    Returns:
+        The overrides to append; none without ``trainer.resume``, in a sweep (``-m``), or when the
+        command line sets ``hydra.run.dir`` itself.
+
+    Raises:
+        CheckpointError: the resume path is neither a run dir with ``checkpoints/last.pt`` nor a checkpoint file.
+    """
+    values = [a.split("=", 1)[1] for a in args if a.lstrip("+").startswith("trainer.resume=")]
+    resume = values[-1].strip("'\"") if values else ""
+    if resume in ("", "null") or any(a in ("-m", "--multirun") or a.startswith("hydra.run.dir=") for a in args):
+        return []
+    checkpoint, run_dir = resume_paths(resume)
+    resolve_checkpoint(checkpoint)  # fail here, before Hydra creates a run dir for a run that cannot start
+    return [f"hydra.run.dir={_hydra_quoted(str(run_dir))}", "hydra.output_subdir=null"]
+
+
+def _hydra_quoted(value: str) -> str:
+    """``value`` as a Hydra override value: as is when plain, else single-quoted (spaces, commas, brackets)."""
+    if re.fullmatch(r"[\w./+@-]+", value):
+        return value
+    return "'" + value.replace("'", "\\'") + "'"
+
+
+def resume_paths(resume: str | Path) -> tuple[Path, Path]:
+    """The checkpoint a ``trainer.resume`` value continues from, and the run dir the resumed run writes into.
+
+    A run dir resumes from its ``checkpoints/last.pt`` (inference would pick ``best.pt``); a checkpoint
+    file ``RUN/checkpoints/NAME.pt`` resumes from itself, writing on into ``RUN``.
+    """
+    resume = Path(resume)
+    if resume.is_dir():
+        return resume / CHECKPOINT_DIR / "last.pt", resume
+    return resume, resume.parent.parent
+
+
+def resume_config(cfg: DictConfig, state: dict[str, Any]) -> DictConfig:
+    """The config of a resumed run: the checkpoint's, with this invocation's ``trainer`` keys on top.
+
+    Under Hydra, only the dotted overrides typed on the command line are applied (so a run started
+    with ``experiment=smoke`` keeps its settings when resumed with a bare ``trainer.resume=DIR``).
+    """
+    saved = OmegaConf.create(upgrade_saved_config(state["config"]))
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = [o for o in HydraConfig.get().overrides.task if "." in o.split("=")[0]]
+        overrides = [o.lstrip("+~") for o in overrides if not o.startswith("hydra.")]
+    except ValueError:  # not running under Hydra (tests, notebooks): take this config's trainer section
+        overrides = None
+    if overrides is None:
+        merged = OmegaConf.merge(saved, {"trainer": cfg.trainer})
+    else:
+        merged = OmegaConf.merge(saved, OmegaConf.from_dotlist(overrides))
+        refuse_changed_run(saved, merged, overrides)
+    for group in ("data", "model", "attention"):
+        if OmegaConf.select(cfg, group) is not None and OmegaConf.to_container(cfg[group], resolve=True) != \
+                OmegaConf.to_container(merged[group], resolve=True):
+            log.warning("resuming: using the checkpoint's %s config, not this invocation's", group)
+    return merged
+
+
+# Where the data lives and how it is loaded may change on resume; what it is may not.
+RESUME_MAY_CHANGE = ("data.cache_dir", "data.mirror", "data.num_workers", "data.valid_max_tokens")
+
+
+def refuse_changed_run(saved: DictConfig, merged: DictConfig, overrides: list[str]) -> None:
+    """Refuse a resume whose command line changes the model, attention or data (the weights would not fit).
+
+    Raises:
+        ConfigError: naming the first such key, its value in the checkpoint and the fix.
+    """
+    for override in overrides:
+        key = override.split("=", 1)[0]
+        if key.split(".")[0] not in ("model", "attention", "data") or key in RESUME_MAY_CHANGE:
+            continue
+        before, after = OmegaConf.select(saved, key), OmegaConf.select(merged, key)
+        if before != after:
+            raise ConfigError(f"cannot resume with {key}={after!r}: the checkpoint's run has {key}={before!r}, and "
+                              "its weights and data are made for that. Resume without it, or start a new run.")
+
+
+def restore_run(state: dict[str, Any], model: Any, optimizer: Any, scheduler: Any, scaler: Any, tcfg: DictConfig,
+                info: DistInfo) -> Progress:
+    """Put a checkpoint's state back into a run's objects; returns the run's progress.
+
+    The optimizer's and scheduler's states carry the settings the run started with; config.yaml records
+    this run's, so ``trainer.lr``, ``betas`` and ``weight_decay`` are put back in force (unchanged values
+    give the same numbers, bit for bit).
+    """
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    scheduler.base_lrs = [float(tcfg.lr)] * len(optimizer.param_groups)
+    factor = scheduler.lr_lambdas[0](scheduler.last_epoch)
+    for group in optimizer.param_groups:
+        group.update(lr=float(tcfg.lr) * factor, initial_lr=float(tcfg.lr),
+                     betas=tuple(float(b) for b in tcfg.betas), weight_decay=float(tcfg.weight_decay))
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+    scaler.load_state_dict(state["scaler"])
+    saved_rng = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]  # older checkpoints: one dict
+    if len(saved_rng) != info.world_size and info.is_main:
+        log.warning("the checkpoint holds RNG states for %d process(es), this run has %d: the dropout streams "
+                    "(and with another world size, the data shares) differ from the uninterrupted run's",
+                    len(saved_rng), info.world_size)
+    set_rng_state(saved_rng[info.rank % len(saved_rng)])
+    return Progress(**state["progress"])
