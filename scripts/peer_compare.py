@@ -5,11 +5,7 @@
 Logic and options: tools/peer.py (`--help`); the figures explained: docs/benchmarking.md.
 """
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tools sit beside the package, not in it
-from tools.peer import main  # noqa: E402
+from tools.peer import main
 
 if __name__ == "__main__":
     main()
