@@ -61,7 +61,7 @@ from nmt.data.text import iter_decoded
 from nmt.device import uses_bf16
 from nmt.progress import format_duration
 from nmt.provenance import provenance
-from nmt.translator import SamplingOptions, SearchOptions, Translator
+from nmt.translator import EngineSettings, SamplingOptions, SearchOptions, Translator
 
 log = logging.getLogger(__name__)
 
@@ -76,31 +76,27 @@ class BacktranslationError(ValueError):
 
 
 @dataclass
-class BacktranslateSettings:
-    """``backtranslate.py``'s keys and types; the values (defaults) and a comment per key are in
-    ``configs/backtranslate.yaml``."""
+class BacktranslateSettings(SearchOptions):
+    """``backtranslate.py``'s keys, types and defaults: the search options (``SearchOptions``; ``n_best``
+    stays 1), the sampling options (``SamplingOptions``' defaults), the engine's device and precision
+    (``EngineSettings``'), and these. ``configs/backtranslate.yaml`` comments every key."""
 
     checkpoint: Any = MISSING
     input: str = MISSING
     lang: str = MISSING
     output: str = MISSING
-    method: str = MISSING
-    beam_size: int = MISSING
-    length_penalty: float = MISSING
-    temperature: float = MISSING
-    top_k: int = MISSING
-    seed: int = MISSING
-    max_words: Any = MISSING
-    max_len: int = MISSING
-    max_len_ratio: float | None = MISSING
-    batch_tokens: int = MISSING
-    chunk_lines: int = MISSING
-    device: str = MISSING
-    precision: str = MISSING
-    invalid_utf8: str = MISSING
-    log_every_s: float = MISSING
-    cache_dir: str = MISSING
-    mirror: str | None = MISSING
+    method: str = "beam"
+    temperature: float = SamplingOptions.temperature
+    top_k: int = SamplingOptions.top_k
+    seed: int = SamplingOptions.seed
+    max_words: Any = "auto"
+    chunk_lines: int = 2000
+    device: str = EngineSettings.device
+    precision: str = EngineSettings.precision
+    invalid_utf8: str = "error"
+    log_every_s: float = 30.0
+    cache_dir: str = "data"
+    mirror: Any = "${oc.env:NMT_DATA_MIRROR,null}"
 
 
 ConfigStore.instance().store(name="backtranslate_schema", node=BacktranslateSettings)
@@ -126,6 +122,8 @@ def check_settings(cfg: DictConfig) -> tuple[SearchOptions, SamplingOptions | No
             raise BacktranslationError(f"{key}={cfg[key]} must be positive")
     if cfg.max_words not in ("auto", None) and not (isinstance(cfg.max_words, int) and cfg.max_words >= 1):
         raise BacktranslationError(f"max_words={cfg.max_words!r} must be auto, null or a whole number >= 1")
+    if cfg.n_best != 1:
+        raise BacktranslationError(f"n_best={cfg.n_best}: back-translation writes one translation per line; leave it 1")
     search = SearchOptions(beam_size=cfg.beam_size if cfg.method == "beam" else 1, length_penalty=cfg.length_penalty,
                            max_len=cfg.max_len, max_len_ratio=cfg.max_len_ratio, batch_tokens=cfg.batch_tokens)
     sampling = SamplingOptions(cfg.temperature, cfg.top_k, cfg.seed) if cfg.method == "sample" else None
@@ -133,14 +131,16 @@ def check_settings(cfg: DictConfig) -> tuple[SearchOptions, SamplingOptions | No
 
 
 def settings_as_arguments(cfg: DictConfig) -> list[str]:
-    """Every setting as a ``backtranslate.py`` argument (``checkpoint=[A,B]``, ``mirror=null``), in schema order."""
+    """Every setting as a ``backtranslate.py`` argument (``checkpoint=[A,B]``, ``mirror=null``), the job first."""
     def value(v: Any) -> str:
         if isinstance(v, (list, tuple)):
             return "[" + ",".join(map(str, v)) + "]"
         return "null" if v is None else str(v)
 
     plain = OmegaConf.to_container(cfg, resolve=True)
-    return [f"{key}={value(plain[key])}" for key in (f.name for f in fields(BacktranslateSettings)) if key in plain]
+    job = ["checkpoint", "input", "lang", "output"]  # what the job is, then how
+    keys = job + [f.name for f in fields(BacktranslateSettings) if f.name not in job]
+    return [f"{key}={value(plain[key])}" for key in keys if key in plain]
 
 
 def search_record(method: str, search: SearchOptions, sampling: SamplingOptions | None) -> dict[str, Any]:
@@ -515,21 +515,15 @@ def commit_chunk(out: Path, record: dict[str, Any], counts: Counter[str], sizes:
 
 
 # ------------------------------------------------------------------------------- For training mixtures
-CONFIG_FILE = Path(__file__).resolve().parents[1] / "configs" / "backtranslate.yaml"
-
-
 def job_config(settings: Mapping[str, Any]) -> DictConfig:
-    """A job's config from Python: configs/backtranslate.yaml's values (the one home of the defaults) with
-    ``settings`` on top, checked against ``BacktranslateSettings``.
+    """A job's config from Python: ``BacktranslateSettings``' defaults (as backtranslate.py's) with
+    ``settings`` on top, checked against their types.
 
     Raises:
         BacktranslationError: an unknown key or a value of the wrong type.
     """
-    values = OmegaConf.load(CONFIG_FILE)
-    for key in ("defaults", "hydra"):
-        values.pop(key, None)
     try:
-        return OmegaConf.merge(OmegaConf.structured(BacktranslateSettings), values, dict(settings))
+        return OmegaConf.merge(OmegaConf.structured(BacktranslateSettings), dict(settings))
     except OmegaConfBaseException as error:
         raise BacktranslationError(f"bad back-translation setting: {str(error).splitlines()[0]}") from None
 

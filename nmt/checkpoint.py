@@ -127,12 +127,15 @@ def upgrade_saved_config(config: dict[str, Any]) -> dict[str, Any]:
     """A config saved by an earlier nmt, with renamed keys brought up to date (for resuming its run).
 
     ``trainer.amp`` (true: bf16 autocast on CUDA) became ``trainer.precision`` (``auto`` does the same);
-    ``model.output_hidden_size`` and ``model.layer_norm`` came later (null and false: what earlier models were).
+    ``model.output_hidden_size`` and ``model.layer_norm`` came later (null and false: what earlier models were);
+    ``trainer.max_len`` and ``trainer.max_len_ratio`` went: every search takes ``SearchOptions``' limits.
     """
     trainer = dict(config.get("trainer") or {})
     if "amp" in trainer:
-        amp = trainer.pop("amp")
-        trainer.setdefault("precision", "auto" if amp else "fp32")
+        trainer.setdefault("precision", "auto" if trainer.pop("amp") else "fp32")
+    for gone in ("max_len", "max_len_ratio"):
+        trainer.pop(gone, None)
+    if "trainer" in config:
         config = {**config, "trainer": trainer}
     if "model" in config:
         config = {**config, "model": {"output_hidden_size": None, "layer_norm": False, **config["model"]}}

@@ -14,9 +14,9 @@ Where each setting and its default live (each default is written once):
 - ``translate.py`` and ``serve.py``: their settings dataclasses (``nmt.translate_job.TranslateSettings``,
   ``nmt.server.ServeSettings``) hold types *and* defaults, because the Python API (``Translator``,
   ``SearchOptions``) shares them; Hydra's ConfigStore gives them to the YAML files, which hold comments.
-- ``backtranslate.py``: like training, its schema (``nmt.backtranslation.BacktranslateSettings``) holds
-  the types and ``configs/backtranslate.yaml`` the values, each with a comment; a job's defaults (its
-  beam size, say) are its own, and it hands the engine values (``SearchOptions``, ``SamplingOptions``).
+- ``backtranslate.py``: like translate.py, its settings (``nmt.backtranslation.BacktranslateSettings``)
+  hold types and defaults, taking the search, sampling, device and precision defaults from the engine's
+  dataclasses (``SearchOptions``, ``SamplingOptions``, ``EngineSettings``); the YAML file holds comments.
 
 Checks: a command-line key is walked through the entry point's schema before Hydra composes anything
 (``check_command_line_keys``: the nearest valid key, no composing, no reading of Hydra's messages); a
@@ -80,8 +80,6 @@ class TrainerSchema:
     val_beam_size: int = MISSING
     test_beam_size: int = MISSING
     length_penalty: float = MISSING
-    max_len_ratio: float = MISSING
-    max_len: int = MISSING
     early_stopping_patience: int | None = MISSING
     average_last: int = MISSING
     log_every: int = MISSING
@@ -109,7 +107,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 POSITIVE: tuple[str, ...] = (
     "model.emb_size",
     "model.enc_hidden_size", "model.dec_hidden_size", "model.enc_layers", "model.dec_layers",
-    "trainer.max_epochs", "trainer.lr", "trainer.val_beam_size", "trainer.test_beam_size", "trainer.max_len",
+    "trainer.max_epochs", "trainer.lr", "trainer.val_beam_size", "trainer.test_beam_size",
     "trainer.log_every",
 )
 

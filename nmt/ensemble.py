@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.model import EncoderMemory, Seq2Seq
+from nmt.model import EncoderMemory, SearchModel, Seq2Seq
 
 
 @dataclass
@@ -61,11 +61,11 @@ class Ensemble(nn.Module):
         models: the members, in eval mode, on one device, with the same target vocabulary.
     """
 
-    def __init__(self, models: Sequence[Seq2Seq]) -> None:
+    def __init__(self, models: Sequence[Seq2Seq | SearchModel]) -> None:
         super().__init__()
         if not models:
             raise ValueError("an ensemble needs at least one model")
-        vocab_sizes = {model.decoder.embedding.num_embeddings for model in models}
+        vocab_sizes = {model.vocab_size for model in models}
         if len(vocab_sizes) > 1:
             raise ValueError(f"ensemble members have different target vocabularies: {sorted(vocab_sizes)}")
         self.members = nn.ModuleList(models)

@@ -23,7 +23,7 @@ Deliberately not here: the loss, search (``nmt.search``), tokenisation (``nmt.da
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -41,10 +41,12 @@ class EncoderMemory:
     enc_out: Tensor  # [B, S, 2He], keys and values of the attention
     prepared_keys: Tensor  # attention.prepare(enc_out), e.g. [B, S, H]
     src_mask: Tensor  # [B, S] bool, True = real token
+    gate_table: Tensor | None = None  # [V, 3Hd], the same for every row: set by ``SearchModel`` for search
 
     def index_select(self, index: Tensor) -> EncoderMemory:
-        """Rows ``index`` of every field (beam search repeats and reorders rows). index ``[B']``."""
-        return EncoderMemory(*(getattr(self, f.name).index_select(0, index) for f in fields(self)))
+        """Rows ``index`` of every batch field (beam search repeats and reorders rows). index ``[B']``."""
+        rows = (self.enc_out, self.prepared_keys, self.src_mask)
+        return EncoderMemory(*(field.index_select(0, index) for field in rows), self.gate_table)
 
 
 def gru_cell(
@@ -205,8 +207,6 @@ class Decoder(nn.Module):
         nn.init.orthogonal_(self.weight_hh.view(3, hidden_size, hidden_size)[0])
         nn.init.orthogonal_(self.weight_hh.view(3, hidden_size, hidden_size)[1])
         nn.init.orthogonal_(self.weight_hh.view(3, hidden_size, hidden_size)[2])
-        self._gate_table: Tensor | None = None  # [V, 3Hd] emb_gates of every token, for search (see step)
-        self._gate_table_key: tuple | None = None  # the weights and autocast setting it was computed with
 
     def init_state(self, enc_last: Tensor) -> Tensor:
         """The bridge: ``[B, 2He]`` -> initial states ``[L, B, Hd]``."""
@@ -302,27 +302,21 @@ class Decoder(nn.Module):
         """
         embedded = self.dropout(self.embedding(prev_tokens))  # [B, E]
         context, weights = self._attend(state[-1], memory)  # [B, C], [B, S]
-        state = self._recur(self._step_emb_gates(prev_tokens, embedded), context, state)  # [L, B, Hd]
+        if memory.gate_table is None:
+            step_gates = self.emb_gates(embedded)  # [B, 3Hd]
+        else:
+            step_gates = memory.gate_table.index_select(0, prev_tokens)  # [B, 3Hd]
+        state = self._recur(step_gates, context, state)  # [L, B, Hd]
         return self._logits(state[-1], context, embedded), state, weights
 
-    def _step_emb_gates(self, prev_tokens: Tensor, embedded: Tensor) -> Tensor:
-        """``emb_gates(embedded)`` ``[B, 3Hd]`` for one search step; prev_tokens ``[B]``, embedded ``[B, E]``.
+    def gate_table(self) -> Tensor:
+        """``emb_gates`` of every target token, ``[V, 3Hd]`` (eval mode: no dropout on the embeddings).
 
-        Why: without gradients the previous token alone decides these gates, so they are rows of a
-        table over the whole vocabulary, ``[V, 3Hd]``, computed once per set of weights. A row lookup
-        then replaces a ``[B, E] x [E, 3Hd]`` matmul at every step (measured ~5% of a CPU beam step).
-        Training, and any pass with gradients, computes them directly.
+        Why: without gradients the previous token alone decides its input gates, so a search step can
+        look them up in this table instead of a ``[B, E] x [E, 3Hd]`` matmul (measured ~5% of a CPU beam
+        step). ``SearchModel`` derives it once, where the weights are known to be fixed.
         """
-        if self.training or torch.is_grad_enabled():
-            return self.emb_gates(embedded)
-        device_type = prev_tokens.device.type
-        weights = (self.embedding.weight, *self.emb_gates.parameters())
-        # a weight changed in place (optimizer, load_state_dict) bumps its version; a moved one has a new pointer
-        key = (*((w.data_ptr(), w._version) for w in weights), torch.is_autocast_enabled(device_type),
-               torch.get_autocast_dtype(device_type))
-        if self._gate_table is None or self._gate_table_key != key:
-            self._gate_table, self._gate_table_key = self.emb_gates(self.embedding.weight), key  # [V, 3Hd]
-        return self._gate_table.index_select(0, prev_tokens)
+        return self.emb_gates(self.embedding.weight)
 
 
 class Seq2Seq(nn.Module):
@@ -379,6 +373,7 @@ class Seq2Seq(nn.Module):
             layer_norm,
         )
         self.has_attention = attention.context_size(self.encoder.output_size) > 0
+        self.vocab_size = tgt_vocab_size  # V, the target vocabulary
         self._init_embeddings(emb_size, pad_id)
 
     def _init_embeddings(self, emb_size: int, pad_id: int) -> None:
@@ -439,3 +434,35 @@ class Seq2Seq(nn.Module):
 def count_parameters(model: nn.Module) -> int:
     """Trainable parameters, counting tied matrices once."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+class SearchModel(nn.Module):
+    """A trained ``Seq2Seq`` in eval mode whose weights no longer change, as the search drives it.
+
+    The decoder's gate table (``Decoder.gate_table``) is derived once here, where the weights are known,
+    and reaches every step in the encoder memory. Build a new one after the weights change (the trainer's
+    validation builds one per validation, through its ``Translator``).
+    """
+
+    def __init__(self, model: Seq2Seq) -> None:
+        super().__init__()
+        self.model = model
+        with torch.no_grad():
+            self.gate_table = model.decoder.gate_table()  # [V, 3Hd], in the autocast dtype when built under it
+
+    @property
+    def has_attention(self) -> bool:
+        return self.model.has_attention
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
+    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[EncoderMemory, Tensor]:
+        """As ``Seq2Seq.encode``, with the gate table in the memory."""
+        memory, state = self.model.encode(src, src_lengths)
+        return replace(memory, gate_table=self.gate_table), state
+
+    def decode_step(self, prev_tokens: Tensor, state: Tensor, memory: EncoderMemory) -> tuple[Tensor, Tensor, Tensor]:
+        """As ``Seq2Seq.decode_step``: logits ``[B, V]``, state ``[L, B, Hd]``, weights ``[B, S]``."""
+        return self.model.decode_step(prev_tokens, state, memory)

@@ -107,7 +107,7 @@ def greedy_search(
     src: Tensor,
     src_lengths: Tensor,
     max_len: int,
-    max_len_ratio: float | None = None,
+    max_len_ratio: float | None,
     keep_attention: bool = True,
 ) -> list[Hypothesis]:
     """Decode a batch by taking the most probable token at every step.
@@ -235,10 +235,10 @@ def beam_search(
     src: Tensor,
     src_lengths: Tensor,
     beam_size: int,
-    length_penalty: float = 1.0,
-    max_len: int = 200,
-    max_len_ratio: float | None = None,
-    n_best: int = 1,
+    length_penalty: float,
+    max_len: int,
+    max_len_ratio: float | None,
+    n_best: int,
     keep_attention: bool = True,
 ) -> list[list[Hypothesis]]:
     """Batched beam search with the GNMT length penalty.

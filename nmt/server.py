@@ -443,6 +443,16 @@ def _settle(future: asyncio.Future[Any], result: Any = None, error: BaseExceptio
 
 
 # ------------------------------------------------------------------------------------------ The app
+def describe_model(translator: Translator, settings: ServeSettings, defaults: SearchOptions) -> dict[str, Any]:
+    """``GET /v1/model``'s answer: the engine's info (without checkpoint paths), request defaults and limits."""
+    limits = {**{name: getattr(settings, name) for name in LIMITS}, "max_input_words": translator.max_input_words,
+              "too_long": settings.too_long, "max_queued_sentences": settings.max_queued_sentences,
+              "max_queue_wait_s": settings.max_queue_wait_s}
+    info = {key: value for key, value in translator.info().items() if key != "checkpoints"}  # no server paths
+    return {**info, "has_attention": translator.has_attention, "defaults": dataclasses.asdict(defaults),
+            "limits": limits}
+
+
 def create_app(translator: Translator, settings: ServeSettings,
                engine_thread: ThreadPoolExecutor | None = None) -> Starlette:
     """The ASGI app serving ``translator`` (see the module docstring for the endpoints).
@@ -459,12 +469,7 @@ def create_app(translator: Translator, settings: ServeSettings,
     defaults = check_serve_settings(settings)
     batcher = MicroBatcher(translator, settings.batch_wait_ms / 1000, settings.batch_sentences,
                            settings.slice_subwords, engine_thread)
-    limits = {**{name: getattr(settings, name) for name in LIMITS}, "max_input_words": translator.max_input_words,
-              "too_long": settings.too_long, "max_queued_sentences": settings.max_queued_sentences,
-              "max_queue_wait_s": settings.max_queue_wait_s}
-    info = {key: value for key, value in translator.info().items() if key != "checkpoints"}  # no server paths
-    model_info = {**info, "has_attention": translator.has_attention, "defaults": dataclasses.asdict(defaults),
-                  "limits": limits}
+    model_info = describe_model(translator, settings, defaults)
     page = resources.files("nmt").joinpath("static", "translate.html").read_text(encoding="utf-8")
     counters = {"requests": 0, "refused": 0, "overloaded": 0}
     started = time.monotonic()

@@ -140,7 +140,7 @@ def parse_translate_request(body: bytes, limits: Any, defaults: SearchOptions) -
         raise RequestError(422, f'"attention" must be true or false, got {_escaped(repr(attention)[:40])}')
     overrides = {name: payload[name] for name in SEARCH_OVERRIDES if name in payload}
     try:
-        options = SearchOptions.from_mapping({**dataclasses.asdict(defaults), **overrides})  # the engine's ranges
+        options = SearchOptions(**{**dataclasses.asdict(defaults), **overrides}).checked()  # the engine's ranges
     except TranslationError as error:
         raise RequestError(422, _escaped(str(error))) from None
     if options.beam_size > limits.max_beam_size:

@@ -516,12 +516,12 @@ class Trainer:
     def best_hypotheses(self, split: EncodedSplit, beam_size: int) -> list[Hypothesis]:
         """The best translation (ids and attention) of each of ``split``'s sources, in its order.
 
-        Decoded by the engine every use of a trained model shares, with the run's length limits and precision.
+        Decoded by the engine every use of a trained model shares, with its length limits and the run's precision.
         """
         t = self.tcfg
         self.model.eval()
-        options = SearchOptions(beam_size=beam_size, length_penalty=t.length_penalty, max_len=t.max_len,
-                                max_len_ratio=t.max_len_ratio, batch_tokens=self.cfg.data.valid_max_tokens)
+        options = SearchOptions(beam_size=beam_size, length_penalty=t.length_penalty,
+                                batch_tokens=self.cfg.data.valid_max_tokens)
         translator = Translator(self.model, self.data.tokenizer, precision=self.precision)
         return [nbest[0] for nbest in translator.translate_ids(split.src_ids, options)]
 

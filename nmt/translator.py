@@ -21,7 +21,6 @@ Not done here: the search itself (``nmt.search``), files, stdin, HTTP and plots 
 
 from __future__ import annotations
 
-import difflib
 import json
 import logging
 import math
@@ -49,7 +48,7 @@ from nmt.device import (
     slow_bf16_warning,
 )
 from nmt.ensemble import Ensemble
-from nmt.model import Seq2Seq, count_parameters
+from nmt.model import SearchModel, Seq2Seq, count_parameters
 from nmt.search import Hypothesis, beam_search, greedy_search, sample_search
 from nmt.words import merge_subword_attention
 
@@ -77,24 +76,13 @@ class SearchOptions:
     length_penalty: float = 1.0
     n_best: int = 1
     max_len: int = 200
-    max_len_ratio: float | None = 2.0
+    max_len_ratio: float | None = 1.5
     batch_tokens: int = 4096
 
     @classmethod
     def from_settings(cls, settings: Any) -> SearchOptions:
         """The search options of a settings object or config that has these keys (translate.py's, serve.py's)."""
-        return SearchOptions.from_mapping({f.name: _plain(getattr(settings, f.name)) for f in fields(SearchOptions)})
-
-    @classmethod
-    def from_mapping(cls, values: dict[str, Any]) -> SearchOptions:
-        """Options from keyword values, refusing unknown names (naming the nearest) and wrong types."""
-        known = [f.name for f in fields(cls)]
-        for name in values:
-            if name not in known:
-                near = difflib.get_close_matches(name, known, n=1)
-                hint = f"did you mean {near[0]}? " if near else ""
-                raise TranslationError(f"unknown search option {name!r}: {hint}valid options are {', '.join(known)}")
-        return cls(**values).checked()
+        return SearchOptions(**{f.name: _plain(getattr(settings, f.name)) for f in fields(SearchOptions)}).checked()
 
     def checked(self) -> SearchOptions:
         """These options if they are valid; else a TranslationError naming the option and its range."""
@@ -270,7 +258,9 @@ class Translator:
         self.precision = _checked_precision(precision, self.device)
         if self.precision == "int8":
             self.models = [quantize_int8(model) for model in self.models]  # copies: the caller's stay float32
-        self.model: Seq2Seq | Ensemble = self.models[0] if len(self.models) == 1 else Ensemble(self.models)
+        with autocast(self.precision, self.device):  # the gate tables in the dtype the search will use
+            searched = [SearchModel(model) for model in self.models]
+        self.model: SearchModel | Ensemble = searched[0] if len(searched) == 1 else Ensemble(searched)
         self.tokenizer = tokenizer
         self.max_input_words = max_input_words
         self.configs = list(configs)
@@ -362,9 +352,10 @@ class Translator:
                 max_len_ratio, batch_tokens); unset ones take their defaults.
 
         Raises:
-            TranslationError: an unknown or invalid option, or attention asked of a model without it.
+            TypeError: an unknown option (Python's own keyword check, by ``SearchOptions``).
+            TranslationError: an option out of its range, or attention asked of a model without it.
         """
-        search = SearchOptions.from_mapping(options)
+        search = SearchOptions(**options).checked()
         if attention and not self.has_attention:
             raise TranslationError(f"attention was asked for, but this model was trained with "
                                    f"attention={self.attention_name}, which has none")

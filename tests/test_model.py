@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nmt.attention import build_attention
-from nmt.model import Encoder, Seq2Seq, count_parameters, gru_cell
+from nmt.model import Encoder, SearchModel, Seq2Seq, count_parameters, gru_cell
 
 TYPES = ["additive", "dot", "scaled_dot", "general", "multihead", "none"]
 SRC_V, TGT_V = 17, 19
@@ -77,26 +77,25 @@ def test_decode_step_with_grouped_rows_equals_repeated_memory(name: str) -> None
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
 
 
-def test_search_steps_read_the_gate_table_and_follow_weight_changes() -> None:
-    # without gradients decode_step looks its token gates up in a [V, 3Hd] table; with them it computes them
-    model = tiny_model("additive")
+def test_a_search_model_looks_the_token_gates_up_in_a_table_derived_from_its_weights() -> None:
+    # SearchModel passes a [V, 3Hd] gate table to every step; the plain model computes the gates
+    model = tiny_model("additive").eval()
     src, src_lengths, tgt, _, _ = padded_batch()
-    memory, state = model.encode(src, src_lengths)
-
-    def step_logits() -> torch.Tensor:
-        with torch.no_grad():
-            return model.decode_step(tgt[:, 0], state, memory)[0]
-
-    computed = model.decode_step(tgt[:, 0], state, memory)[0]
-    torch.testing.assert_close(step_logits(), computed.detach(), rtol=1e-12, atol=1e-12)
-    assert model.decoder._gate_table.shape == (TGT_V, 3 * 9)
-    for weight in (model.decoder.emb_gates.bias, model.decoder.embedding.weight):
-        with torch.no_grad():
-            weight.add_(0.5)  # as an optimizer step does: in place
-        torch.testing.assert_close(step_logits(), model.decode_step(tgt[:, 0], state, memory)[0].detach(),
-                                   rtol=1e-12, atol=1e-12)
-        assert not torch.allclose(step_logits(), computed)
-
+    with torch.no_grad():
+        searched = SearchModel(model)
+        assert searched.gate_table.shape == (TGT_V, 3 * 9) and searched.vocab_size == TGT_V
+        memory, state = searched.encode(src, src_lengths)
+        assert memory.gate_table is searched.gate_table
+        assert memory.index_select(torch.tensor([1, 0])).gate_table is searched.gate_table
+        from_table = searched.decode_step(tgt[:, 0], state, memory)[0]
+        plain_memory, plain_state = model.encode(src, src_lengths)
+        assert plain_memory.gate_table is None
+        computed = model.decode_step(tgt[:, 0], plain_state, plain_memory)[0]
+        torch.testing.assert_close(from_table, computed, rtol=1e-12, atol=1e-12)
+        model.decoder.emb_gates.bias.add_(0.5)  # new weights: a new SearchModel sees them
+        renewed = SearchModel(model)
+        assert not torch.allclose(renewed.decode_step(tgt[:, 0], *reversed(renewed.encode(src, src_lengths)))[0],
+                                  from_table)
 
 def test_encoder_packing_equals_unpacked_gru_on_unpadded_rows() -> None:
     torch.manual_seed(0)

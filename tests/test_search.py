@@ -102,8 +102,7 @@ def test_not_keeping_attention_changes_nothing_else() -> None:
     src, src_lengths = batch(LENGTHS)
     for keep in (True, False):
         greedy = greedy_search(model, src, src_lengths, max_len=12, max_len_ratio=1.0, keep_attention=keep)
-        beam = beam_search(model, src, src_lengths, beam_size=3, n_best=3, max_len=12, max_len_ratio=1.0,
-                           keep_attention=keep)
+        beam = beam_search(model, src, src_lengths, 3, 1.0, 12, 1.0, 3, keep_attention=keep)
         if keep:
             kept_greedy, kept_beam = greedy, beam
             continue
@@ -118,7 +117,7 @@ def test_beam_one_equals_greedy(name: str) -> None:
     model = tiny_model(name)
     src, src_lengths = batch(LENGTHS)
     greedy = greedy_search(model, src, src_lengths, max_len=12, max_len_ratio=1.0)
-    beam = beam_search(model, src, src_lengths, beam_size=1, length_penalty=1.0, max_len=12, max_len_ratio=1.0)
+    beam = beam_search(model, src, src_lengths, 1, 1.0, 12, 1.0, 1)
     assert [h.tokens for h in greedy] == [b[0].tokens for b in beam]
     assert len({len(h.tokens) for h in greedy}) > 2  # the test covers EOS at different steps
     for g, (b,) in zip(greedy, beam):
@@ -148,7 +147,8 @@ def test_beam_scores_are_length_penalised_logprobs(alpha: float) -> None:
     model = tiny_model()
     src, src_lengths = batch(LENGTHS)
     limits = length_limits(src_lengths, 10, None)
-    results = beam_search(model, src, src_lengths, beam_size=4, length_penalty=alpha, max_len=10, n_best=4)
+    results = beam_search(model, src, src_lengths, beam_size=4, length_penalty=alpha, max_len=10, max_len_ratio=None,
+                          n_best=4)
     for i, nbest in enumerate(results):
         n = LENGTHS[i]
         for hyp in nbest:
@@ -162,8 +162,8 @@ def test_beam_scores_are_length_penalised_logprobs(alpha: float) -> None:
 def test_nbest_sorted_and_first_is_one_best() -> None:
     model = tiny_model(eos_bias=0.5)
     src, src_lengths = batch(LENGTHS)
-    one_best = beam_search(model, src, src_lengths, beam_size=5, max_len=10)
-    n_best = beam_search(model, src, src_lengths, beam_size=5, max_len=10, n_best=5)
+    one_best = beam_search(model, src, src_lengths, 5, 1.0, 10, None, 1)
+    n_best = beam_search(model, src, src_lengths, 5, 1.0, 10, None, 5)
     for one, many in zip(one_best, n_best):
         assert len(one) == 1 and 1 < len(many) <= 5
         scores = [h.score for h in many]
@@ -176,25 +176,24 @@ def test_nbest_sorted_and_first_is_one_best() -> None:
 def test_batch_equals_one_by_one(beam_size: int) -> None:
     model = tiny_model("general")
     src, src_lengths = batch(LENGTHS)
-    together = beam_search(model, src, src_lengths, beam_size=beam_size, max_len=10, max_len_ratio=1.5, n_best=2
-                           if beam_size > 1 else 1)
+    n_best = 2 if beam_size > 1 else 1
+    together = beam_search(model, src, src_lengths, beam_size, 1.0, 10, 1.5, n_best)
     for i, n in enumerate(LENGTHS):
-        alone = beam_search(model, src[i : i + 1, :n], src_lengths[i : i + 1], beam_size=beam_size, max_len=10,
-                            max_len_ratio=1.5, n_best=2 if beam_size > 1 else 1)[0]
+        alone = beam_search(model, src[i : i + 1, :n], src_lengths[i : i + 1], beam_size, 1.0, 10, 1.5, n_best)[0]
         assert [h.tokens for h in alone] == [h.tokens for h in together[i]]
         for a, t in zip(alone, together[i]):
             assert a.score == pytest.approx(t.score, abs=1e-6)
             torch.testing.assert_close(a.attention, t.attention)
-        greedy_alone = greedy_search(model, src[i : i + 1, :n], src_lengths[i : i + 1], max_len=10)[0]
-        greedy_all = greedy_search(model, src, src_lengths, max_len=10)[i]
+        greedy_alone = greedy_search(model, src[i : i + 1, :n], src_lengths[i : i + 1], 10, None)[0]
+        greedy_all = greedy_search(model, src, src_lengths, 10, None)[i]
         assert greedy_alone.tokens == greedy_all.tokens
 
 
 def test_beam_never_worse_than_greedy_without_penalty_on_average() -> None:
     model = tiny_model(eos_bias=0.0)
     src, src_lengths = batch(LENGTHS)
-    greedy = greedy_search(model, src, src_lengths, max_len=8)
-    beam = beam_search(model, src, src_lengths, beam_size=6, length_penalty=0.0, max_len=8)
+    greedy = greedy_search(model, src, src_lengths, 8, None)
+    beam = beam_search(model, src, src_lengths, 6, 0.0, 8, None, 1)
     assert sum(b[0].score for b in beam) >= sum(g.score for g in greedy) - 1e-6
 
 
@@ -284,9 +283,9 @@ def test_beam_with_block_top_k_equals_plain_topk(monkeypatch: pytest.MonkeyPatch
     with torch.no_grad():
         wide.decoder.output.weight.mul_(20.0)  # peaked distributions, so the hypotheses differ by sentence
     src, src_lengths = batch(LENGTHS)
-    block_wise = beam_search(wide, src, src_lengths, beam_size=5, max_len=8, n_best=5)
+    block_wise = beam_search(wide, src, src_lengths, 5, 1.0, 8, None, 5)
     monkeypatch.setattr("nmt.search._row_top_k", lambda values, k: values.topk(k, dim=1))
-    plain = beam_search(wide, src, src_lengths, beam_size=5, max_len=8, n_best=5)
+    plain = beam_search(wide, src, src_lengths, 5, 1.0, 8, None, 5)
     assert [[h.tokens for h in hyps] for hyps in block_wise] == [[h.tokens for h in hyps] for hyps in plain]
     assert [[h.score for h in hyps] for hyps in block_wise] == [[h.score for h in hyps] for hyps in plain]
 
@@ -364,9 +363,9 @@ def test_bad_arguments() -> None:
     model = tiny_model()
     src, src_lengths = batch([3])
     with pytest.raises(ValueError, match="n_best"):
-        beam_search(model, src, src_lengths, beam_size=2, n_best=3)
+        beam_search(model, src, src_lengths, 2, 1.0, 9, None, 3)
     with pytest.raises(ValueError, match="beam_size"):
-        beam_search(model, src, src_lengths, beam_size=0)
+        beam_search(model, src, src_lengths, 0, 1.0, 9, None, 1)
     with pytest.raises(ValueError, match="max_len"):
-        greedy_search(model, src, src_lengths, max_len=0)
-    assert math.isfinite(beam_search(model, src, src_lengths, beam_size=2, max_len=1)[0][0].score)
+        greedy_search(model, src, src_lengths, 0, None)
+    assert math.isfinite(beam_search(model, src, src_lengths, 2, 1.0, 1, None, 1)[0][0].score)

@@ -97,7 +97,7 @@ def test_beam_one_is_greedy_and_nbest_sorted(tiny_run_dir: Path) -> None:
         src[i, : len(ids)] = torch.tensor(ids)
     lengths = torch.tensor([len(ids) for ids in src_ids])
     assert [h.tokens for h in greedy_search(model, src, lengths, 8, 2.0)] == [
-        b[0].tokens for b in beam_search(model, src, lengths, 1, max_len=8, max_len_ratio=2.0)
+        b[0].tokens for b in beam_search(model, src, lengths, 1, 1.0, 8, 2.0, 1)
     ]
     with pytest.raises(TranslationError, match="n_best"):
         translate_lines(model, tokenizer, SRC, beam_size=2, n_best=3)

@@ -49,8 +49,7 @@ def test_grid_choice_and_test_scores(trained_run: tuple[Path, object], tmp_path:
     valid = prepare_data(cfg.data).valid
     for row in report["grid"]:
         results = translator.translate(valid.src_text, beam_size=row["beam_size"],
-                                       length_penalty=row["length_penalty"], max_len=cfg.trainer.max_len,
-                                       max_len_ratio=cfg.trainer.max_len_ratio)
+                                       length_penalty=row["length_penalty"])
         expected = corpus_scores([r.text for r in results], valid.tgt_text)
         assert row["bleu"] == pytest.approx(expected["bleu"]) and row["length_ratio"] == pytest.approx(
             expected["length_ratio"])
@@ -77,8 +76,7 @@ def test_an_ensemble_is_tuned_as_one_model(trained_run: tuple[Path, object], tmp
     assert report["checkpoint"] == f"{members[0]}, {members[1]}"
     ensemble = Translator.from_checkpoint(members, device="cpu", max_input_words=None)
     valid = prepare_data(cfg.data).valid
-    results = ensemble.translate(valid.src_text, beam_size=2, length_penalty=1.0, max_len=cfg.trainer.max_len,
-                                 max_len_ratio=cfg.trainer.max_len_ratio)
+    results = ensemble.translate(valid.src_text, beam_size=2, length_penalty=1.0)
     assert report["grid"][0]["bleu"] == pytest.approx(corpus_scores([r.text for r in results], valid.tgt_text)["bleu"])
 
 

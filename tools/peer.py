@@ -162,8 +162,7 @@ def decode_once(argv: list[str]) -> None:
     translator = Translator.from_checkpoint(args.checkpoint, device=args.device, max_input_words=None)
     t = translator.configs[0]["trainer"]
     # an unlimited token budget makes each call exactly one batch of these sentences
-    options = SearchOptions(beam_size=args.beam_size, length_penalty=t["length_penalty"], max_len=t["max_len"],
-                            max_len_ratio=t["max_len_ratio"], batch_tokens=sys.maxsize)
+    options = SearchOptions(beam_size=args.beam_size, length_penalty=t["length_penalty"], batch_tokens=sys.maxsize)
     lines = read_input_lines(args.input)
     start = time.perf_counter()
     src_ids = translator.encode(lines)

@@ -128,8 +128,7 @@ def load_hypotheses(run_dir: Path, cfg: dict[str, Any], split: str, srcs: list[s
         raise SystemExit(f"{run_dir} has neither {path} nor a checkpoint to translate {split} with")
     log.warning("%s has no %s: translating %d sentences with its best checkpoint", run_dir, path.name, len(srcs))
     t = cfg["trainer"]  # the settings train.py used for the test scores
-    hyps = [r.text for r in loaded.translate(srcs, beam_size=t["test_beam_size"], length_penalty=t["length_penalty"],
-                                             max_len=t["max_len"], max_len_ratio=t["max_len_ratio"])]
+    hyps = [r.text for r in loaded.translate(srcs, beam_size=t["test_beam_size"], length_penalty=t["length_penalty"])]
     path.parent.mkdir(exist_ok=True)
     path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     return hyps, "translated now"

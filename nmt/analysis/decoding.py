@@ -130,8 +130,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     src_ids = {name: translator.encode(list(splits[name].src_text)) for name in (split, args.test_split) if name}
 
     def run(name: str, beam: int, alpha: float) -> dict[str, Any]:
-        options = SearchOptions(beam_size=beam, length_penalty=alpha, max_len=t["max_len"],
-                                max_len_ratio=t["max_len_ratio"], batch_tokens=args.batch_tokens)
+        options = SearchOptions(beam_size=beam, length_penalty=alpha, batch_tokens=args.batch_tokens)
         row = score_setting(translator, src_ids[name], list(splits[name].tgt_text), options)
         print(f"{name}: beam {beam:2d}  α {alpha:<4g} BLEU {row['bleu']:6.2f}  chrF {row['chrf']:6.2f}  "
               f"length ratio {row['length_ratio']:.3f}  {row['sentences_per_s']:.1f} sent/s", flush=True)
