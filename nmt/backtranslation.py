@@ -57,7 +57,7 @@ from tqdm import tqdm
 from nmt.data.errors import DataError
 from nmt.data.fetch import sha256_of
 from nmt.data.monolingual import MONOLINGUAL, resolve_monolingual
-from nmt.data.text import iter_decoded
+from nmt.data.text import STRICT_UTF8, iter_decoded
 from nmt.device import uses_bf16
 from nmt.progress import format_duration
 from nmt.provenance import provenance
@@ -93,7 +93,7 @@ class BacktranslateSettings(SearchOptions):
     chunk_lines: int = 2000
     device: str = EngineSettings.device
     precision: str = EngineSettings.precision
-    invalid_utf8: str = "error"
+    invalid_utf8: str = STRICT_UTF8
     log_every_s: float = 30.0
     cache_dir: str = "data"
     mirror: Any = "${oc.env:NMT_DATA_MIRROR,null}"

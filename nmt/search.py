@@ -35,7 +35,8 @@ counted) when ``max_len_ratio`` is set, else ``max_len``; ``src_len`` is the sou
 Shapes: B batch, K beam size, S source length, T target length, V target vocabulary, L decoder
 layers, H decoder size.
 
-Not done here: batching and sorting of sentences, (de)tokenisation (``nmt.translate_job``), switching
+Not done here: checking the options' ranges (``nmt.translator.SearchOptions.checked``, once, on their
+way here), batching and sorting of sentences, (de)tokenisation (``nmt.translate_job``), switching
 the model to eval mode (the caller does that), ensembles (``nmt.ensemble``), coverage penalties.
 """
 
@@ -76,8 +77,6 @@ class Hypothesis:
 def length_limits(src_lengths: Tensor, max_len: int, max_len_ratio: float | None) -> list[int]:
     """B output limits, at least 1 each: ``min(max_len, ceil(max_len_ratio * src_len) + 5)``, or ``max_len`` when
     ``max_len_ratio`` is None; ``src_lengths`` ``[B]`` count EOS."""
-    if max_len < 1:
-        raise ValueError(f"max_len must be at least 1, got {max_len}")
     lengths = src_lengths.tolist()
     if max_len_ratio is None:
         return [max_len] * len(lengths)
@@ -252,10 +251,6 @@ def beam_search(
     Returns:
         For each row of ``src``, up to ``n_best`` hypotheses, best (highest score) first.
     """
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
-    if not 1 <= n_best <= beam_size:
-        raise ValueError(f"n_best must be between 1 and beam_size ({beam_size}), got {n_best}")
     device, batch, k = src.device, src.shape[0], beam_size
     limits = length_limits(src_lengths, max_len, max_len_ratio)
     memory, state = model.encode(src, src_lengths)  # state: [L, B, H]

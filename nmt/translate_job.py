@@ -32,7 +32,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from nmt.data import DataError
-from nmt.data.text import decode_lines
+from nmt.data.text import STRICT_UTF8, decode_lines
 from nmt.evaluation import corpus_scores
 from nmt.plotting import save_attention_png
 from nmt.translator import EngineSettings, SearchOptions, Translation, TranslationError, Translator
@@ -44,7 +44,7 @@ PROGRESS_MIN_LINES = 300  # a bar for short inputs is only noise
 
 
 # ----------------------------------------------------------------------------------------- Lines in
-def read_input_lines(path: str | Path, invalid_utf8: str = "error") -> list[str]:
+def read_input_lines(path: str | Path, invalid_utf8: str = STRICT_UTF8) -> list[str]:
     """The stripped lines of a file, a ``.gz`` file, or stdin (``-``), as in training.
 
     Only ``\\n`` ends a line, so the output stays aligned with the input line by line.
@@ -91,7 +91,7 @@ class TranslateSettings(EngineSettings):
     input: str = STDIO
     output: str = STDIO
     reference: str | None = None
-    invalid_utf8: str = "error"
+    invalid_utf8: str = STRICT_UTF8
     progress: Any = "auto"
     attention_dir: str | None = None
     attention_words: bool = True

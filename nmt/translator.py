@@ -355,7 +355,7 @@ class Translator:
             TypeError: an unknown option (Python's own keyword check, by ``SearchOptions``).
             TranslationError: an option out of its range, or attention asked of a model without it.
         """
-        search = SearchOptions(**options).checked()
+        search = SearchOptions(**options)  # checked with the rest on the way to the search (translate_ids)
         if attention and not self.has_attention:
             raise TranslationError(f"attention was asked for, but this model was trained with "
                                    f"attention={self.attention_name}, which has none")

@@ -46,7 +46,7 @@ from nmt.data.errors import DataError
 from nmt.data.fetch import MIRROR_ENV, sha256_of
 from nmt.data.mixture import check_entry, resolve_sources
 from nmt.data.tatoeba import TatoebaSettings
-from nmt.data.text import INVALID_UTF8_MODES, PairFilter, iter_pairs, terminal_progress
+from nmt.data.text import INVALID_UTF8_MODES, STRICT_UTF8, PairFilter, iter_pairs, terminal_progress
 from nmt.data.tokenizer import (
     Tokenizer,
     TokenizerSettings,
@@ -190,7 +190,7 @@ def resolve_data_config(data_cfg: Any) -> dict[str, Any]:
     given = _to_plain(data_cfg)
     if problem := first_unknown_key(given, DataSchema, "data."):
         raise DataError(problem)
-    if given.get("invalid_utf8", "error") not in INVALID_UTF8_MODES:
+    if given.get("invalid_utf8", STRICT_UTF8) not in INVALID_UTF8_MODES:
         raise DataError(f"data.invalid_utf8={given['invalid_utf8']!r} is not valid; use one of "
                         f"{', '.join(INVALID_UTF8_MODES)}.")
     try:

@@ -31,10 +31,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 INVALID_UTF8_MODES = ("error", "replace")
+STRICT_UTF8 = INVALID_UTF8_MODES[0]  # every reader's default: a bad byte stops it, naming the line
 
 
 def iter_decoded(
-    raw_lines: Iterable[bytes], name: str, invalid_utf8: str = "error", fix: str = "set data.invalid_utf8=replace"
+    raw_lines: Iterable[bytes], name: str, invalid_utf8: str = STRICT_UTF8, fix: str = "set data.invalid_utf8=replace"
 ) -> Iterator[str]:
     """Decode byte lines as UTF-8 and strip them, one at a time, naming the first bad line.
 
@@ -72,13 +73,13 @@ def iter_decoded(
 
 
 def decode_lines(
-    raw_lines: Iterable[bytes], name: str, invalid_utf8: str = "error", fix: str = "set data.invalid_utf8=replace"
+    raw_lines: Iterable[bytes], name: str, invalid_utf8: str = STRICT_UTF8, fix: str = "set data.invalid_utf8=replace"
 ) -> list[str]:
     """``iter_decoded`` as a list (shared by training and translation, whose inputs are small)."""
     return list(iter_decoded(raw_lines, name, invalid_utf8, fix))
 
 
-def iter_lines(path: Path, invalid_utf8: str = "error") -> Iterator[str]:
+def iter_lines(path: Path, invalid_utf8: str = STRICT_UTF8) -> Iterator[str]:
     """The stripped lines of a plain or gzip text file (``.gz`` by name or by magic bytes), streamed.
 
     Only ``\\n`` ends a line (not the Unicode separators ``str.splitlines`` knows), so the line
@@ -95,7 +96,7 @@ def iter_lines(path: Path, invalid_utf8: str = "error") -> Iterator[str]:
         raise DataError(f"cannot read {path}: {exc}. Is the file truncated or not really gzip?") from exc
 
 
-def read_lines(path: Path, invalid_utf8: str = "error") -> list[str]:
+def read_lines(path: Path, invalid_utf8: str = STRICT_UTF8) -> list[str]:
     """``iter_lines`` as a list."""
     return list(iter_lines(path, invalid_utf8))
 
@@ -120,7 +121,7 @@ def _open_binary(path: Path) -> IO[bytes]:
     return open(path, "rb")
 
 
-def iter_pairs(name: str, src_path: Path, tgt_path: Path, invalid_utf8: str = "error") -> Iterator[tuple[str, str]]:
+def iter_pairs(name: str, src_path: Path, tgt_path: Path, invalid_utf8: str = STRICT_UTF8) -> Iterator[tuple[str, str]]:
     """The aligned ``(source, target)`` lines of a split, streamed, checking that the files align.
 
     Raises:
@@ -160,7 +161,7 @@ class ParallelText:
         return len(self.src)
 
 
-def read_parallel(name: str, src_path: Path, tgt_path: Path, invalid_utf8: str = "error") -> ParallelText:
+def read_parallel(name: str, src_path: Path, tgt_path: Path, invalid_utf8: str = STRICT_UTF8) -> ParallelText:
     """Read a split's two files into memory, checking they align (``iter_pairs``' errors)."""
     src: list[str] = []
     tgt: list[str] = []
