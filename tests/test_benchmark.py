@@ -234,3 +234,14 @@ def test_modes_without_a_run_dir_or_mirror_say_what_to_pass(tmp_path: Path, monk
     with pytest.raises(SystemExit) as exit_info:  # no default outside the repository: the peer's folder is named
         peer_compare.main(["--out", str(tmp_path / "p")])
     assert exit_info.value.code == 2 and "error: pass --peer-dir" in capsys.readouterr().err
+
+
+def test_data_mode_prepares_any_data_section(tmp_path: Path, mirror_dir: Path) -> None:
+    # --set takes train.py's overrides: here a two-source mixture (task 1 twice, then tagged); the report names them
+    mixture = "data.mixture=[{corpus:multi30k,weight:2,name:twice},{corpus:multi30k,tag:'<t>'}]"
+    report = benchmark.main(["data", "--mirror", str(mirror_dir), "--vocab-size", "1000", "--out", str(tmp_path / "d"),
+                             "--set", mixture])
+    assert [(s["name"], s["pairs"], s["weight"], s["tag"]) for s in report["sources"]] == [
+        ("twice", 28998, 2.0, None), ("multi30k", 28998, 1.0, "<t>")]
+    assert report["prepare_cold_peak_rss_mib"] > 0 and report["pairs"]["train"] == 2 * 28998  # weights act per epoch
+    assert json.loads((tmp_path / "d.json").read_text())["overrides"] == report["overrides"]

@@ -1,7 +1,9 @@
-"""``benchmark.py data``: Multi30k preparation time (cold and cached) and how much the batches pad.
+"""``benchmark.py data``: data preparation time (cold and cached), peak memory, and how much the batches pad.
 
-Measures (1) a cold ``prepare_data`` from the corpus mirror into an empty cache (copy + sha256 check,
-read, clean, SentencePiece, encode), (2) the same again from the caches, (3) the training batches at
+The data is ``train.py``'s ``data`` section: Multi30k by default, or any other through ``--set``
+(``--set data=tatoeba``, or a ``data.mixture``). Measures (1) a cold ``prepare_data`` from the corpus
+mirror into an empty cache (copy + sha256 check, read, clean, SentencePiece, encode), with the
+process's peak RSS at its end (``ru_maxrss``), (2) the same again from the caches, (3) the training batches at
 ``--max-tokens``: batches per epoch, pairs per batch, padding fraction (padding slots / all slots of
 the src and tgt tensors) for 1..8 DDP ranks, the validation batches at ``--valid-max-tokens``, and for
 scale the padding of the same budget filled in random order (no length buckets).
@@ -15,16 +17,16 @@ import argparse
 import logging
 import os
 import random
+import resource
 import tempfile
 import time
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
-from nmt.analysis.cli import REPO_ROOT
 from nmt.data import EncodedSplit, TokenBucketSampler, prepare_data
 from nmt.data.batching import pack_batches
+from tools.timing import compose_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--valid-max-tokens", type=int, default=8192)
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="train.py overrides for the data, e.g. data=tatoeba or 'data.mixture=[...]'")
 
 
 def padding_stats(split: EncodedSplit, batches: list[list[int]], max_tokens: int) -> dict[str, float]:
@@ -88,9 +92,9 @@ def benchmark_data(args: argparse.Namespace) -> tuple[dict[str, Any], torch.devi
     if not args.mirror:
         raise SystemExit("benchmark.py data: no corpus mirror; set NMT_DATA_MIRROR or pass --mirror")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cfg = OmegaConf.load(REPO_ROOT / "configs/data/multi30k.yaml")
-    cfg.mirror, cfg.src_lang, cfg.tgt_lang = args.mirror, args.src_lang, args.tgt_lang
-    cfg.tokenizer.vocab_size = args.vocab_size
+    cfg = compose_config([f"data.mirror={args.mirror}", f"data.src_lang={args.src_lang}",
+                          f"data.tgt_lang={args.tgt_lang}", f"data.tokenizer.vocab_size={args.vocab_size}",
+                          *args.set]).data
     seconds, stages = [], []
     with tempfile.TemporaryDirectory(prefix="nmt_data_bench_") as cache:
         for _ in ("cold", "cached"):
@@ -98,9 +102,12 @@ def benchmark_data(args: argparse.Namespace) -> tuple[dict[str, Any], torch.devi
             data = prepare_data(cfg, cache_dir=cache)
             seconds.append(round(time.perf_counter() - start, 3))
             stages.append({k: round(v, 3) for k, v in data.stats["seconds"].items()})
+            if not stages[1:]:
+                peak_rss_mib = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     batches = batch_figures(data.train, data.valid, args)
     train, unsorted, valid = (batches[k] for k in ("train_batches", "train_random_order_same_budget", "valid_batches"))
-    print(f"prepare, cold (sha256, clean, SentencePiece, encode): {seconds[0]:.2f} s", stages[0])
+    print(f"prepare, cold (sha256, clean, SentencePiece, encode): {seconds[0]:.2f} s, peak RSS {peak_rss_mib} MiB",
+          stages[0])
     print(f"prepare, cached:                                      {seconds[1]:.2f} s", stages[1])
     print(f"train @ max_tokens={args.max_tokens}: {train['batches']} batches/epoch, {train['pairs_per_batch_mean']} "
           f"pairs/batch, padding {train['padding_fraction']:.1%} (src {train['padding_fraction_src']:.1%}, tgt "
@@ -110,7 +117,8 @@ def benchmark_data(args: argparse.Namespace) -> tuple[dict[str, Any], torch.devi
     print(f"valid @ max_tokens={args.valid_max_tokens}: {valid['batches']} batches, "
           f"padding {valid['padding_fraction']:.1%}")
     return {
-        "corpus": f"multi30k {args.src_lang}-{args.tgt_lang} from mirror",
+        "corpus": f"{cfg.corpus} {args.src_lang}-{args.tgt_lang} from mirror", "overrides": list(args.set),
+        "sources": data.stats.get("sources"), "prepare_cold_peak_rss_mib": peak_rss_mib,
         "tokenizer": f"{cfg.tokenizer.model_type} joint={cfg.tokenizer.joint} vocab={data.tokenizer.src_vocab_size}",
         "pairs": {"train": len(data.train), "valid": len(data.valid), **{k: len(v) for k, v in data.tests.items()}},
         "clean": data.stats["clean"], "prepare_cold_seconds": seconds[0], "prepare_cold_stages_seconds": stages[0],
