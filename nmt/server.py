@@ -316,6 +316,12 @@ class MicroBatcher:
                                     f"{max_queued} and max_queue_wait_s={max_wait_s:g}); retry after {retry_after} s",
                                {"Retry-After": str(retry_after)})
 
+    def counters(self) -> dict[str, Any]:
+        """What the queue has done and holds, for ``/health``."""
+        return {"abandoned": self.abandoned, "sentences": self.sentences, "batches": self.batches,
+                "queued": self.queued, "queued_sentences": self.queued_sentences,
+                "busy_seconds": round(self.busy_seconds, 3)}
+
     def overloaded(self, max_queued: int, max_wait_s: float = math.inf) -> bool:
         """The queue is full, or refused a request within the last ``OVERLOAD_MEMORY_S``."""
         queued = self.queued_sentences
@@ -488,13 +494,9 @@ def create_app(translator: Translator, settings: ServeSettings,
 
     async def health(request: Request) -> Response:
         overloaded = batcher.overloaded(settings.max_queued_sentences, settings.max_queue_wait_s)
-        return JSONResponse({
-            "status": "overloaded" if overloaded else "ok", **model_summary, **counters,
-            "abandoned": batcher.abandoned, "sentences": batcher.sentences, "batches": batcher.batches,
-            "search_calls": translator.search_calls, "queued": batcher.queued,
-            "queued_sentences": batcher.queued_sentences, "busy_seconds": round(batcher.busy_seconds, 3),
-            "uptime_s": round(time.monotonic() - started, 3),
-        })
+        return JSONResponse({"status": "overloaded" if overloaded else "ok", **model_summary, **counters,
+                             **batcher.counters(), "search_calls": translator.search_calls,
+                             "uptime_s": round(time.monotonic() - started, 3)})
 
     async def model(request: Request) -> Response:
         return JSONResponse(model_info)
