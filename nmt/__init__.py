@@ -5,7 +5,7 @@ Data flows one way: ``nmt.data`` (corpora, subwords, batches) -> ``nmt.model`` (
 (greedy / sampling / beam) -> ``nmt.translator`` (the inference engine: ``Translator``) ->
 ``nmt.translate_job`` (files and stdin), ``nmt.server`` (HTTP) and ``nmt.backtranslation`` (monolingual
 text into synthetic pairs); ``nmt.analysis`` holds what users run on their own runs (``scripts/compare_runs.py``,
-``scripts/tune_decoding.py``); the measuring tools are in ``tools/``, beside the package.
+``scripts/tune_decoding.py``); the measuring tools are in ``nmt_tools/``, beside the package.
 
 ``from nmt import Translator`` loads a trained run for use from Python (see ``nmt.translator``).
 """

@@ -7,10 +7,10 @@
     python scripts/benchmark.py server --checkpoint outputs/RUN
     python scripts/benchmark.py overload --checkpoint outputs/RUN --clients 300 --seconds 60
 
-Logic and options: tools/benchmark.py (`MODE --help`); the figures explained: docs/benchmarking.md.
+Logic and options: nmt_tools/benchmark.py (`MODE --help`); the figures explained: docs/benchmarking.md.
 """
 
-from tools.benchmark import main
+from nmt_tools.benchmark import main
 
 if __name__ == "__main__":
     main()

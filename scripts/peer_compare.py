@@ -2,10 +2,10 @@
 
     python scripts/peer_compare.py --checkpoint outputs/RUN --peer-dir PEER_DIR --out runs/peer_comparison
 
-Logic and options: tools/peer.py (`--help`); the figures explained: docs/benchmarking.md.
+Logic and options: nmt_tools/peer.py (`--help`); the figures explained: docs/benchmarking.md.
 """
 
-from tools.peer import main
+from nmt_tools.peer import main
 
 if __name__ == "__main__":
     main()

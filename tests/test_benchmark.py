@@ -1,4 +1,4 @@
-"""tools.benchmark and tools.peer: their JSON, parsing and ratios (no timings asserted).
+"""nmt_tools.benchmark and nmt_tools.peer: their JSON, parsing and ratios (no timings asserted).
 
 benchmark.py runs for 3 steps of a tiny model on the reversal corpus of test_training.py; the peer
 comparison is checked on a small fake JoeyNMT ``summary.json`` in the layout of its summarize.py.
@@ -19,9 +19,9 @@ from nmt.config import to_plain_dict
 from nmt.data import prepare_data
 from nmt.model import Seq2Seq
 from nmt.translator import Translator
+from nmt_tools import benchmark
+from nmt_tools import peer as peer_compare
 from tests.test_training import TINY, tiny_config, write_reversal_corpus
-from tools import benchmark
-from tools import peer as peer_compare
 
 
 def test_benchmark_writes_the_report(tmp_path: Path) -> None:

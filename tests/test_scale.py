@@ -1,4 +1,4 @@
-"""tools.scale at a tiny size: the synthetic corpus, the preparation children, the training watcher.
+"""nmt_tools.scale at a tiny size: the synthetic corpus, the preparation children, the training watcher.
 
 The figures themselves (30k to 4.5M pairs) come from ``scripts/benchmark.py scale``, never from tests.
 """
@@ -15,7 +15,7 @@ from conftest import data_config
 
 from nmt.analysis.cli import REPO_ROOT
 from nmt.data.text import read_lines
-from tools import scale
+from nmt_tools import scale
 
 
 def _args(tmp_path: Path, mirror: Path, *extra: str) -> argparse.Namespace:

@@ -298,7 +298,7 @@ def test_serve_py_user_errors_are_one_line_exit_2(tiny_run_dir: Path, tmp_path: 
 
 def test_benchmark_script_reports_every_level(tiny_run_dir: Path, tmp_path: Path) -> None:
     """The benchmark runs end to end on a tiny model (its figures are not checked: timings stay out of tests)."""
-    from tools.benchmark import main as benchmark
+    from nmt_tools.benchmark import main as benchmark
 
     source = tmp_path / "src.de"
     source.write_text("\n".join(SENTENCES * 3) + "\n", encoding="utf-8")
@@ -587,7 +587,7 @@ def test_serve_yaml_documents_every_setting() -> None:
 
 def test_overload_benchmark_runs_end_to_end(tiny_run_dir: Path, tmp_path: Path) -> None:
     """The overload benchmark on a tiny model, briefly (figures unchecked: timings stay out of tests)."""
-    from tools.benchmark import main as benchmark
+    from nmt_tools.benchmark import main as benchmark
 
     source = tmp_path / "src.de"
     source.write_text("\n".join([*SENTENCES, "ein " * (TINY_MAX_WORDS + 1)]) + "\n", encoding="utf-8")

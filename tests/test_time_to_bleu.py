@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import time_to_bleu
+from nmt_tools import time_to_bleu
 
 EVAL = "INFO - joeynmt.prediction - Evaluation result (greedy): bleu:"
 PEER_LOG = f"""\

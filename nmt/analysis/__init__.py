@@ -1,6 +1,6 @@
-"""The analysis tools behind ``scripts/``: run comparison, decoding tuning, benchmarks, the JoeyNMT comparison.
+"""What users run on their own runs, behind ``scripts/``: run comparison, decoding tuning, their measures.
 
 Each module is one command's logic (``main(argv)`` returns its report); ``scripts/<name>.py`` only calls it.
 These modules use the core package (``nmt.translator``, ``nmt.training``, ``nmt.data``, ...); the core never
-imports them. They write reports and assert nothing about speed: timings never go into the test suite.
+imports them. They write reports; the measuring tools (speed, peers) are ``nmt_tools``, beside the package.
 """

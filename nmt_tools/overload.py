@@ -37,7 +37,7 @@ from nmt.analysis.cli import mirror_file
 from nmt.data import Tokenizer
 from nmt.translate_job import read_input_lines
 from nmt.translator import Translator
-from tools.load import Connection, percentile, request, serve_process
+from nmt_tools.load import Connection, percentile, request, serve_process
 
 MAX_CLIENTS = 300
 MAX_SECONDS = 60.0

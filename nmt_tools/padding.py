@@ -26,7 +26,7 @@ import torch
 
 from nmt.data import EncodedSplit, TokenBucketSampler, prepare_data
 from nmt.data.batching import pack_batches
-from tools.timing import compose_config
+from nmt_tools.timing import compose_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

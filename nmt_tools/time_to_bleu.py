@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt.analysis.cli import TEST_SPLIT, parser, write_report
-from tools.peer_files import sacrebleu_score
+from nmt_tools.peer_files import sacrebleu_score
 
 THRESHOLDS = (25.0, 30.0, 35.0)
 _STAMP = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})"

@@ -20,14 +20,14 @@ trained for a few steps (whose BLEU is meaningless: the JSON says so).
 ``translate``: ``Translator.translate`` on a whole file (default: ``$NMT_DATA_MIRROR``'s
 test_2016_flickr) per beam size, the median of ``--reps`` after a warm-up, with BLEU/chrF when there is
 a reference. ``backtranslate``: the back-translation job's sentences/s with beam search and with
-sampling (``tools.backtranslation_speed``). ``data``: preparation time (cold, then cached) and
-batch padding at the token budget (``tools.padding``). ``server``: ``serve.py`` under
-concurrent clients (``tools.load``).
+sampling (``nmt_tools.backtranslation_speed``). ``data``: preparation time (cold, then cached) and
+batch padding at the token budget (``nmt_tools.padding``). ``server``: ``serve.py`` under
+concurrent clients (``nmt_tools.load``).
 ``overload``: the worst request the server's limits let through, and up to 300 clients at once
-(``tools.overload``).
+(``nmt_tools.overload``).
 ``scale``: what a synthetic corpus of N pairs costs to prepare, load and start training on
-(``tools.scale``). ``profile``: FLOPs per target token, achieved against peak FLOP/s, time per op group
-(``tools.training_profile``).
+(``nmt_tools.scale``). ``profile``: FLOPs per target token, achieved against peak FLOP/s, time per op group
+(``nmt_tools.training_profile``).
 
 Writes ``<out>.json`` with the provenance block; ``<out>`` defaults to ``benchmark_<mode>_<device>`` in
 the checkpoint's run dir; without a run dir, ``--out`` is required. A benchmark, not a test: it asserts
@@ -55,8 +55,8 @@ from nmt.provenance import device_name, provenance
 from nmt.training import DistInfo, Trainer
 from nmt.translate_job import read_input_lines
 from nmt.translator import SearchOptions, Translator
-from tools import backtranslation_speed, load, overload, padding, scale, training_profile
-from tools.timing import compose_config, measure_training
+from nmt_tools import backtranslation_speed, load, overload, padding, scale, training_profile
+from nmt_tools.timing import compose_config, measure_training
 
 MEANINGLESS_BLEU_NOTE = (
     "no --checkpoint: translated with the model trained for the benchmark's few steps; its BLEU is "

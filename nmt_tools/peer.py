@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt.analysis.cli import REPO_ROOT, TEST_SPLIT, parser, sync, write_report
-from tools.peer_files import sacrebleu_score
+from nmt_tools.peer_files import sacrebleu_score
 
 PEER_STAGES = ("venv", "data", "throughput", "decode", "summary")
 MODES = {"greedy": 1, "beam5": 5}  # the peer's names for its two decode settings -> beam size
@@ -127,7 +127,7 @@ def load_peer_summary(path: Path) -> dict[str, Any]:
 def measure_our_training(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     """Target tokens/s of the peer-sized model over one epoch (or ``--our-steps``), as ``benchmark.py train``."""
     from nmt.training import DistInfo, Trainer
-    from tools.timing import compose_config, measure_training  # heavy: not for decode-once
+    from nmt_tools.timing import compose_config, measure_training  # heavy: not for decode-once
 
     overrides = [*OUR_TRAINING_OVERRIDES, *args.our_overrides, f"trainer.device={args.device}",
                  f"data.mirror={args.mirror}"]
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         decode_once(argv[1:])
         return {}
     if argv[:1] == ["time-to-bleu"]:
-        from tools import time_to_bleu
+        from nmt_tools import time_to_bleu
 
         return time_to_bleu.main(argv[1:])
     args = parse_args(argv)

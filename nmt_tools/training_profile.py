@@ -129,7 +129,7 @@ def benchmark_profile(args: argparse.Namespace) -> tuple[dict[str, Any], torch.d
     import tempfile
 
     from nmt.training import DistInfo, Trainer
-    from tools.timing import compose_config, endless_batches, measure_training
+    from nmt_tools.timing import compose_config, endless_batches, measure_training
 
     cfg = compose_config(args.overrides)
     with tempfile.TemporaryDirectory(prefix="nmt_profile_") as tmp:
