@@ -142,9 +142,12 @@ def validate_config(cfg: DictConfig) -> None:
             resolve_data_config(cfg.data)  # the data layer's own check (mixture entries named by index)
             continue
         try:  # types: OmegaConf names the full key and the expected type
-            OmegaConf.merge(OmegaConf.structured(schema), cfg[group])
+            typed = OmegaConf.merge(OmegaConf.structured(schema), cfg[group])
         except OmegaConfBaseException as error:
             raise ConfigError(bad_value_message(f"{group}.", error)) from None
+        if unset := sorted(OmegaConf.missing_keys(typed)):  # the schema has no values: a group file must set each key
+            raise ConfigError(f"{group}.{unset[0]} has no value: set it ({group}.{unset[0]}=...) or add it to the "
+                              f"{group} YAML file (configs/{group}/default.yaml sets every key)")
     _check_attention(cfg.attention)
     for key, choices in CHOICES.items():
         value = OmegaConf.select(cfg, key)

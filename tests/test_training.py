@@ -217,6 +217,11 @@ def test_bad_config_keys_fail_naming_the_key(tmp_path: Path) -> None:
         bad = cfg.copy()
         bad.trainer.lr_schedule = "linear"
         validate_config(bad)
+    with pytest.raises(ConfigError, match=r"model\.layer_norm has no value: set it .* or add it to the model YAML"):
+        bad = cfg.copy()
+        OmegaConf.set_struct(bad, False)
+        del bad.model["layer_norm"]  # a user's own model file that predates the key
+        validate_config(bad)
 
 
 def test_command_line_errors_name_the_key_and_choices(tmp_path: Path) -> None:
