@@ -542,7 +542,21 @@ def rebuild_synthetic_sources(data_cfg: Any) -> list[dict[str, Any]]:
         record = Path(str(entry["synthetic"])) / PROVENANCE
         if record.is_file() and json.loads(record.read_text()).get("status") == "complete":
             continue
+        check_reverse_model_exists(entry, data_cfg)
         log.info("data.mixture: back-translating into %s first (its folder is missing or unfinished)",
                  entry["synthetic"])
         summaries.append(backtranslate(job_config({**entry["backtranslate"], "output": str(entry["synthetic"])})))
     return summaries
+
+
+def check_reverse_model_exists(entry: Any, data_cfg: Any) -> None:
+    """Refuse, before any caption is fetched, a back-translation whose reverse model was never trained."""
+    checkpoints = entry["backtranslate"].get("checkpoint")
+    checkpoints = [checkpoints] if isinstance(checkpoints, str) else list(checkpoints or [])
+    if missing := [str(c) for c in checkpoints if not Path(str(c)).exists()]:
+        lang, src = entry["backtranslate"].get("lang"), data_cfg.get("src_lang")
+        raise BacktranslationError(
+            f"data.mixture: {entry['synthetic']} is to be back-translated first, but its reverse model "
+            f"{missing[0]} (backtranslate.checkpoint) does not exist; train a {lang}->{src} model there first "
+            f"(the recipe: python train.py -m experiment=multi30k_best data.src_lang={lang} data.tgt_lang={src} "
+            f"trainer.seed=42) or point backtranslate.checkpoint at one")

@@ -313,6 +313,11 @@ def test_a_mixture_makes_its_missing_back_translation_before_training(
     cfg["tokenizer"]["vocab_size"] = 60
     with pytest.raises(DataError, match=r"is not a folder; .* \(or add data.mixture\[1\].backtranslate settings"):
         prepare_data(cfg, cache_dir=tmp_path / "cache")  # from Python, nothing makes it
+    untrained = OmegaConf.create(cfg)
+    untrained.mixture[1].backtranslate.checkpoint = str(tmp_path / "never_trained")
+    with pytest.raises(bt.BacktranslationError, match=r"reverse model .*never_trained .* train a de->en model"):
+        bt.rebuild_synthetic_sources(untrained)
+    assert not folder.exists()
     first = bt.rebuild_synthetic_sources(OmegaConf.create(cfg))
     assert [s["status"] for s in first] == ["complete"] and bt.rebuild_synthetic_sources(OmegaConf.create(cfg)) == []
     data = prepare_data(cfg, cache_dir=tmp_path / "cache")
