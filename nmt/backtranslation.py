@@ -54,6 +54,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
+from nmt.checkpoint import CheckpointError, resolve_checkpoint
 from nmt.data.errors import DataError
 from nmt.data.fetch import sha256_of
 from nmt.data.monolingual import MONOLINGUAL, resolve_monolingual
@@ -550,13 +551,15 @@ def rebuild_synthetic_sources(data_cfg: Any) -> list[dict[str, Any]]:
 
 
 def check_reverse_model_exists(entry: Any, data_cfg: Any) -> None:
-    """Refuse, before any caption is fetched, a back-translation whose reverse model was never trained."""
+    """Refuse, before any caption is fetched, a back-translation whose reverse model has no checkpoint yet."""
     checkpoints = entry["backtranslate"].get("checkpoint")
-    checkpoints = [checkpoints] if isinstance(checkpoints, str) else list(checkpoints or [])
-    if missing := [str(c) for c in checkpoints if not Path(str(c)).exists()]:
-        lang, src = entry["backtranslate"].get("lang"), data_cfg.get("src_lang")
-        raise BacktranslationError(
-            f"data.mixture: {entry['synthetic']} is to be back-translated first, but its reverse model "
-            f"{missing[0]} (backtranslate.checkpoint) does not exist; train a {lang}->{src} model there first "
-            f"(the recipe: python train.py -m experiment=multi30k_best data.src_lang={lang} data.tgt_lang={src} "
-            f"trainer.seed=42) or point backtranslate.checkpoint at one")
+    for checkpoint in [checkpoints] if isinstance(checkpoints, str) else list(checkpoints or []):
+        try:
+            resolve_checkpoint(str(checkpoint))
+        except CheckpointError as error:
+            lang, src = entry["backtranslate"].get("lang"), data_cfg.get("src_lang")
+            raise BacktranslationError(
+                f"data.mixture: {entry['synthetic']} is to be back-translated first, but its reverse model "
+                f"(backtranslate.checkpoint) is not trained: {error}; train a {lang}->{src} model there first (the "
+                f"recipe: python train.py -m experiment=multi30k_best data.src_lang={lang} data.tgt_lang={src} "
+                "trainer.seed=42) or point backtranslate.checkpoint at one") from error

@@ -314,9 +314,11 @@ def test_a_mixture_makes_its_missing_back_translation_before_training(
     with pytest.raises(DataError, match=r"is not a folder; .* \(or add data.mixture\[1\].backtranslate settings"):
         prepare_data(cfg, cache_dir=tmp_path / "cache")  # from Python, nothing makes it
     untrained = OmegaConf.create(cfg)
-    untrained.mixture[1].backtranslate.checkpoint = str(tmp_path / "never_trained")
-    with pytest.raises(bt.BacktranslationError, match=r"reverse model .*never_trained .* train a de->en model"):
-        bt.rebuild_synthetic_sources(untrained)
+    (tmp_path / "started_not_saved").mkdir()  # a reverse run with no checkpoint yet counts as untrained too
+    for reverse in ("never_trained", "started_not_saved"):
+        untrained.mixture[1].backtranslate.checkpoint = str(tmp_path / reverse)
+        with pytest.raises(bt.BacktranslationError, match=rf"not trained: .*{reverse}.* train a de->en"):
+            bt.rebuild_synthetic_sources(untrained)
     assert not folder.exists()
     first = bt.rebuild_synthetic_sources(OmegaConf.create(cfg))
     assert [s["status"] for s in first] == ["complete"] and bt.rebuild_synthetic_sources(OmegaConf.create(cfg)) == []
