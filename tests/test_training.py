@@ -470,3 +470,15 @@ def test_recipe_runs_of_the_other_direction_go_to_their_own_folder() -> None:
                       overrides=["experiment=multi30k_best", "data.src_lang=en", "data.tgt_lang=de", "trainer.seed=3"])
     assert f"{cfg.hydra.sweep.dir}/{cfg.hydra.sweep.subdir}" == "runs/best_en-de/seed3"
     assert (cfg.data.src_lang, cfg.data.tgt_lang, cfg.model.layer_norm) == ("en", "de", True)
+
+
+def test_the_en_de_back_translation_experiment_back_translates_with_the_de_en_one() -> None:
+    """``multi30k_bt_ende``'s reverse model is the run ``multi30k_bt`` trains, so the two chain."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        de_en = compose(config_name="train", return_hydra_config=True, overrides=["experiment=multi30k_bt"])
+        en_de = compose(config_name="train", return_hydra_config=True, overrides=["experiment=multi30k_bt_ende"])
+    synthetic = en_de.data.mixture[1]
+    assert synthetic.backtranslate.checkpoint == de_en.hydra.run.dir == "runs/bt_best_de-en/seed42"
+    assert (synthetic.synthetic, synthetic.backtranslate.lang) == ("runs/bt_de", "de")
+    assert (en_de.data.src_lang, en_de.data.tgt_lang, en_de.hydra.run.dir) == ("en", "de", "runs/bt_best_en-de/seed42")
+    assert de_en.data.mixture[1].backtranslate.checkpoint == "runs/best_en-de/seed42"
