@@ -560,6 +560,6 @@ def check_reverse_model_exists(entry: Any, data_cfg: Any) -> None:
             lang, src = entry["backtranslate"].get("lang"), data_cfg.get("src_lang")
             raise BacktranslationError(
                 f"data.mixture: {entry['synthetic']} is to be back-translated first, but its reverse model "
-                f"(backtranslate.checkpoint) is not trained: {error}; train a {lang}->{src} model there first (the "
-                f"recipe: python train.py -m experiment=multi30k_best data.src_lang={lang} data.tgt_lang={src} "
-                "trainer.seed=42) or point backtranslate.checkpoint at one") from error
+                f"(backtranslate.checkpoint) is not trained: {error}; train a {lang}->{src} model there first "
+                f"(e.g. the recipe: python train.py experiment=multi30k_best data.src_lang={lang} data.tgt_lang={src} "
+                f"hydra.run.dir={checkpoint}) or point backtranslate.checkpoint at one") from error

@@ -317,7 +317,8 @@ def test_a_mixture_makes_its_missing_back_translation_before_training(
     (tmp_path / "started_not_saved").mkdir()  # a reverse run with no checkpoint yet counts as untrained too
     for reverse in ("never_trained", "started_not_saved"):
         untrained.mixture[1].backtranslate.checkpoint = str(tmp_path / reverse)
-        with pytest.raises(bt.BacktranslationError, match=rf"not trained: .*{reverse}.* train a de->en"):
+        refusal = rf"not trained: .*{reverse}.* train a de->en model there first .*hydra.run.dir=\S*{reverse}\)"
+        with pytest.raises(bt.BacktranslationError, match=refusal):
             bt.rebuild_synthetic_sources(untrained)
     assert not folder.exists()
     first = bt.rebuild_synthetic_sources(OmegaConf.create(cfg))
