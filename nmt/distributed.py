@@ -71,7 +71,7 @@ def shutdown(info: DistInfo) -> None:
 def choose_device(name: str, info: DistInfo) -> torch.device:
     """``trainer.device`` resolved (``nmt.device``); under torchrun each process takes its local rank's GPU."""
     device = resolve_device(name, "trainer.device", info.local_rank if info.distributed else None)
-    if device.type == "cuda":
+    if device.type == "cuda" and device.index is not None:  # plain "cuda" is the current GPU already
         torch.cuda.set_device(device)
     return device
 

@@ -128,3 +128,20 @@ def test_int8_decoding_through_the_translator_and_its_limits() -> None:
         check_inference_precision("int8", CUDA)
     with pytest.raises(ValueError, match=r"trainer\.precision='int8' is not one of auto, bf16, fp32"):
         check_precision("int8", key="trainer.precision")  # training has no int8
+
+
+@pytest.mark.parametrize(("name", "distributed", "set_to"), [("cuda", False, None), ("cuda", True, "cuda:1"),
+                                                             ("cuda:1", False, "cuda:1"), ("cpu", False, None)])
+def test_a_single_process_on_plain_cuda_does_not_pin_a_gpu(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                           distributed: bool, set_to: str | None) -> None:
+    """torch.cuda.set_device needs an index: a single process asking for "cuda" keeps the current GPU, and each
+    torchrun rank pins its local rank's."""
+    from nmt import distributed as dist_module
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    pinned: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "set_device", pinned.append)
+    info = dist_module.DistInfo(rank=1, world_size=2, local_rank=1) if distributed else dist_module.DistInfo()
+    device = dist_module.choose_device(name, info)
+    assert device == torch.device(set_to or name)
+    assert pinned == ([torch.device(set_to)] if set_to else [])
