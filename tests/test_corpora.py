@@ -15,7 +15,7 @@ import pytest
 from conftest import data_config
 
 from nmt.data import DataError, fetch, prepare_data
-from nmt.data.corpora import MULTI30K_SHA256, MULTI30K_SPLITS, Multi30k, build_corpus
+from nmt.data.corpora import MULTI30K_SHA256, MULTI30K_SPLITS, Multi30k, build_corpus, usable_mirror
 from nmt.data.fetch import fetch_file
 from nmt.data.text import ParallelText, clean_pairs, read_lines, read_parallel
 
@@ -139,6 +139,24 @@ def test_no_network_and_no_mirror_says_which_file_url_and_how_to_set_the_mirror(
     assert "NMT_DATA_MIRROR" in message and "data.mirror" in message
     assert _no_network == [url]
     assert not (tmp_path / "cache" / "multi30k" / "train.de.gz").exists()
+
+
+def test_a_saved_mirror_that_is_not_a_folder_here_gives_way_to_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run's config saved on another machine names a mirror missing here: $NMT_DATA_MIRROR stands in."""
+    here = tmp_path / "mirror"
+    here.mkdir()
+    gone = tmp_path / "elsewhere" / "corpora"
+    monkeypatch.setenv("NMT_DATA_MIRROR", str(here))
+    with caplog.at_level(logging.WARNING):
+        assert usable_mirror(gone) == here
+    assert f"{gone} is not a folder; using NMT_DATA_MIRROR={here} instead" in caplog.text
+    assert usable_mirror(here) == here and usable_mirror(None) is None  # the environment fills no unset mirror
+    monkeypatch.setenv("NMT_DATA_MIRROR", str(tmp_path / "also-gone"))
+    assert usable_mirror(gone) is None
+    monkeypatch.delenv("NMT_DATA_MIRROR")
+    assert usable_mirror(gone) is None
 
 
 def test_an_invalid_url_is_a_data_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
