@@ -56,7 +56,7 @@ from tqdm import tqdm
 
 from nmt.checkpoint import CheckpointError, resolve_checkpoint
 from nmt.data.errors import DataError
-from nmt.data.fetch import sha256_of
+from nmt.data.fetch import mirror_folder, sha256_of
 from nmt.data.monolingual import MONOLINGUAL, resolve_monolingual
 from nmt.data.text import STRICT_UTF8, iter_decoded
 from nmt.device import uses_bf16
@@ -173,7 +173,7 @@ def open_input(cfg: DictConfig) -> InputText:
     Raises:
         DataError: an unknown corpus, a missing or unreadable file, or invalid UTF-8 (naming the line).
     """
-    mirror = cfg.mirror or os.environ.get("NMT_DATA_MIRROR") or None
+    mirror = mirror_folder(cfg.mirror)
     text = resolve_monolingual(str(cfg.input), str(cfg.lang), cache_dir=cfg.cache_dir, mirror=mirror)
     n_lines = sum(1 for _ in iter_input_lines(text.path, cfg.invalid_utf8))
     corpus = text.info if str(cfg.input) in MONOLINGUAL else None

@@ -15,8 +15,8 @@ import pytest
 from conftest import data_config
 
 from nmt.data import DataError, fetch, prepare_data
-from nmt.data.corpora import MULTI30K_SHA256, MULTI30K_SPLITS, Multi30k, build_corpus, usable_mirror
-from nmt.data.fetch import fetch_file
+from nmt.data.corpora import MULTI30K_SHA256, MULTI30K_SPLITS, Multi30k, build_corpus
+from nmt.data.fetch import fetch_file, mirror_folder
 from nmt.data.text import ParallelText, clean_pairs, read_lines, read_parallel
 
 _real_download_url = fetch.download_url
@@ -150,13 +150,17 @@ def test_a_saved_mirror_that_is_not_a_folder_here_gives_way_to_the_environment(
     gone = tmp_path / "elsewhere" / "corpora"
     monkeypatch.setenv("NMT_DATA_MIRROR", str(here))
     with caplog.at_level(logging.WARNING):
-        assert usable_mirror(gone) == here
+        assert mirror_folder(gone) == here
     assert f"{gone} is not a folder; using NMT_DATA_MIRROR={here} instead" in caplog.text
-    assert usable_mirror(here) == here and usable_mirror(None) is None  # the environment fills no unset mirror
+    assert mirror_folder(here) == here and mirror_folder(None) == here  # an unset data.mirror: the environment's
     monkeypatch.setenv("NMT_DATA_MIRROR", str(tmp_path / "also-gone"))
-    assert usable_mirror(gone) is None
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert mirror_folder(gone) is None and mirror_folder(None) is None
+    assert f"{gone} is not a folder; ignoring it" in caplog.text
+    assert f"{tmp_path / 'also-gone'} is not a folder; ignoring it" in caplog.text
     monkeypatch.delenv("NMT_DATA_MIRROR")
-    assert usable_mirror(gone) is None
+    assert mirror_folder(gone) is None and mirror_folder(None) is None
 
 
 def test_an_invalid_url_is_a_data_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from nmt import device as device_module
+from nmt import distributed as dist_module
 from nmt.attention import build_attention
 from nmt.checkpoint import upgrade_saved_config
 from nmt.device import autocast, check_inference_precision, check_precision, quantize_int8, slow_bf16_warning, uses_bf16
@@ -136,8 +137,6 @@ def test_a_single_process_on_plain_cuda_does_not_pin_a_gpu(monkeypatch: pytest.M
                                                            distributed: bool, set_to: str | None) -> None:
     """torch.cuda.set_device needs an index: a single process asking for "cuda" keeps the current GPU, and each
     torchrun rank pins its local rank's."""
-    from nmt import distributed as dist_module
-
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     pinned: list[torch.device] = []
     monkeypatch.setattr(torch.cuda, "set_device", pinned.append)

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import abc
 import logging
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 from nmt.data.errors import DataError
-from nmt.data.fetch import DOWNLOAD_TIMEOUT_S, MIRROR_ENV, fetch_file
+from nmt.data.fetch import DOWNLOAD_TIMEOUT_S, fetch_file, mirror_folder
 
 log = logging.getLogger(__name__)
 
@@ -225,22 +224,5 @@ def build_corpus(
     """
     if name not in CORPORA:
         raise DataError(f"unknown corpus {name!r}; valid corpora: {', '.join(sorted(CORPORA))}.")
-    return CORPORA[name].from_settings(Path(cache_dir), usable_mirror(mirror), {**(settings or {}), "files": files})
-
-
-def usable_mirror(mirror: str | Path | None) -> Path | None:
-    """``data.mirror`` as a folder, or None.
-
-    A run's saved config holds the mirror of the machine it trained on; where that is not a folder here,
-    ``$NMT_DATA_MIRROR`` (when it is one) stands in, so that decoding an old run needs no edited config.
-    """
-    path = Path(str(mirror)).expanduser() if mirror else None
-    if path is None or path.is_dir():
-        return path
-    fallback = Path(os.environ.get(MIRROR_ENV) or "").expanduser()
-    if os.environ.get(MIRROR_ENV) and fallback.is_dir():
-        log.warning("data mirror %s is not a folder; using %s=%s instead", path, MIRROR_ENV, fallback)
-        return fallback
-    log.warning("data mirror %s is not a folder; ignoring it", path)
-    return None
+    return CORPORA[name].from_settings(Path(cache_dir), mirror_folder(mirror), {**(settings or {}), "files": files})
 

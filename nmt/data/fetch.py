@@ -51,6 +51,27 @@ def download_url(url: str, dest: Path, timeout: float = DOWNLOAD_TIMEOUT_S) -> N
         shutil.copyfileobj(response, out, _CHUNK)
 
 
+def mirror_folder(configured: str | Path | None) -> Path | None:
+    """The mirror folder to look in: ``data.mirror`` when it is a folder here, else ``$NMT_DATA_MIRROR``
+    when that is one, else None (with a warning naming a mirror that is not a folder).
+
+    A run's saved config holds the mirror of the machine it trained on; where that folder is missing
+    here, the environment's stands in, so that decoding the run needs no edited config.
+    """
+    path = Path(str(configured)).expanduser() if configured else None
+    if path is not None and path.is_dir():
+        return path
+    env = os.environ.get(MIRROR_ENV)
+    fallback = Path(env).expanduser() if env else None
+    if fallback is not None and fallback.is_dir():
+        if path is not None:
+            log.warning("data mirror %s is not a folder; using %s=%s instead", path, MIRROR_ENV, fallback)
+        return fallback
+    if path or fallback:
+        log.warning("data mirror %s is not a folder; ignoring it", path or fallback)
+    return None
+
+
 def _mirror_candidates(mirror: Path, corpus: str, name: str) -> list[Path]:
     # Accept both layouts: <mirror>/multi30k/<file> (the shared corpora folder) and <mirror>/<file>.
     return [mirror / corpus / name, mirror / name]

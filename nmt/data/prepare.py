@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -43,7 +42,7 @@ from omegaconf.errors import OmegaConfBaseException
 from nmt.data.corpora import build_corpus
 from nmt.data.encoded import EncodedSplit, RaggedIds, SplitPart, SplitWriter, open_split, token_dtype
 from nmt.data.errors import DataError
-from nmt.data.fetch import MIRROR_ENV, sha256_of
+from nmt.data.fetch import mirror_folder, sha256_of
 from nmt.data.mixture import check_entry, resolve_sources
 from nmt.data.tatoeba import TatoebaSettings
 from nmt.data.text import INVALID_UTF8_MODES, STRICT_UTF8, PairFilter, iter_pairs, terminal_progress
@@ -285,7 +284,7 @@ def split_sources(
         split), and the validation and test splits of ``data.corpus``.
     """
     start = time.perf_counter()
-    mirror = cfg["mirror"] or os.environ.get(MIRROR_ENV) or None
+    mirror = mirror_folder(cfg["mirror"])
     corpus = build_corpus(cfg["corpus"], cache_dir=cache, mirror=mirror, files=cfg["files"], settings=cfg)
     names = [cfg["valid_split"], *cfg["test_splits"]]
     paths = {name: corpus.split_files(name, cfg["src_lang"], cfg["tgt_lang"]) for name in dict.fromkeys(names)}
