@@ -1,7 +1,7 @@
 """Back-translate monolingual text: ``python backtranslate.py checkpoint=RUN input=FILE lang=en output=DIR``.
 
 A thin Hydra entry point: composes ``configs/backtranslate.yaml`` and calls
-``nmt.backtranslation.backtranslate``. Mistakes (a missing file, invalid UTF-8, a model for another
+``nmt.inference.backtranslation.backtranslate``. Mistakes (a missing file, invalid UTF-8, a model for another
 language, an output folder of another job, a bad option) are reported in one line on stderr with exit
 status 2, before anything is written. Run the same command again after a kill to resume.
 """
@@ -14,10 +14,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from nmt.backtranslation import BacktranslateSettings, BacktranslationError, backtranslate
-from nmt.config import ConfigError
-from nmt.entry_point import check_keys_or_exit, user_errors
-from nmt.translator import USER_ERRORS
+from nmt.common.entry_point import check_keys_or_exit, user_errors
+from nmt.common.settings import ConfigError
+from nmt.inference.backtranslation import BacktranslateSettings, BacktranslationError, backtranslate
+from nmt.inference.engine import USER_ERRORS
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="backtranslate")

@@ -1,6 +1,6 @@
 """Serve a trained model over HTTP: ``python serve.py checkpoint=RUN_DIR`` (then open http://127.0.0.1:8000/).
 
-A thin Hydra entry point: composes ``configs/serve.yaml`` and calls ``nmt.server.serve_main``. Mistakes
+A thin Hydra entry point: composes ``configs/serve.yaml`` and calls ``nmt.serve.server.serve_main``. Mistakes
 found before the server starts (an unknown key, a bad value, a port in use, a missing checkpoint; every
 setting is checked and the port taken before the model loads) are reported in one line on stderr with
 exit status 2. SIGTERM or Ctrl-C lets in-flight requests finish, then exits 0.
@@ -14,10 +14,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from nmt.config import ConfigError
-from nmt.entry_point import check_keys_or_exit, user_errors
-from nmt.server import ServeSettings, serve_main
-from nmt.translator import USER_ERRORS
+from nmt.common.entry_point import check_keys_or_exit, user_errors
+from nmt.common.settings import ConfigError
+from nmt.inference.engine import USER_ERRORS
+from nmt.serve.server import ServeSettings, serve_main
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="serve")

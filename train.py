@@ -1,7 +1,7 @@
 """Train an attention-based GRU translation model: ``python train.py attention=additive``.
 
 Thin entry point: Hydra composes ``configs/train.yaml`` with the command-line overrides, and
-``nmt.training.train`` does the work (see README.md for the commands). A mistake the user can fix
+``nmt.train.trainer.train`` does the work (see README.md for the commands). A mistake the user can fix
 (config, data, checkpoint, device) ends in one line on stderr and exit status 2, not a traceback.
 """
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from nmt.checkpoint import CheckpointError
-from nmt.config import TrainSchema
-from nmt.entry_point import check_keys_or_exit, user_errors
-from nmt.resume import resume_overrides
-from nmt.training import USER_ERRORS, train
+from nmt.common.entry_point import check_keys_or_exit, user_errors
+from nmt.model.checkpoint import CheckpointError
+from nmt.train.resume import resume_overrides
+from nmt.train.schema import TrainSchema
+from nmt.train.trainer import USER_ERRORS, train
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")

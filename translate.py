@@ -1,7 +1,7 @@
 """Translate with a trained checkpoint: ``python translate.py checkpoint=RUN_DIR input=FILE output=FILE``.
 
 A thin Hydra entry point: composes ``configs/translate.yaml`` and calls
-``nmt.translate_job.translate_main``. Mistakes in the request (missing checkpoint, bad input) are
+``nmt.inference.translate_job.translate_main``. Mistakes in the request (missing checkpoint, bad input) are
 reported in one line on stderr with exit status 2; stdout carries translations only.
 """
 
@@ -13,9 +13,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from nmt.entry_point import check_keys_or_exit, user_errors
-from nmt.translate_job import TranslateSettings, translate_main
-from nmt.translator import USER_ERRORS
+from nmt.common.entry_point import check_keys_or_exit, user_errors
+from nmt.inference.engine import USER_ERRORS
+from nmt.inference.translate_job import TranslateSettings, translate_main
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="translate")

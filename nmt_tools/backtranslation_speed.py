@@ -1,6 +1,6 @@
 """``benchmark.py backtranslate``: back-translation speed in sentences/s, beam search against sampling.
 
-The real job, once per method: ``nmt.backtranslation.backtranslate`` on the config
+The real job, once per method: ``nmt.inference.backtranslation.backtranslate`` on the config
 ``backtranslate.py`` composes (``configs/backtranslate.yaml`` plus ``--set`` overrides), over the first
 ``--limit`` lines of the input, into a scratch folder. One untimed warm-up job of ``--warmup`` lines
 runs first. The figure is the job's own clock over its chunk loop: reading, searching, writing and
@@ -25,10 +25,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from nmt.analysis.cli import REPO_ROOT
-from nmt.backtranslation import backtranslate, iter_input_lines, open_input
-from nmt.device import resolve_device
-from nmt.provenance import device_name
-from nmt.translator import Translator
+from nmt.common.device import resolve_device
+from nmt.common.provenance import device_name
+from nmt.inference.backtranslation import backtranslate, iter_input_lines, open_input
+from nmt.inference.engine import Translator
 
 METHODS = ("beam", "sample")
 

@@ -14,7 +14,7 @@
 ``train``: Hydra overrides of ``configs/train.yaml`` as ``train.py`` takes them; the project's own
 ``Trainer`` builds model, data and optimizer, and ``--train-steps`` of its real step are timed after
 ``--warmup-steps`` untimed ones (batch fetching included; CUDA synchronised per step): target tokens/s
-(median of steps and total), with GPU utilisation from ``nmt.gpu_monitor``. Then the translation
+(median of steps and total), with GPU utilisation from ``nmt.train.gpu_monitor``. Then the translation
 figures below on the config's first test split, with ``--checkpoint`` or else with the model just
 trained for a few steps (whose BLEU is meaningless: the JSON says so).
 ``translate``: ``Translator.translate`` on a whole file (default: ``$NMT_DATA_MIRROR``'s
@@ -46,15 +46,15 @@ from typing import Any
 import torch
 
 from nmt.analysis.cli import device_slug, mirror_file, one_line_errors, parser, sync, write_report
-from nmt.config import to_plain_dict
-from nmt.device import INFERENCE_PRECISIONS, uses_bf16
-from nmt.evaluation import corpus_scores
-from nmt.gpu_monitor import GpuMonitor
-from nmt.model import count_parameters
-from nmt.provenance import device_name, provenance
-from nmt.training import DistInfo, Trainer
-from nmt.translate_job import read_input_lines
-from nmt.translator import SearchOptions, Translator
+from nmt.common.device import INFERENCE_PRECISIONS, uses_bf16
+from nmt.common.metrics import corpus_scores
+from nmt.common.provenance import device_name, provenance
+from nmt.common.settings import to_plain_dict
+from nmt.inference.engine import SearchOptions, Translator
+from nmt.inference.translate_job import read_input_lines
+from nmt.model.seq2seq import count_parameters
+from nmt.train.gpu_monitor import GpuMonitor
+from nmt.train.trainer import DistInfo, Trainer
 from nmt_tools import backtranslation_speed, load, overload, padding, scale, training_profile
 from nmt_tools.timing import compose_config, measure_training
 

@@ -35,9 +35,9 @@ from typing import Any
 import torch
 
 from nmt.analysis.cli import REPO_ROOT, mirror_file, sync
-from nmt.provenance import device_name
-from nmt.translate_job import read_input_lines
-from nmt.translator import Translator
+from nmt.common.provenance import device_name
+from nmt.inference.engine import Translator
+from nmt.inference.translate_job import read_input_lines
 
 HOST = "127.0.0.1"  # never anywhere else
 

@@ -35,8 +35,8 @@ import torch
 
 from nmt.analysis.cli import mirror_file
 from nmt.data import Tokenizer
-from nmt.translate_job import read_input_lines
-from nmt.translator import Translator
+from nmt.inference.engine import Translator
+from nmt.inference.translate_job import read_input_lines
 from nmt_tools.load import Connection, percentile, request, serve_process
 
 MAX_CLIENTS = 300

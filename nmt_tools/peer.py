@@ -126,7 +126,7 @@ def load_peer_summary(path: Path) -> dict[str, Any]:
 
 def measure_our_training(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     """Target tokens/s of the peer-sized model over one epoch (or ``--our-steps``), as ``benchmark.py train``."""
-    from nmt.training import DistInfo, Trainer
+    from nmt.train.trainer import DistInfo, Trainer
     from nmt_tools.timing import compose_config, measure_training  # heavy: not for decode-once
 
     overrides = [*OUR_TRAINING_OVERRIDES, *args.our_overrides, f"trainer.device={args.device}",
@@ -156,8 +156,8 @@ def decode_once(argv: list[str]) -> None:
     for name in ("--beam-size", "--batch-sentences"):
         p.add_argument(name, type=int, required=True)
     args = p.parse_args(argv)
-    from nmt.translate_job import read_input_lines
-    from nmt.translator import SearchOptions, Translator
+    from nmt.inference.engine import SearchOptions, Translator
+    from nmt.inference.translate_job import read_input_lines
 
     translator = Translator.from_checkpoint(args.checkpoint, device=args.device, max_input_words=None)
     t = translator.configs[0]["trainer"]
@@ -181,8 +181,8 @@ def decode_once(argv: list[str]) -> None:
 
 def measure_our_decoding(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     """Greedy and beam 5 on test_2016_flickr: whole-process and decode-only sentences/s, and BLEU."""
-    from nmt.evaluation import corpus_scores
-    from nmt.translate_job import read_input_lines
+    from nmt.common.metrics import corpus_scores
+    from nmt.inference.translate_job import read_input_lines
 
     src = args.mirror / "multi30k" / f"{TEST_SPLIT}.de.gz"
     refs = read_input_lines(args.mirror / "multi30k" / f"{TEST_SPLIT}.en.gz")
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         return time_to_bleu.main(argv[1:])
     args = parse_args(argv)
-    from nmt.provenance import provenance  # imported here: decode-once's start-up stays lean
+    from nmt.common.provenance import provenance  # imported here: decode-once's start-up stays lean
 
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="peer_compare_"))
     work_dir.mkdir(parents=True, exist_ok=True)

@@ -162,7 +162,7 @@ def main(argv: list[str]) -> dict[str, Any]:
                    help="train.log of JoeyNMT runs continued from the previous one's last checkpoint, in order")
     p.add_argument("--out", type=Path, required=True, help="report path without extension")
     args: argparse.Namespace = p.parse_args(argv)
-    from nmt.provenance import provenance
+    from nmt.common.provenance import provenance
 
     ours = [load_ours(run) for run in args.ours]
     peer = load_peer(args.peer_workdir, args.peer_continued)

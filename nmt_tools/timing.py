@@ -17,11 +17,11 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from nmt.analysis.cli import REPO_ROOT, sync
-from nmt.config import validate_config
 from nmt.data import Batch
-from nmt.gpu_monitor import GpuMonitor
-from nmt.model import count_parameters
-from nmt.training import Trainer
+from nmt.model.seq2seq import count_parameters
+from nmt.train.gpu_monitor import GpuMonitor
+from nmt.train.schema import validate_config
+from nmt.train.trainer import Trainer
 
 
 def compose_config(overrides: list[str]) -> DictConfig:

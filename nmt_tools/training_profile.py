@@ -17,7 +17,7 @@ Four figures, all on the trainer's real step (forward, loss, backward, clip, Ada
   grouped into matmuls, elementwise, loss and softmax, optimizer, data movement and other; "outside
   ATen ops" is the wall time minus all ops' self time (Python, dispatch, the profiler's own cost).
 
-Not done here: changing the step (``nmt.training``); GPU profiles (use ``torch.profiler`` with CUDA).
+Not done here: changing the step (``nmt.train.trainer``); GPU profiles (use ``torch.profiler`` with CUDA).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from nmt.device import cpu_info
+from nmt.common.device import cpu_info
 
 # Op-name patterns, first match wins; self CPU time of each ATen op goes to one group.
 OP_GROUPS: tuple[tuple[str, str], ...] = (
@@ -128,7 +128,7 @@ def benchmark_profile(args: argparse.Namespace) -> tuple[dict[str, Any], torch.d
     """The ``profile`` mode: FLOPs, achieved and peak FLOP/s, time per op group; prints a summary."""
     import tempfile
 
-    from nmt.training import DistInfo, Trainer
+    from nmt.train.trainer import DistInfo, Trainer
     from nmt_tools.timing import compose_config, endless_batches, measure_training
 
     cfg = compose_config(args.overrides)

@@ -122,9 +122,9 @@ def save_tiny_checkpoint(path: Path, attention: str, seed: int = 0, vocab_size: 
     Its weights are scaled up so that outputs differ between sentences; ``seed`` gives another model
     with the same tokenizer, ``vocab_size`` another tokenizer.
     """
-    from nmt.checkpoint import save_checkpoint
     from nmt.data import TokenizerSettings, train_tokenizer
-    from nmt.model import Seq2Seq
+    from nmt.model.checkpoint import save_checkpoint
+    from nmt.model.seq2seq import Seq2Seq
 
     tokenizer = train_tokenizer(SRC * 3, TGT * 3, TokenizerSettings(vocab_size=vocab_size), cache_dir=None)
     config = {

@@ -8,8 +8,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from nmt.attention import attention_names, build_attention, masked_softmax
-from nmt.model import Seq2Seq
+from nmt.model.attention import attention_names, build_attention, masked_softmax
+from nmt.model.seq2seq import Seq2Seq
 from tests.conftest import CONFIG_DIR
 
 # Tiny odd sizes so that a transposed or mixed-up dimension fails loudly.

@@ -19,10 +19,10 @@ from conftest import SRC, TINY_MAX_WORDS, save_tiny_checkpoint
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-import nmt.backtranslation as bt
-from nmt.backtranslation import BacktranslationError, backtranslate
+import nmt.inference.backtranslation as bt
 from nmt.data import DataError
-from nmt.translator import SamplingOptions, TranslationError, Translator
+from nmt.inference.backtranslation import BacktranslationError, backtranslate
+from nmt.inference.engine import SamplingOptions, TranslationError, Translator
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CHUNK = 64

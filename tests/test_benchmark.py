@@ -14,11 +14,11 @@ import pytest
 import torch
 from conftest import SRC, save_tiny_checkpoint
 
-from nmt.checkpoint import save_checkpoint
-from nmt.config import to_plain_dict
+from nmt.common.settings import to_plain_dict
 from nmt.data import prepare_data
-from nmt.model import Seq2Seq
-from nmt.translator import Translator
+from nmt.inference.engine import Translator
+from nmt.model.checkpoint import save_checkpoint
+from nmt.model.seq2seq import Seq2Seq
 from nmt_tools import benchmark
 from nmt_tools import peer as peer_compare
 from tests.test_training import TINY, tiny_config, write_reversal_corpus

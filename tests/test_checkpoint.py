@@ -1,4 +1,4 @@
-"""nmt.checkpoint: writes are atomic and durable, and a failed write leaves the previous checkpoint."""
+"""nmt.model.checkpoint: writes are atomic and durable, and a failed write leaves the previous checkpoint."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt import checkpoint
-from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from nmt.model import checkpoint
+from nmt.model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 
 def test_a_checkpoint_is_on_disk_before_it_replaces_the_old_one(tmp_path: Path,

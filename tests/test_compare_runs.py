@@ -16,10 +16,10 @@ import torch
 from omegaconf import OmegaConf
 
 from nmt.analysis import compare as compare_runs
-from nmt.checkpoint import save_checkpoint
-from nmt.config import to_plain_dict
+from nmt.common.settings import to_plain_dict
 from nmt.data import prepare_data
-from nmt.model import Seq2Seq
+from nmt.model.checkpoint import save_checkpoint
+from nmt.model.seq2seq import Seq2Seq
 from tests.test_training import tiny_config
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

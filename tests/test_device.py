@@ -5,13 +5,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nmt import device as device_module
-from nmt import distributed as dist_module
-from nmt.attention import build_attention
-from nmt.checkpoint import upgrade_saved_config
-from nmt.device import autocast, check_inference_precision, check_precision, quantize_int8, slow_bf16_warning, uses_bf16
-from nmt.model import Seq2Seq
-from nmt.translator import SearchOptions, TranslationError, Translator
+from nmt.common import device as device_module
+from nmt.common.device import (
+    autocast,
+    check_inference_precision,
+    check_precision,
+    quantize_int8,
+    slow_bf16_warning,
+    uses_bf16,
+)
+from nmt.inference.engine import SearchOptions, TranslationError, Translator
+from nmt.model.attention import build_attention
+from nmt.model.checkpoint import upgrade_saved_config
+from nmt.model.seq2seq import Seq2Seq
+from nmt.train import distributed as dist_module
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 

@@ -1,11 +1,11 @@
-"""nmt.evaluation (sacreBLEU scores with signatures) and the comparison's extra scores in nmt.analysis.measures."""
+"""nmt.common.metrics (sacreBLEU scores with signatures) and the comparison's extra scores in nmt.analysis.measures."""
 
 from __future__ import annotations
 
 import pytest
 
 from nmt.analysis.measures import TUTORIAL_BLEU_LABEL, bleu_by_length, tutorial_bleu
-from nmt.evaluation import corpus_scores
+from nmt.common.metrics import corpus_scores
 
 REFS = ["The cat sat on the mat .", "A dog runs in the park.", "Two men play football together today."]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt.gpu_monitor import GpuMonitor, parse_sample
+from nmt.train.gpu_monitor import GpuMonitor, parse_sample
 
 FAKE_NVIDIA_SMI = """#!/bin/sh
 # Records its arguments, then prints a sample every 20 ms, like `nvidia-smi --loop-ms=...` does.

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from nmt.data import PAD_ID
-from nmt.loss import sequence_loss
+from nmt.model.loss import sequence_loss
 
 
 def _batch(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,7 +37,7 @@ def test_loss_and_gradient_equal_pytorch_cross_entropy(smoothing: float) -> None
 
 
 def test_the_gradient_passes_gradcheck_in_float64() -> None:
-    from nmt.loss import _SmoothedCrossEntropy
+    from nmt.model.loss import _SmoothedCrossEntropy
 
     logits, targets = _batch(torch.float64)
     flat = logits.reshape(-1, 11).requires_grad_()

@@ -11,7 +11,7 @@ from torch.distributions import Categorical
 
 from nmt.analysis.measures import attention_sharpness
 from nmt.data import BOS_ID, EOS_ID, EncodedSplit
-from nmt.model import Seq2Seq
+from nmt.model.seq2seq import Seq2Seq
 
 VOCAB = 40
 MODEL = {"emb_size": 12, "enc_hidden_size": 8, "dec_hidden_size": 10, "enc_layers": 1, "dec_layers": 1,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nmt.attention import build_attention
-from nmt.model import Encoder, SearchModel, Seq2Seq, count_parameters, gru_cell
+from nmt.model.attention import build_attention
+from nmt.model.seq2seq import Encoder, SearchModel, Seq2Seq, count_parameters, gru_cell
 
 TYPES = ["additive", "dot", "scaled_dot", "general", "multihead", "none"]
 SRC_V, TGT_V = 17, 19
@@ -169,7 +169,7 @@ def test_default_model_parameter_count() -> None:
 def test_the_joeynmt_shaped_output_is_untied_and_wider() -> None:
     from hydra import compose, initialize_config_dir
 
-    from nmt.config import validate_config
+    from nmt.train.schema import validate_config
     from tests.conftest import CONFIG_DIR
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
@@ -187,7 +187,7 @@ def test_the_joeynmt_shaped_output_is_untied_and_wider() -> None:
 
 
 def test_the_layer_normalised_gru_normalises_each_gate_on_its_own() -> None:
-    from nmt.model import GateNorm
+    from nmt.model.seq2seq import GateNorm
 
     norm = GateNorm(4).double()
     with torch.no_grad():

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt.server import create_app, serve_in_thread
-from nmt.translator import Translator
+from nmt.inference.engine import Translator
+from nmt.serve.server import create_app, serve_in_thread
 from tests.conftest import save_tiny_checkpoint
 from tests.test_server import serve_settings
 

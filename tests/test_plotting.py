@@ -1,4 +1,4 @@
-"""Tests for nmt.words, nmt.plotting and nmt.alignment: subword merging, PNG heatmaps, Pharaoh alignments."""
+"""Tests for nmt.inference.words, .plotting and .alignment: subword merging, PNG heatmaps, Pharaoh alignments."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from nmt.alignment import pharaoh_alignment
-from nmt.plotting import attention_figure, save_attention_png
-from nmt.words import merge_subword_attention, word_groups
+from nmt.inference.alignment import pharaoh_alignment
+from nmt.inference.plotting import attention_figure, save_attention_png
+from nmt.inference.words import merge_subword_attention, word_groups
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from nmt import progress as progress_module
+from nmt.common import progress as progress_module
+from nmt.common.progress import Progress, RunClock, format_duration, progress_line
 from nmt.data import text
-from nmt.progress import Progress, RunClock, format_duration, progress_line
-from nmt.tensorboard import RunLogger
+from nmt.train.run_logger import RunLogger
 
 
 def test_durations_are_short_and_exact_enough() -> None:
@@ -49,7 +49,7 @@ def test_clock_eta_follows_this_process_pace_and_goes_on_from_a_resumed_wall_clo
 
 def test_a_bar_on_a_terminal_and_log_lines_otherwise(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="nmt.tensorboard")
+    caplog.set_level(logging.INFO, logger="nmt.train.run_logger")
     plain = RunLogger(tmp_path / "plain", total_steps=10)
     assert plain.bar is None
     plain.progress(5, "step 5/10 (50%) | ...", {"loss": "1.000"})

@@ -1,4 +1,4 @@
-"""nmt.provenance: the date, command, device, host and versions block that every results file starts with."""
+"""nmt.common.provenance: the date, command, device, host and versions block that every results file starts with."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sacrebleu
 import torch
 
 from nmt.analysis.cli import device_slug
-from nmt.provenance import command_line, device_name, provenance
-from nmt.version import __version__
+from nmt.common.provenance import command_line, device_name, provenance
+from nmt.common.version import __version__
 
 
 def test_command_line_quotes_the_arguments_it_was_given() -> None:

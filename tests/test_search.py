@@ -8,10 +8,9 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from nmt.attention import build_attention
 from nmt.data import BOS_ID, EOS_ID, PAD_ID
-from nmt.model import EncoderMemory, Seq2Seq
-from nmt.search import (
+from nmt.model.attention import build_attention
+from nmt.model.search import (
     _best_candidates,
     _row_top_k,
     beam_search,
@@ -20,6 +19,7 @@ from nmt.search import (
     length_penalty_factor,
     sample_search,
 )
+from nmt.model.seq2seq import EncoderMemory, Seq2Seq
 
 SRC_V, TGT_V = 17, 23
 TYPES = ["additive", "general", "none"]
@@ -284,7 +284,7 @@ def test_beam_with_block_top_k_equals_plain_topk(monkeypatch: pytest.MonkeyPatch
         wide.decoder.output.weight.mul_(20.0)  # peaked distributions, so the hypotheses differ by sentence
     src, src_lengths = batch(LENGTHS)
     block_wise = beam_search(wide, src, src_lengths, 5, 1.0, 8, None, 5)
-    monkeypatch.setattr("nmt.search._row_top_k", lambda values, k: values.topk(k, dim=1))
+    monkeypatch.setattr("nmt.model.search._row_top_k", lambda values, k: values.topk(k, dim=1))
     plain = beam_search(wide, src, src_lengths, 5, 1.0, 8, None, 5)
     assert [[h.tokens for h in hyps] for hyps in block_wise] == [[h.tokens for h in hyps] for hyps in plain]
     assert [[h.score for h in hyps] for hyps in block_wise] == [[h.score for h in hyps] for hyps in plain]

@@ -1,4 +1,4 @@
-"""The server's request checks (nmt.server_input): every malformed body is a 4xx RequestError, never anything else.
+"""The server's request checks (nmt.serve.requests): every malformed body is a 4xx RequestError, never anything else.
 
 ``hostile_bodies`` (Hypothesis) is shared with tests/test_server.py, which sends the same bodies to a
 running server over a socket.
@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from nmt.data import Tokenizer
-from nmt.server_input import FIELDS, RequestError, TranslateRequest, check_lengths, parse_translate_request
-from nmt.translator import SearchOptions, Translator
+from nmt.inference.engine import SearchOptions, Translator
+from nmt.serve.requests import FIELDS, RequestError, TranslateRequest, check_lengths, parse_translate_request
 from tests.conftest import TINY_MAX_WORDS
 
 LIMITS = SimpleNamespace(max_sentences=6, max_words=12, max_beam_size=5)

@@ -21,12 +21,13 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from nmt.checkpoint import load_checkpoint
-from nmt.config import ConfigError, check_command_line_keys, validate_config
+from nmt.common.settings import ConfigError, check_command_line_keys
 from nmt.data import DataError, prepare_data
-from nmt.training import TrainingError, lr_factor, train
-from nmt.translate_job import TranslateSettings
-from nmt.translator import Translator
+from nmt.inference.engine import Translator
+from nmt.inference.translate_job import TranslateSettings
+from nmt.model.checkpoint import load_checkpoint
+from nmt.train.schema import TrainSchema, validate_config
+from nmt.train.trainer import TrainingError, lr_factor, train
 from tests.conftest import CONFIG_DIR, REPO_ROOT
 
 SYMBOLS = "a b c d e f".split()
@@ -144,7 +145,7 @@ def test_a_second_process_on_a_run_in_use_is_refused(tmp_path: Path) -> None:
 
 
 def test_best_is_written_before_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from nmt import checkpoint
+    from nmt.model import checkpoint
 
     written: list[str] = []
     monkeypatch.setattr(checkpoint, "save_checkpoint", lambda path, state: written.append(path.stem))
@@ -242,17 +243,17 @@ def test_command_line_errors_name_the_key_and_choices(tmp_path: Path) -> None:
 def test_command_line_key_check_suggests_and_leaves_the_rest_to_hydra() -> None:
     assert check_command_line_keys(CONFIG_DIR, ["checkpoint=x", "beam=3"], TranslateSettings).startswith(
         "unknown config key beam: did you mean beam_size? valid keys under the top level: alignments,")
-    message = check_command_line_keys(CONFIG_DIR, ["attention=dot", "model.emb=3"])
+    message = check_command_line_keys(CONFIG_DIR, ["attention=dot", "model.emb=3"], TrainSchema)
     assert message.startswith("unknown config key model.emb: did you mean model.emb_size? valid keys under model.: ")
     # a misspelt section is named at its own level
-    message = check_command_line_keys(CONFIG_DIR, ["trainr.lr=3"])
+    message = check_command_line_keys(CONFIG_DIR, ["trainr.lr=3"], TrainSchema)
     assert message.startswith("unknown config key trainr: did you mean trainer? valid keys under the top level: ")
     # valid keys, additions, sweeps, group choices and hydra.* are not this check's business
     for args in (["trainer.lr=3", "+trainer.extra=1", "hydra.run.dir=/tmp/x"], ["-m", "attention=dot,additive"],
                  ["attention=nope"], ["--config-dir=/nowhere", "data=reversal"]):
-        assert check_command_line_keys(CONFIG_DIR, args) is None
+        assert check_command_line_keys(CONFIG_DIR, args, TrainSchema) is None
     # a value of the wrong type, where the schema knows the type
-    assert check_command_line_keys(CONFIG_DIR, ["trainer.max_epochs=ten"]).startswith(
+    assert check_command_line_keys(CONFIG_DIR, ["trainer.max_epochs=ten"], TrainSchema).startswith(
         "bad value for trainer.max_epochs: Value 'ten' of type 'str' could not be converted to Integer")
     assert check_command_line_keys(CONFIG_DIR, ["checkpoint=x", "beam_size=wide"], TranslateSettings).startswith(
         "bad value for beam_size:")
@@ -298,7 +299,7 @@ def test_ddp_two_cpu_processes_run_and_resume_exactly(tmp_path: Path) -> None:
 
 def test_bf16_training_learns_and_is_recorded(tmp_path: Path) -> None:
     """trainer.precision=bf16 on the CPU: the matmuls run in bf16, and the reversal task is still learnt."""
-    from nmt.training import DistInfo, Trainer
+    from nmt.train.trainer import DistInfo, Trainer
 
     cfg = tiny_config(tmp_path, ["trainer.precision=bf16", "trainer.max_steps=300", "trainer.validate_every=150"])
     probe = Trainer(cfg, tmp_path / "probe", DistInfo())
@@ -314,7 +315,7 @@ def test_bf16_training_learns_and_is_recorded(tmp_path: Path) -> None:
 
 
 def test_resuming_a_run_saved_with_the_old_amp_key(tmp_path: Path) -> None:
-    from nmt.resume import resume_config
+    from nmt.train.resume import resume_config
 
     cfg = tiny_config(tmp_path, [])
     legacy = OmegaConf.to_container(cfg, resolve=True)
@@ -328,7 +329,7 @@ def test_resuming_a_run_saved_with_the_old_amp_key(tmp_path: Path) -> None:
 
 def test_resuming_a_checkpoint_with_the_old_single_rng_state(tmp_path: Path) -> None:
     """Checkpoints written before per-rank RNG states held one dict; they still resume exactly."""
-    from nmt.checkpoint import save_checkpoint
+    from nmt.model.checkpoint import save_checkpoint
 
     cfg = tiny_config(tmp_path, ["trainer.max_steps=8", "trainer.validate_every=4", "trainer.log_every=1",
                                  "model.dropout=0.2", "trainer.test_beam_size=1"])
@@ -400,7 +401,7 @@ def test_train_py_reports_user_errors_in_one_line(tmp_path: Path, case: str) -> 
 
 
 def test_resuming_with_another_tokenizer_is_a_checkpoint_error(tmp_path: Path) -> None:
-    from nmt.checkpoint import CheckpointError, save_checkpoint
+    from nmt.model.checkpoint import CheckpointError, save_checkpoint
 
     cfg = tiny_config(tmp_path, ["trainer.max_steps=4", "trainer.validate_every=4"])
     train(cfg, run_dir=tmp_path / "run", interrupt_at_step=2)
@@ -439,7 +440,7 @@ def test_attention_sizes_that_do_not_fit_are_a_config_error(tmp_path: Path) -> N
 
 
 def test_ranks_that_prepared_different_data_are_refused() -> None:
-    from nmt.training import check_same_data
+    from nmt.train.trainer import check_same_data
 
     same = {"fingerprint": "aa", "train_files": None}
     check_same_data([same, dict(same)])

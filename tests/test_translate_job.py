@@ -16,12 +16,12 @@ from conftest import SRC, TGT, TINY_MAX_WORDS, save_tiny_checkpoint
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from nmt.checkpoint import load_for_inference
 from nmt.data.batching import token_batches
-from nmt.model import Seq2Seq
-from nmt.search import beam_search, greedy_search
-from nmt.translate_job import translate_main
-from nmt.translator import TranslationError, Translator
+from nmt.inference.engine import TranslationError, Translator
+from nmt.inference.translate_job import translate_main
+from nmt.model.checkpoint import load_for_inference
+from nmt.model.search import beam_search, greedy_search
+from nmt.model.seq2seq import Seq2Seq
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs"

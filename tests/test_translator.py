@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from conftest import SRC, save_tiny_checkpoint
 
 from nmt import Translator
-from nmt.checkpoint import load_for_inference
-from nmt.ensemble import Ensemble
-from nmt.search import beam_search, greedy_search
-from nmt.translator import SamplingOptions, SearchOptions, TranslationError
+from nmt.inference.engine import SamplingOptions, SearchOptions, TranslationError
+from nmt.model.checkpoint import load_for_inference
+from nmt.model.ensemble import Ensemble
+from nmt.model.search import beam_search, greedy_search
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LINES = [SRC[0], "", SRC[1], SRC[2] + " " + SRC[3], SRC[4]]
@@ -219,6 +219,7 @@ def test_long_inputs_are_cut_as_in_training(runs: dict[str, Path], caplog: pytes
 
 
 def test_training_does_not_import_the_translate_job() -> None:
-    code = "import sys, nmt.training; assert 'nmt.translate_job' not in sys.modules, 'nmt.translate_job imported'"
+    job = "nmt.inference.translate_job"
+    code = f"import sys, nmt.train.trainer; assert {job!r} not in sys.modules, '{job} imported'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from nmt.analysis import decoding as tune_decoding
+from nmt.common.metrics import corpus_scores
 from nmt.data import prepare_data
-from nmt.evaluation import corpus_scores
-from nmt.training import train
-from nmt.translator import Translator
+from nmt.inference.engine import Translator
+from nmt.train.trainer import train
 from tests.test_training import tiny_config
 
 

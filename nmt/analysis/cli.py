@@ -1,6 +1,6 @@
 """The frame every analysis command shares: its parser, the corpus mirror it reads, its report files, its errors.
 
-A report is a JSON-ready dict that opens with ``nmt.provenance.provenance`` and is written as
+A report is a JSON-ready dict that opens with ``nmt.common.provenance.provenance`` and is written as
 ``<out>.json`` (and ``<out>.md`` where a table is the point) under a path the user names, or into the
 run dir the command analyses; never into the repository's ``docs/`` by default.
 
@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from nmt.provenance import device_name
-from nmt.translator import USER_ERRORS
+from nmt.common.provenance import device_name
+from nmt.inference.engine import USER_ERRORS
 
 # The checkout the package is installed from (editable): configs/ and serve.py live there.
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -33,12 +33,12 @@ from omegaconf import OmegaConf
 
 from nmt.analysis.cli import parser, write_report
 from nmt.analysis.measures import TUTORIAL_BLEU_LABEL, attention_sharpness, bleu_by_length, tutorial_bleu
-from nmt.checkpoint import CheckpointError, resolve_checkpoint
+from nmt.common.metrics import corpus_scores
+from nmt.common.provenance import provenance
 from nmt.data import prepare_data
-from nmt.evaluation import corpus_scores
-from nmt.plotting import new_figure
-from nmt.provenance import provenance
-from nmt.translator import Translator
+from nmt.inference.engine import Translator
+from nmt.inference.plotting import new_figure
+from nmt.model.checkpoint import CheckpointError, resolve_checkpoint
 
 log = logging.getLogger(__name__)
 

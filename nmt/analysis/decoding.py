@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from nmt.analysis.cli import one_line_errors, parser, write_report
-from nmt.checkpoint import resolve_checkpoint
+from nmt.common.device import INFERENCE_PRECISIONS, uses_bf16
+from nmt.common.metrics import corpus_scores
+from nmt.common.provenance import device_name, provenance
 from nmt.data import prepare_data
-from nmt.device import INFERENCE_PRECISIONS, uses_bf16
-from nmt.evaluation import corpus_scores
-from nmt.provenance import device_name, provenance
-from nmt.translator import SearchOptions, Translator
+from nmt.inference.engine import SearchOptions, Translator
+from nmt.model.checkpoint import resolve_checkpoint
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -8,7 +8,7 @@ hard one, teacher-forced on reference translations: the entropy of each target t
 normalised by that of the uniform distribution over its source (0 = all weight on one piece, 1 =
 spread evenly), and the largest weight. Shapes: B batch, T target length, S source length (pieces).
 
-Not done here: the scores that are reported (``nmt.evaluation.corpus_scores``), decoding, significance.
+Not done here: the scores that are reported (``nmt.common.metrics.corpus_scores``), decoding, significance.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from collections.abc import Sequence
 import torch
 from sacrebleu.metrics import BLEU
 
+from nmt.common.metrics import check_parallel
 from nmt.data.batching import EncodedSplit, collate_batch, token_batches
-from nmt.evaluation import check_parallel
-from nmt.model import Seq2Seq
+from nmt.model.seq2seq import Seq2Seq
 
 TUTORIAL_BLEU_LABEL = "tutorial-style BLEU (lowercased, 13a-tokenized; not comparable to cased sacreBLEU)"
 

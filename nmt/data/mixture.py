@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nmt.common.settings import unknown_key_message
 from nmt.data.corpora import CORPORA, build_corpus
 from nmt.data.errors import DataError
-from nmt.setting_keys import unknown_key_message
 
 KINDS = ("corpus", "src", "synthetic")  # what a source entry names: exactly one of these keys (src goes with tgt)
 PROVENANCE = "provenance.json"

@@ -14,7 +14,7 @@ Task 2's validation and test captions describe the validation and test images an
 
 Shapes: none; files and lines.
 
-What it does not do: translate (``nmt.backtranslation``), or pair the lines with anything.
+What it does not do: translate (``nmt.inference.backtranslation``), or pair the lines with anything.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from nmt.common.settings import bad_value_message, first_unknown_key
 from nmt.data.corpora import build_corpus
 from nmt.data.encoded import EncodedSplit, RaggedIds, SplitPart, SplitWriter, open_split, token_dtype
 from nmt.data.errors import DataError
@@ -54,7 +55,6 @@ from nmt.data.tokenizer import (
     tokenizer_key,
     train_and_cache,
 )
-from nmt.setting_keys import bad_value_message, first_unknown_key
 
 log = logging.getLogger(__name__)
 ENCODE_CHUNK_LINES = 50_000  # pairs per SentencePiece batch call (the progress bar moves once per chunk)

@@ -8,8 +8,8 @@ optimizer step: the exact loss curve. ``RunClock`` keeps the timings: the loop's
 
     step 120/1845 (6%) | epoch 0 | loss 3.214 | lr 6.0e-04 | 2,310 tok/s | elapsed 3m12s | ETA 46m05s
 
-Deliberately not here: where the line goes (``nmt.tensorboard.RunLogger``: a log line, or a tqdm bar
-on a terminal) and when to write it (``nmt.training``).
+Deliberately not here: where the line goes (``nmt.train.run_logger.RunLogger``: a log line, or a tqdm bar
+on a terminal) and when to write it (``nmt.train.trainer``).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import sacrebleu
 import sentencepiece
 import torch
 
-from nmt.version import __version__
+from nmt.common.version import __version__
 
 
 def command_line(script: str, argv: Sequence[str] | None = None) -> str:

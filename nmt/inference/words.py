@@ -10,7 +10,7 @@ engine's attention in words, the alignments and the heatmaps all use it.
 
 Shapes: T target length, S source length (in pieces), Tw / Sw the same in words.
 
-Not done here: drawing (``nmt.plotting``) or alignments (``nmt.alignment``).
+Not done here: drawing (``nmt.inference.plotting``) or alignments (``nmt.inference.alignment``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The one concept here is *attention as alignment*: Bahdanau et al. (2015, Sec. 5.
 alignment ``a_ji`` as a word alignment; taking, for every target word j, the source word i with the
 largest weight gives a hard alignment (as in Koehn & Knowles, 2017, "Six Challenges", Sec. 3.5, who
 also show how far it can drift from a real word alignment). Subword matrices are merged into words
-first (``nmt.words.merge_subword_attention``: source pieces summed, target pieces averaged), so
+first (``nmt.inference.words.merge_subword_attention``: source pieces summed, target pieces averaged), so
 indices are 0-based *word* positions in the whitespace-separated source and target.
 
 Shapes: B batch, T target length, S source length (in pieces).
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 from torch import Tensor
 
-from nmt.words import SPECIAL_PIECES, merge_subword_attention, word_groups
+from nmt.inference.words import SPECIAL_PIECES, merge_subword_attention, word_groups
 
 
 def _real_words(pieces: Sequence[str], unk_is_word: bool) -> list[int]:

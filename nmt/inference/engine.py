@@ -1,7 +1,8 @@
 """The inference engine: ``Translator`` turns sentences into translations with one or more trained models.
 
 Every use of a trained model goes through it: validation during training, ``translate.py`` (files and
-stdin, ``nmt.translate_job``), ``serve.py`` (HTTP, ``nmt.server``), the analysis scripts, and Python users::
+stdin, ``nmt.inference.translate_job``),
+``serve.py`` (HTTP, ``nmt.serve.server``), the analysis scripts, and Python users::
 
     from nmt import Translator
     translator = Translator.from_checkpoint("outputs/RUN_DIR")            # or a list: an ensemble
@@ -9,14 +10,14 @@ stdin, ``nmt.translate_job``), ``serve.py`` (HTTP, ``nmt.server``), the analysis
     result.text, result.score, result.nbest, result.attention.alignment
 
 It owns what those uses share: loading checkpoints (and checking that an ensemble's members fit
-together), the device and precision setup (``nmt.device``), the search options (greedy, beam or
+together), the device and precision setup (``nmt.common.device``), the search options (greedy, beam or
 sampling) and their checks (one place, one error type), the cleaning and encoding of input lines as in
 training, length-sorted token-budget batching, and turning subword attention into words and Pharaoh
 alignments.
 
 Shapes: B sentences in a batch, S source length (subwords, EOS included), T output length.
 
-Not done here: the search itself (``nmt.search``), files, stdin, HTTP and plots (the layers above).
+Not done here: the search itself (``nmt.model.search``), files, stdin, HTTP and plots (the layers above).
 """
 
 from __future__ import annotations
@@ -34,11 +35,7 @@ import torch
 from omegaconf import MISSING, OmegaConf
 from tqdm import tqdm
 
-from nmt.alignment import pharaoh_alignment
-from nmt.checkpoint import CheckpointError, load_for_inference, resolve_checkpoint
-from nmt.data import EOS_ID, PAD_ID, DataError, Tokenizer
-from nmt.data.batching import token_batches
-from nmt.device import (
+from nmt.common.device import (
     DeviceError,
     autocast,
     check_inference_precision,
@@ -47,10 +44,14 @@ from nmt.device import (
     resolve_device,
     slow_bf16_warning,
 )
-from nmt.ensemble import Ensemble
-from nmt.model import SearchModel, Seq2Seq, count_parameters
-from nmt.search import Hypothesis, beam_search, greedy_search, sample_search
-from nmt.words import merge_subword_attention
+from nmt.data import EOS_ID, PAD_ID, DataError, Tokenizer
+from nmt.data.batching import token_batches
+from nmt.inference.alignment import pharaoh_alignment
+from nmt.inference.words import merge_subword_attention
+from nmt.model.checkpoint import CheckpointError, load_for_inference, resolve_checkpoint
+from nmt.model.ensemble import Ensemble
+from nmt.model.search import Hypothesis, beam_search, greedy_search, sample_search
+from nmt.model.seq2seq import SearchModel, Seq2Seq, count_parameters
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class SearchOptions:
 @dataclass(frozen=True)
 class SamplingOptions:
     """Sampling instead of searching: one translation per sentence, each token drawn from the model (or
-    an ensemble's averaged log-probabilities), as ``nmt.search.sample_search`` does.
+    an ensemble's averaged log-probabilities), as ``nmt.model.search.sample_search`` does.
 
     Attributes:
         temperature: > 0; the distribution is ``softmax(log p / temperature)``.
@@ -235,7 +236,7 @@ class Translator:
             and on one device. The Translator does not change their mode or device.
         tokenizer: the models' tokenizer.
         precision: ``auto``, ``bf16``, ``fp32`` or ``int8`` (CPU decoding with int8 copies of the models'
-            linear layers; ``nmt.device``).
+            linear layers; ``nmt.common.device``).
         max_input_words: longer input lines are cut to this many words (one warning); None = no limit.
         configs: the models' resolved training configs (for ``info``), if known.
         checkpoints: the checkpoint files the models came from, if any.

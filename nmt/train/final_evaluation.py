@@ -13,7 +13,7 @@ makes) and changes only the model's weights (restored to the best checkpoint's a
 
 Deliberately not here: decoding and teacher-forced loss (``Trainer.decode``,
 ``Trainer.teacher_forced_loss``, shared with validation), what the run's summary holds
-(``Trainer.summary``), scoring (``nmt.evaluation``), and DDP (the caller runs this on rank 0 alone).
+(``Trainer.summary``), scoring (``nmt.common.metrics``), and DDP (the caller runs this on rank 0 alone).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from nmt.checkpoint import RunCheckpoints
+from nmt.common.metrics import corpus_scores
 from nmt.data import EncodedSplit, PreparedData
-from nmt.evaluation import corpus_scores
-from nmt.model import Seq2Seq
-from nmt.tensorboard import RunLogger
+from nmt.model.checkpoint import RunCheckpoints
+from nmt.model.seq2seq import Seq2Seq
+from nmt.train.run_logger import RunLogger
 
 
 @dataclass(frozen=True)

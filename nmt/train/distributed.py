@@ -9,7 +9,7 @@ Collectives must be called by every rank at the same point of the loop; each hel
 says so. Flags travel as one-element tensors ``[1]`` on the training device.
 
 Deliberately not here: DistributedDataParallel's gradient averaging (PyTorch), the data share of
-each rank (``nmt.data.batching``), and what rank 0 writes (``nmt.training``).
+each rank (``nmt.data.batching``), and what rank 0 writes (``nmt.train.trainer``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from nmt.device import resolve_device
+from nmt.common.device import resolve_device
 
 DISTRIBUTED_TIMEOUT = datetime.timedelta(hours=1)  # how long a rank waits in a collective before the run aborts
 
@@ -69,7 +69,7 @@ def shutdown(info: DistInfo) -> None:
 
 
 def choose_device(name: str, info: DistInfo) -> torch.device:
-    """``trainer.device`` resolved (``nmt.device``); under torchrun each process takes its local rank's GPU."""
+    """``trainer.device`` resolved (``nmt.common.device``); under torchrun each process takes its local rank's GPU."""
     device = resolve_device(name, "trainer.device", info.local_rank if info.distributed else None)
     if device.type == "cuda" and device.index is not None:  # plain "cuda" is the current GPU already
         torch.cuda.set_device(device)

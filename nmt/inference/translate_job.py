@@ -1,9 +1,9 @@
 """The translate job behind ``translate.py``: a file (or stdin) in, a file (or stdout) out, line for line.
 
-A thin layer over the engine (``nmt.translator.Translator``, which cleans, encodes, batches and
+A thin layer over the engine (``nmt.inference.engine.Translator``, which cleans, encodes, batches and
 searches): read lines, translate them, and write exactly one output line per input line, in order.
-Optionally it scores the output against a reference (sacreBLEU BLEU and chrF, ``nmt.evaluation``),
-writes one attention heatmap per sentence (``nmt.plotting``) and Pharaoh word alignments.
+Optionally it scores the output against a reference (sacreBLEU BLEU and chrF, ``nmt.common.metrics``),
+writes one attention heatmap per sentence (``nmt.inference.plotting``) and Pharaoh word alignments.
 
 Streams: stdout carries translations only; scores, warnings and the progress bar go to stderr. With
 stdin and stdout both left at ``-`` and stdin a terminal, it prompts for one sentence at a time.
@@ -31,11 +31,11 @@ from typing import IO, Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
+from nmt.common.metrics import corpus_scores
 from nmt.data import DataError
 from nmt.data.text import STRICT_UTF8, decode_lines
-from nmt.evaluation import corpus_scores
-from nmt.plotting import save_attention_png
-from nmt.translator import EngineSettings, SearchOptions, Translation, TranslationError, Translator
+from nmt.inference.engine import EngineSettings, SearchOptions, Translation, TranslationError, Translator
+from nmt.inference.plotting import save_attention_png
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ def translate_main(cfg: DictConfig) -> dict[str, Any]:
 
     Raises:
         TranslationError, CheckpointError, DataError: user mistakes, reported in one line by
-            ``translate.py`` (see ``nmt.translator.USER_ERRORS``).
+            ``translate.py`` (see ``nmt.inference.engine.USER_ERRORS``).
     """
     options = SearchOptions.from_settings(cfg)
     _check_outputs(cfg)  # now, not after the whole input has been decoded

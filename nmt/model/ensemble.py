@@ -14,7 +14,7 @@ models' log-probabilities. The attention reported for a step is the mean of the 
 Shapes: R rows (sentences, or sentences x beam), S source length, V target vocabulary, L_m and H_m
 the decoder layers and size of model m.
 
-Not done here: checking that the models share a tokenizer and language pair (``nmt.translator``),
+Not done here: checking that the models share a tokenizer and language pair (``nmt.inference.engine``),
 weighted ensembles, and averaging of weights (checkpoint averaging is in training).
 """
 
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.model import EncoderMemory, SearchModel, Seq2Seq
+from nmt.model.seq2seq import EncoderMemory, SearchModel, Seq2Seq
 
 
 @dataclass
@@ -93,7 +93,7 @@ class Ensemble(nn.Module):
             the mean log-probabilities ``[R, V]`` (float32), the new states, and the mean attention
             weights ``[R, S]`` of the members that attend (the first member's weights if none does).
             The scores are already normalised where a ``Seq2Seq`` returns logits: the search's
-            log-softmax leaves them as they are (the decoder-step contract in ``nmt.search``).
+            log-softmax leaves them as they are (the decoder-step contract in ``nmt.model.search``).
         """
         log_probs, states, weights = [], [], []
         for model, member_state, member_memory in zip(self.members, state.members, memory.members):

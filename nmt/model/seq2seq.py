@@ -2,7 +2,7 @@
 
     h_i = [GRU_fwd(x)_i ; GRU_bwd(x)_i]                      encoder states, [B, S, 2He]
     s_0 = tanh(W_b [h_fwd_last ; h_bwd_last])                the bridge, one per decoder layer
-    a_j = masked_softmax_i score(s_{j-1}, h_i)               the attention plug-in (nmt.attention)
+    a_j = masked_softmax_i score(s_{j-1}, h_i)               the attention plug-in (nmt.model.attention)
     c_j = sum_i a_ji h_i
     s_j = GRU([emb(y_{j-1}) ; c_j], s_{j-1})
     logits_j = E_out tanh(W_o [s_j ; c_j ; emb(y_{j-1})])   a deep output layer (Pascanu et al., 2014):
@@ -18,7 +18,7 @@ not depend on the recurrence runs once outside it: the attention's key projectio
 embedding part of the first GRU layer's input gates for all T steps, and the output projection of all
 steps at once on ``[B*T, ...]``.
 
-Deliberately not here: the loss, search (``nmt.search``), tokenisation (``nmt.data``).
+Deliberately not here: the loss, search (``nmt.model.search``), tokenisation (``nmt.data``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from nmt.attention import Attention, build_attention
+from nmt.model.attention import Attention, build_attention
 
 
 @dataclass

@@ -10,8 +10,8 @@ The one concept here is *continuing a run exactly where it stopped*:
 - ``restore_run``: weights, optimizer, scheduler, scaler, progress and every rank's RNG state, with
   the resumed run's own ``lr``, ``betas`` and ``weight_decay`` put in force.
 
-What a checkpoint holds and how it is written is ``nmt.checkpoint``; dropping the log lines a cut-off
-run wrote after its checkpoint is ``nmt.progress.StepHistory.keep_until``.
+What a checkpoint holds and how it is written is ``nmt.model.checkpoint``; dropping the log lines a cut-off
+run wrote after its checkpoint is ``nmt.common.progress.StepHistory.keep_until``.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from nmt.checkpoint import CHECKPOINT_DIR, resolve_checkpoint, upgrade_saved_config
-from nmt.config import ConfigError
-from nmt.distributed import DistInfo, set_rng_state
-from nmt.progress import Progress
+from nmt.common.progress import Progress
+from nmt.common.settings import ConfigError
+from nmt.model.checkpoint import CHECKPOINT_DIR, resolve_checkpoint, upgrade_saved_config
+from nmt.train.distributed import DistInfo, set_rng_state
 
 log = logging.getLogger(__name__)
 

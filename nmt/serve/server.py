@@ -1,4 +1,4 @@
-"""Serving: a trained model (``nmt.translator.Translator``) behind an HTTP API and a page, with micro-batching.
+"""Serving: a trained model (``nmt.inference.engine.Translator``) behind an HTTP API and a page, with micro-batching.
 
 The one concept here is the *translation server* behind ``serve.py``: an ASGI app (Starlette, run by
 uvicorn) whose endpoints are
@@ -10,7 +10,7 @@ uvicorn) whose endpoints are
   parameters, the run's recorded test BLEU) and counters (requests, sentences, batches, search calls,
   refusals, requests abandoned by their client);
 - ``GET /v1/model``: ``Translator.info()`` (without file paths) plus this server's defaults and limits;
-- ``GET /``: one self-contained HTML page (``nmt/static/translate.html``) with the attention heatmap.
+- ``GET /``: one self-contained HTML page (``nmt/serve/static/translate.html``) with the attention heatmap.
 
 Micro-batching: requests that arrive within ``batch_wait_ms`` of the first waiting one and ask for the
 same search options are decoded together, in one ``Translator.translate`` call, on one worker thread
@@ -22,7 +22,7 @@ early once as many sentences wait as the last batch held. A batch that fails is 
 request at a time, so a request that breaks the search fails alone.
 
 Hostile input and load (every answer says what happened; no client can hold the others up for long):
-requests are checked by ``nmt.server_input`` (415, 413, 422; never a 500 for a malformed body); the
+requests are checked by ``nmt.serve.requests`` (415, 413, 422; never a 500 for a malformed body); the
 queue holds at most ``max_queued_sentences`` (503 with ``Retry-After`` beyond); a request whose client
 has gone is not decoded; ``allowed_hosts`` refuses other ``Host`` headers (DNS rebinding; on by default
 on a loopback address); a connection must send a whole request within ``request_timeout_s``. uvicorn
@@ -66,8 +66,9 @@ from starlette.routing import Route
 from uvicorn.config import LOG_LEVELS
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from nmt.config import ConfigError
-from nmt.server_input import (
+from nmt.common.settings import ConfigError
+from nmt.inference.engine import EngineSettings, SearchOptions, TranslationError, Translator
+from nmt.serve.requests import (
     TOO_LONG_CHOICES,
     RequestError,
     check_lengths,
@@ -75,7 +76,6 @@ from nmt.server_input import (
     parse_translate_request,
     read_body,
 )
-from nmt.translator import EngineSettings, SearchOptions, TranslationError, Translator
 
 log = logging.getLogger(__name__)
 
@@ -476,7 +476,7 @@ def create_app(translator: Translator, settings: ServeSettings,
     batcher = MicroBatcher(translator, settings.batch_wait_ms / 1000, settings.batch_sentences,
                            settings.slice_subwords, engine_thread)
     model_info = describe_model(translator, settings, defaults)
-    page = resources.files("nmt").joinpath("static", "translate.html").read_text(encoding="utf-8")
+    page = resources.files("nmt.serve").joinpath("static", "translate.html").read_text(encoding="utf-8")
     counters = {"requests": 0, "refused": 0, "overloaded": 0}
     started = time.monotonic()
 
@@ -521,7 +521,7 @@ def create_app(translator: Translator, settings: ServeSettings,
 
 def translate_endpoint(translator: Translator, settings: Any, defaults: SearchOptions, batcher: MicroBatcher,
                        counters: dict[str, int]) -> Callable[[Request], Awaitable[Response]]:
-    """``POST /v1/translate``: checks (``nmt.server_input``), room in the queue, the batcher, the answer."""
+    """``POST /v1/translate``: checks (``nmt.serve.requests``), room in the queue, the batcher, the answer."""
     async def translate(request: Request) -> Response:
         try:
             check_media_type(request)

@@ -11,10 +11,10 @@ Where each setting and its default live (each default is written once):
   (``data.tatoeba``: ``nmt.data.tatoeba.TatoebaSettings``; ``data.mixture`` entries:
   ``nmt.data.mixture.MixtureSourceSchema``). Code below the entry points (``Seq2Seq``, the data layer)
   receives values and does not restate them.
-- ``translate.py`` and ``serve.py``: their settings dataclasses (``nmt.translate_job.TranslateSettings``,
-  ``nmt.server.ServeSettings``) hold types *and* defaults, because the Python API (``Translator``,
+- ``translate.py`` and ``serve.py``: their settings dataclasses (``nmt.inference.translate_job.TranslateSettings``,
+  ``nmt.serve.server.ServeSettings``) hold types *and* defaults, because the Python API (``Translator``,
   ``SearchOptions``) shares them; Hydra's ConfigStore gives them to the YAML files, which hold comments.
-- ``backtranslate.py``: like translate.py, its settings (``nmt.backtranslation.BacktranslateSettings``)
+- ``backtranslate.py``: like translate.py, its settings (``nmt.inference.backtranslation.BacktranslateSettings``)
   hold types and defaults, taking the search, sampling, device and precision defaults from the engine's
   dataclasses (``SearchOptions``, ``SamplingOptions``, ``EngineSettings``); the YAML file holds comments.
 
@@ -24,28 +24,21 @@ composed training config is checked for keys in YAML files, types (OmegaConf aga
 dataclasses), the attention type's own options and values with a fixed set of choices.
 
 Deliberately not here: composing the config (Hydra does it in the entry points) and a resumed run's
-config (``nmt.resume``).
+config (``nmt.train.resume``).
 """
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nmt.attention import attention_names, attention_options
+from nmt.common.device import PRECISIONS
+from nmt.common.settings import ConfigError, bad_value_message, first_unknown_key, unknown_key_message
 from nmt.data.prepare import DataSchema, resolve_data_config
-from nmt.device import PRECISIONS
-from nmt.setting_keys import bad_value_message, first_unknown_key, unknown_dotted_key, unknown_key_message
-
-
-class ConfigError(ValueError):
-    """A config key, type or value that cannot work; the message says which and how to fix it."""
+from nmt.model.attention import attention_names, attention_options
 
 
 @dataclass
@@ -166,93 +159,3 @@ def validate_config(cfg: DictConfig) -> None:
                           f"(a tied output matrix is emb_size={model.emb_size} wide), or output_hidden_size=null")
 
 
-def to_plain_dict(cfg: DictConfig) -> dict[str, Any]:
-    """The resolved config as plain Python values, without Hydra's own section (for checkpoints/JSON)."""
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(plain, dict)
-    plain.pop("hydra", None)
-    return plain
-
-
-def check_command_line_keys(config_dir: str | Path, args: Sequence[str], schema: type = TrainSchema) -> str | None:
-    """A one-line error for a command-line override of a key the entry point does not have, with the nearest key.
-
-    Each ``key=value`` is walked through ``schema`` (``trainer.lrr`` -> ``did you mean trainer.lr?``)
-    before Hydra composes anything, and its value is checked against the type the schema gives it.
-    Left to Hydra: group choices (``attention=NAME``, ``experiment=NAME``: Hydra lists the valid
-    ones), additions and deletions (``+key``, ``~key``), ``hydra.*`` and syntax errors.
-
-    Args:
-        config_dir: the entry point's config folder; its sub-folders are the config groups.
-        args: the command-line arguments (``sys.argv[1:]``).
-        schema: the entry point's settings dataclass (``TrainSchema``, ``TranslateSettings``, ...).
-
-    Returns:
-        The message, or None.
-    """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    try:
-        overrides = OverridesParser.create().parse_overrides([a for a in args if "=" in a and not a.startswith("-")])
-    except HydraException:
-        return None  # a syntax error: Hydra's own message is the right one
-    groups = {path.name for path in Path(config_dir).iterdir() if path.is_dir()}
-    for override in overrides:
-        key = override.key_or_group
-        if override.is_add() or override.is_delete() or key.startswith("hydra.") or key in groups:
-            continue
-        if problem := unknown_dotted_key(key, schema):
-            return problem
-        if not override.is_sweep_override() and (problem := _bad_value(schema, key, override.value())):
-            return problem
-    return None
-
-
-def _bad_value(schema: type, key: str, value: Any) -> str | None:
-    """A message when ``value`` does not fit the type ``schema`` gives the dotted ``key``."""
-    *parents, leaf = key.split(".")
-    nested: dict[str, Any] = {leaf: value}
-    for part in reversed(parents):
-        nested = {part: nested}
-    try:
-        OmegaConf.merge(OmegaConf.structured(schema), nested)
-    except OmegaConfBaseException as error:
-        return bad_value_message("", error, key)
-    return None
-
-
-def unknown_group_option(config_dir: str | Path, args: Sequence[str]) -> str | None:
-    """A one-line error for ``GROUP=NAME`` on the command line when no ``GROUP/NAME.yaml`` exists.
-
-    Hydra would answer with its search path and exit 1; this names the valid options instead. Sweeps
-    (``attention=dot,general``) are checked option by option; ``null`` is a valid choice of any group.
-    Folders added with ``--config-dir`` (``-cd``) count as Hydra counts them.
-
-    Returns:
-        The message, or None.
-    """
-    roots = [Path(config_dir), *extra_config_dirs(args)]
-    for arg in args:
-        key, sep, value = arg.partition("=")
-        key = key.lstrip("+")
-        if not sep or "." in key or key.startswith(("~", "-", "hydra")) or not (Path(config_dir) / key).is_dir():
-            continue
-        valid = sorted({p.stem for root in roots for p in (root / key).glob("*.yaml")})
-        for option in (o.strip() for o in value.split(",")):
-            if option and option != "null" and option not in valid:
-                near = difflib.get_close_matches(option, valid, n=1)
-                hint = f"did you mean {key}={near[0]}? " if near else ""
-                return f"unknown {key} option {option!r}: {hint}valid options: {', '.join(valid)}"
-    return None
-
-
-def extra_config_dirs(args: Sequence[str]) -> list[Path]:
-    """The folders that ``--config-dir=DIR``, ``--config-dir DIR`` or ``-cd DIR`` add to Hydra's search path."""
-    dirs = []
-    for i, arg in enumerate(args):
-        if arg.startswith("--config-dir="):
-            dirs.append(Path(arg.split("=", 1)[1]))
-        elif arg in ("--config-dir", "-cd") and i + 1 < len(args):
-            dirs.append(Path(args[i + 1]))
-    return dirs

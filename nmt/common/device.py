@@ -22,8 +22,8 @@ bf16 keeps float32's exponent range, so no loss scaling is needed (the trainer's
 disabled). Under autocast the matmuls (``nn.Linear``, ``bmm``, the decoder GRU's input and hidden
 projections) take bf16 operands and accumulate in float32; the decoder's recurrent state then carries
 bf16 values between steps. The encoder's cuDNN GRU runs outside autocast in float32
-(``nmt.model.Encoder``: PyTorch's autocast rule for cuDNN RNNs would cast it to fp16, not bf16). The
-loss (``nmt.loss.sequence_loss``) and search (``nmt.search``) upcast the logits to float32.
+(``nmt.model.seq2seq.Encoder``: PyTorch's autocast rule for cuDNN RNNs would cast it to fp16, not bf16). The
+loss (``nmt.model.loss.sequence_loss``) and search (``nmt.model.search``) upcast the logits to float32.
 
 Deliberately not here: fp16 (it needs loss scaling and buys nothing over bf16 on the GPUs this
 project targets), and choosing bf16 on a CPU automatically (its numerics would then depend on the machine).

@@ -35,9 +35,9 @@ counted) when ``max_len_ratio`` is set, else ``max_len``; ``src_len`` is the sou
 Shapes: B batch, K beam size, S source length, T target length, V target vocabulary, L decoder
 layers, H decoder size.
 
-Not done here: checking the options' ranges (``nmt.translator.SearchOptions.checked``, once, on their
-way here), batching and sorting of sentences, (de)tokenisation (``nmt.translate_job``), switching
-the model to eval mode (the caller does that), ensembles (``nmt.ensemble``), coverage penalties.
+Not done here: checking the options' ranges (``nmt.inference.engine.SearchOptions.checked``, once, on their
+way here), batching and sorting of sentences, (de)tokenisation (``nmt.inference.translate_job``), switching
+the model to eval mode (the caller does that), ensembles (``nmt.model.ensemble``), coverage penalties.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.data import BOS_ID, EOS_ID, PAD_ID
-from nmt.model import Seq2Seq
+from nmt.model.seq2seq import Seq2Seq
 
 NEG_INF = float("-inf")
 

@@ -20,8 +20,8 @@ crash mid-write (or a power cut after it) never leaves a half-written ``last.pt`
 ``RunCheckpoints`` keeps a run's ``checkpoints/`` folder: ``last.pt`` and ``best.pt``, and the last
 validation checkpoints for weight averaging (``trainer.average_last``).
 
-Deliberately not here: what to put in ``progress`` (``nmt.training``), training itself, and resuming
-a run from a checkpoint (``nmt.resume``).
+Deliberately not here: what to put in ``progress`` (``nmt.train.trainer``), training itself, and resuming
+a run from a checkpoint (``nmt.train.resume``).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
+from nmt.common.version import __version__
 from nmt.data import Tokenizer
-from nmt.model import Seq2Seq
-from nmt.version import __version__
+from nmt.model.seq2seq import Seq2Seq
 
 CHECKPOINT_FORMAT = 1
 CHECKPOINT_DIR = "checkpoints"

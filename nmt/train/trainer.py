@@ -7,7 +7,7 @@ The loop reads top to bottom, one optimizer step per batch (``Trainer._loop``):
 
 Validation reports teacher-forced loss and perplexity (labelled as such), and BLEU / chrF from
 sacrebleu on decoded, detokenized output against the raw references. The best checkpoint and early
-stopping follow validation BLEU. At the end ``nmt.final_evaluation`` scores the best checkpoint on
+stopping follow validation BLEU. At the end ``nmt.train.final_evaluation`` scores the best checkpoint on
 every test split (beam search) and writes ``results.json`` in the run dir.
 
 Learning-rate schedule (documented choice): linear warmup for ``warmup_steps``, then cosine decay to
@@ -16,11 +16,11 @@ Learning-rate schedule (documented choice): linear warmup for ``warmup_steps``, 
 Runs resume exactly: a checkpoint holds weights, optimizer, scheduler, scaler, RNG states, the step,
 the epoch and how many of the epoch's batches were consumed (the sampler continues its shuffled order
 from there). Multi-GPU: ``torchrun --nproc_per_node=N train.py`` (DistributedDataParallel; rank 0 alone
-writes logs and checkpoints; the process group and collectives are ``nmt.distributed``'s).
+writes logs and checkpoints; the process group and collectives are ``nmt.train.distributed``'s).
 
-Deliberately not here: the model (``nmt.model``), search (``nmt.search``), scoring
-(``nmt.evaluation``), the checkpoint format and folder (``nmt.checkpoint``), the clocks and the log
-line (``nmt.progress``), the final test and report (``nmt.final_evaluation``).
+Deliberately not here: the model (``nmt.model.seq2seq``), search (``nmt.model.search``), scoring
+(``nmt.common.metrics``), the checkpoint format and folder (``nmt.model.checkpoint``), the clocks and the log
+line (``nmt.common.progress``), the final test and report (``nmt.train.final_evaluation``).
 """
 
 from __future__ import annotations
@@ -41,17 +41,24 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from nmt.backtranslation import BacktranslationError, rebuild_synthetic_sources
-from nmt.checkpoint import (
+from nmt.common.device import DeviceError, autocast, configure_matmul, slow_bf16_warning, uses_bf16
+from nmt.common.metrics import corpus_scores
+from nmt.common.progress import Progress, RunClock, StepHistory, progress_line
+from nmt.common.provenance import device_name, host, library_versions
+from nmt.common.settings import ConfigError, to_plain_dict
+from nmt.data import Batch, DataError, EncodedSplit, PreparedData, Tokenizer, build_loader, prepare_data
+from nmt.inference.backtranslation import BacktranslationError, rebuild_synthetic_sources
+from nmt.inference.engine import SearchOptions, TranslationError, Translator
+from nmt.model.checkpoint import (
     CheckpointError,
     RunCheckpoints,
     build_model,
     load_checkpoint,
 )
-from nmt.config import ConfigError, to_plain_dict, validate_config
-from nmt.data import Batch, DataError, EncodedSplit, PreparedData, Tokenizer, build_loader, prepare_data
-from nmt.device import DeviceError, autocast, configure_matmul, slow_bf16_warning, uses_bf16
-from nmt.distributed import (
+from nmt.model.loss import sequence_loss
+from nmt.model.search import Hypothesis
+from nmt.model.seq2seq import Seq2Seq, count_parameters
+from nmt.train.distributed import (
     DistInfo,
     all_ranks,
     any_rank,
@@ -66,17 +73,11 @@ from nmt.distributed import (
     shutdown,
     wrap_model,
 )
-from nmt.evaluation import corpus_scores
-from nmt.final_evaluation import FinishedRun, final_evaluation
-from nmt.gpu_monitor import GpuMonitor
-from nmt.loss import sequence_loss
-from nmt.model import Seq2Seq, count_parameters
-from nmt.progress import Progress, RunClock, StepHistory, progress_line
-from nmt.provenance import device_name, host, library_versions
-from nmt.resume import restore_run, resume_config, resume_paths
-from nmt.search import Hypothesis
-from nmt.tensorboard import RunLogger
-from nmt.translator import SearchOptions, TranslationError, Translator
+from nmt.train.final_evaluation import FinishedRun, final_evaluation
+from nmt.train.gpu_monitor import GpuMonitor
+from nmt.train.resume import restore_run, resume_config, resume_paths
+from nmt.train.run_logger import RunLogger
+from nmt.train.schema import validate_config
 
 __all__ = ["USER_ERRORS", "DistInfo", "Trainer", "TrainingError", "lr_factor", "train"]
 

@@ -19,7 +19,7 @@ A query is ``[B, Dq]`` (one decoder step) or ``[B, T, Dq]`` (many steps at once)
 Adding a type is one subclass with ``@register_attention("name")`` that writes ``score`` (and, if it
 projects the keys, ``prepare``) plus one ``configs/attention/<name>.yaml``. Nothing else changes.
 
-Deliberately not here: the decoder recurrence (``nmt.model``) and any per-batch state. Key
+Deliberately not here: the decoder recurrence (``nmt.model.seq2seq``) and any per-batch state. Key
 projections are computed by ``prepare`` once per source batch and passed back in by the caller, so
 beam search can reorder them like any other tensor.
 """

@@ -1,7 +1,7 @@
 """What ``train.py``, ``translate.py`` and ``serve.py`` share: a user's mistake ends in one line and exit status 2.
 
 Before Hydra composes anything, ``check_keys_or_exit`` walks the command line's keys through the entry
-point's settings schema (``nmt.config.check_command_line_keys``); while the job runs, ``user_errors``
+point's settings schema (``nmt.train.schema.check_command_line_keys``); while the job runs, ``user_errors``
 turns the errors a user can fix (a bad setting, file or checkpoint) into ``PROGRAM: error: MESSAGE`` on
 stderr, folded onto one line, with no traceback.
 
@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
-from nmt.config import check_command_line_keys, unknown_group_option
+from nmt.common.settings import check_command_line_keys, unknown_group_option
 
 
 def fail(program: str, error: Exception | str) -> NoReturn:

@@ -27,7 +27,7 @@ line count (for the ETA) and its UTF-8 are checked, so a bad line stops the job 
 
 Shapes: none; lines and files.
 
-Not done here: the search (``nmt.translator.Translator``), fetching registered corpora
+Not done here: the search (``nmt.inference.engine.Translator``), fetching registered corpora
 (``nmt.data.monolingual``), and reading the pairs into a mixture (``nmt.data``; tags, weights and
 dropping pairs with an empty side happen there).
 """
@@ -54,15 +54,15 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
-from nmt.checkpoint import CheckpointError, resolve_checkpoint
+from nmt.common.device import uses_bf16
+from nmt.common.progress import format_duration
+from nmt.common.provenance import provenance
 from nmt.data.errors import DataError
 from nmt.data.fetch import mirror_folder, sha256_of
 from nmt.data.monolingual import MONOLINGUAL, resolve_monolingual
 from nmt.data.text import STRICT_UTF8, iter_decoded
-from nmt.device import uses_bf16
-from nmt.progress import format_duration
-from nmt.provenance import provenance
-from nmt.translator import EngineSettings, SamplingOptions, SearchOptions, Translator
+from nmt.inference.engine import EngineSettings, SamplingOptions, SearchOptions, Translator
+from nmt.model.checkpoint import CheckpointError, resolve_checkpoint
 
 log = logging.getLogger(__name__)
 

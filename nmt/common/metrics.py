@@ -7,7 +7,7 @@ exact metric that produced it.
 
 Inputs are plain strings (one sentence each), so there is no tensor shape notation here.
 
-Not done here: tokenization or detokenization (``nmt.data``), decoding (``nmt.search``), significance
+Not done here: tokenization or detokenization (``nmt.data``), decoding (``nmt.model.search``), significance
 testing, and the comparison's extra measures (``nmt.analysis.measures``: tutorial-style BLEU, BLEU by length).
 """
 

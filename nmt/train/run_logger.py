@@ -5,7 +5,7 @@ scalars (``train/*``, ``val/*``), attention heatmaps (``attention/<i>``, source 
 sample translations (``samples``), and the hyper-parameters with the final metrics (HParams tab).
 On a terminal it shows a tqdm progress bar; otherwise (logs, CI, nohup) plain periodic log lines.
 
-Deliberately not here: deciding what to log or when (``nmt.training``), drawing (``nmt.plotting``).
+Deliberately not here: deciding what to log or when (``nmt.train.trainer``), drawing (``nmt.inference.plotting``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams
 from tqdm import tqdm
 
-from nmt.plotting import attention_figure
+from nmt.inference.plotting import attention_figure
 
 log = logging.getLogger(__name__)
 

@@ -2,12 +2,12 @@
 
 The one concept here is *showing an attention matrix*, as in Bahdanau et al. (2015, Fig. 3): rows are
 target tokens, columns are source tokens, cell brightness is the weight ``a_ji``; a subword matrix is
-merged into words first by ``nmt.words``.
+merged into words first by ``nmt.inference.words``.
 
 Shapes: T target length, S source length.
 
-Not done here: merging subwords into words (``nmt.words``), choosing which sentences to plot
-(``nmt.translate_job``), alignments (``nmt.alignment``),
+Not done here: merging subwords into words (``nmt.inference.words``), choosing which sentences to plot
+(``nmt.inference.translate_job``), alignments (``nmt.inference.alignment``),
 and anything that touches pyplot's global figure registry: figures are built with the object API on
 the Agg canvas, so nothing leaks between calls and no display is needed.
 """
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from torch import Tensor
 
-from nmt.words import as_array
+from nmt.inference.words import as_array
 
 if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn: translating without plots skips it
     from matplotlib.axes import Axes

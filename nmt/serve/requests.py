@@ -1,6 +1,6 @@
 """What a ``POST /v1/translate`` request may be: its media type, size, JSON, types, options and lengths.
 
-The one concept here is the *request check* of ``nmt.server``: every way a body can be wrong ends in a
+The one concept here is the *request check* of ``nmt.serve.server``: every way a body can be wrong ends in a
 ``RequestError`` (an HTTP status and a one-line message for the client) before the request reaches the
 queue, so a hostile or careless client gets a 4xx answer and never a 500:
 
@@ -13,7 +13,7 @@ queue, so a hostile or careless client gets a 4xx answer and never a 500:
 Sentences are counted in whitespace words (cheap, first) and then in the model's subwords (what the
 search actually costs: one 60,000-letter "word" is one word but thousands of subwords).
 
-Not done here: the search options' ranges (``nmt.translator.SearchOptions`` owns them), HTTP itself.
+Not done here: the search options' ranges (``nmt.inference.engine.SearchOptions`` owns them), HTTP itself.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 from starlette.requests import Request
 
 from nmt.data import Tokenizer
-from nmt.translator import SearchOptions, TranslationError, truncate_words
+from nmt.inference.engine import SearchOptions, TranslationError, truncate_words
 
 SEARCH_OVERRIDES = ("beam_size", "n_best", "length_penalty")
 """The search options a request may set (the others are the server's, from its config)."""

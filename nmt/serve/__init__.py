@@ -1,0 +1,1 @@
+"""The HTTP server: settings, request checks, the micro-batcher, the app and its page."""
