@@ -1,0 +1,84 @@
+"""Durable files: a write that leaves the old file or the new one, never half of one, and a lock on a folder."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+
+class FolderInUse(RuntimeError):
+    """Another process holds the folder's lock; the message names it and says what to do."""
+
+
+def fsync_folder(folder: str | Path) -> None:
+    """Flush a folder's entries to disk, so that a rename or a new file in it survives a power cut."""
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+def write_durably(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
+    """Write ``path`` through ``write(handle)``: a temp file beside it, fsync, rename over ``path``, fsync the folder.
+
+    A crash, a full disk or a power cut leaves the previous file (or none), never a half-written one; a
+    failed write removes its temp file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process: two writers never share a temp file
+    try:
+        with open(tmp, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())  # the data is on disk before the rename makes it the file
+        os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_folder(path.parent)
+    return path
+
+
+def write_bytes_durably(path: str | Path, data: bytes) -> Path:
+    return write_durably(path, lambda handle: handle.write(data))
+
+
+def write_text_durably(path: str | Path, text: str) -> Path:
+    return write_bytes_durably(path, text.encode("utf-8"))
+
+
+def write_json_durably(path: str | Path, data: Any, indent: int = 2) -> Path:
+    return write_text_durably(path, json.dumps(data, indent=indent, ensure_ascii=False) + "\n")
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | Path, owner: str, advice: str) -> Iterator[None]:
+    """Hold ``folder/.lock`` (an flock the OS releases however the process ends, SIGKILL included).
+
+    Args:
+        folder: the folder one process at a time may write; created if missing.
+        owner: who holds it, written into the lock file and quoted to a second process (``train.py (pid 12)``).
+        advice: what the second process should do, ending the one-line refusal.
+
+    Raises:
+        FolderInUse: another process holds the lock.
+    """
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    with open(Path(folder) / ".lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise FolderInUse(f"{folder} is in use by {holder}: {advice}") from None
+        handle.truncate(0)
+        handle.write(f"{owner}\n")
+        handle.flush()
+        yield
