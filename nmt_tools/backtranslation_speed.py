@@ -80,7 +80,7 @@ def benchmark_backtranslation(args: argparse.Namespace) -> tuple[dict[str, Any],
             row = {"method": method, "lines": summary["lines"], "translated": summary["translated"],
                    "seconds": summary["seconds"], "sentences_per_s": summary["sentences_per_s"],
                    "lines_per_s": summary["lines"] / summary["seconds"],
-                   "options": {**_options(cfg, method), "max_words": summary["max_words"]}}
+                   "options": {**_options(cfg, method), "max_input_words": summary["max_input_words"]}}
             rows.append(row)
             print(f"{method:>7}: {row['sentences_per_s']:8.1f} sentences/s ({row['translated']} of {row['lines']} "
                   f"lines translated in {row['seconds']:.1f} s)", flush=True)
@@ -94,4 +94,4 @@ def benchmark_backtranslation(args: argparse.Namespace) -> tuple[dict[str, Any],
 def _options(cfg: DictConfig, method: str) -> dict[str, Any]:
     keys = ("beam_size", "length_penalty") if method == "beam" else ("temperature", "top_k", "seed")
     return {key: cfg[key] for key in (*keys, "max_len", "max_len_ratio", "batch_tokens", "chunk_lines",
-                                      "max_words", "device", "precision")}
+                                      "max_input_words", "device", "precision")}

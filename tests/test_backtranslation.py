@@ -192,7 +192,8 @@ def test_a_model_for_another_language_exits_2_with_one_line(runs: dict[str, Path
     ({"top_k": "-2", "method": "sample"}, TranslationError, "top_k must be a whole number >= 0"),
     ({"beam_size": "0"}, TranslationError, "beam_size must be a whole number from 1 to 1000"),
     ({"chunk_lines": "0"}, BacktranslationError, "chunk_lines=0 must be positive"),
-    ({"max_words": "0"}, BacktranslationError, "max_words=0 must be auto, null or a whole number >= 1"),
+    ({"max_input_words": "0"}, TranslationError, "max_input_words must be auto, null or a whole number >= 1, got 0"),
+    ({"direction": "sideways"}, BacktranslationError, "direction='sideways' is not one of back, forward"),
     ({"output": "taken"}, BacktranslationError, "exists and is not a back-translation folder"),
 ])
 def test_bad_input_is_one_line_and_nothing_is_written(runs: dict[str, Path], mono_file: Path, tmp_path: Path,
@@ -234,7 +235,7 @@ def test_a_second_job_on_a_folder_being_written_is_refused(runs: dict[str, Path]
     out.mkdir()
     with open(out / ".lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running backtranslate.py holds it
-        with pytest.raises(BacktranslationError, match=f"another process is back-translating into {out}"):
+        with pytest.raises(BacktranslationError, match=f"{out} is in use by another process: wait for it to end"):
             backtranslate(bt_cfg(runs["de_en"], mono_file, out))
     assert sorted(os.listdir(out)) == [".lock"]
     backtranslate(bt_cfg(runs["de_en"], mono_file, out))  # released: it runs
@@ -257,7 +258,7 @@ def test_provenance_records_models_options_input_and_counts(runs: dict[str, Path
     assert (search["method"], search["top_k"], search["temperature"], search["seed"]) == ("sample", 4, 0.7, 9)
     assert "beam_size" not in search and search["max_len"] == 6
     assert record["input"]["sha256"] == hashlib.sha256(mono_file.read_bytes()).hexdigest()
-    assert (record["input"]["lines"], record["input"]["corpus"], record["job"]["max_words"]) == (300, None, 9)
+    assert (record["input"]["lines"], record["input"]["corpus"], record["job"]["max_input_words"]) == (300, None, 9)
     assert record["status"] == "complete" and record["finished"] >= record["date"]
     assert record["command"] == "python backtranslate.py 'checkpoint=[A,B]' method=sample"
     assert record["bytes"] == {name: (out / name).stat().st_size for name in ("train.en", "train.de")}
@@ -333,3 +334,28 @@ def test_a_mixture_makes_its_missing_back_translation_before_training(
 def _write_lines(path: Path, lines: list[str]) -> Path:
     path.write_text("".join(line + "\n" for line in lines))
     return path
+
+
+def test_forward_translation_writes_a_folder_that_a_mixture_reads(runs: dict[str, Path], tmp_path: Path) -> None:
+    """direction=forward (distillation): a de→en teacher ensemble's (real de, synthetic en) pairs, a de→en source."""
+    from conftest import TGT, data_config
+
+    from nmt.data import prepare_data
+
+    sources = _write_lines(tmp_path / "train.de", monolingual_lines(40))
+    folder = tmp_path / "kd"
+    backtranslate(bt_cfg([runs["de_en"], runs["de_en_b"]], sources, folder, "direction=forward"))
+    record = json.loads((folder / "provenance.json").read_text())
+    assert (record["direction"], record["job"]["direction"], record["status"]) == ("forward", "forward", "complete")
+    assert record["pairs"] == {"source": {"lang": "de", "file": "train.de", "side": "real"},
+                               "target": {"lang": "en", "file": "train.en", "side": "synthetic"}}
+    assert read_lines(folder / "train.de") == read_lines(sources)
+    files = {split: {"src": str(_write_lines(tmp_path / f"{split}.de", SRC * 4)),
+                     "tgt": str(_write_lines(tmp_path / f"{split}.en", TGT * 4))}
+             for split in ("train", "valid", "test")}
+    cfg = data_config("files", mixture=[{"corpus": "files"}, {"synthetic": str(folder), "tag": "<kd>"}], files=files)
+    cfg["tokenizer"]["vocab_size"] = 60
+    data = prepare_data(cfg, cache_dir=tmp_path / "cache")
+    distilled = data.stats["sources"][1]
+    assert distilled["tag"] == "<kd>" and distilled["provenance"]["direction"] == "forward"
+    assert distilled["pairs"] == distilled["clean"]["kept"] and distilled["clean"]["total"] == 40

@@ -215,7 +215,7 @@ def test_backtranslate_mode_times_beam_and_sampling(tmp_path: Path) -> None:
     assert report["config"]["lang"] == "de" and report["measured_without_gpu"]
     assert [(row["method"], row["lines"], row["translated"]) for row in report["results"]] == [
         ("beam", 20, 20), ("sample", 20, 20)]
-    assert report["results"][1]["options"]["top_k"] == 0 and report["results"][0]["options"]["max_words"] == 9
+    assert report["results"][1]["options"]["top_k"] == 0 and report["results"][0]["options"]["max_input_words"] == 9
 
 
 def test_modes_without_a_run_dir_or_mirror_say_what_to_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -22,9 +22,8 @@ Shapes: none; files and settings.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,9 +31,9 @@ from typing import Any
 from nmt.common.settings import unknown_key_message
 from nmt.data.corpora import CORPORA, build_corpus
 from nmt.data.errors import DataError
+from nmt.data.synthetic import pair_files
 
 KINDS = ("corpus", "src", "synthetic")  # what a source entry names: exactly one of these keys (src goes with tgt)
-PROVENANCE = "provenance.json"
 
 
 @dataclass
@@ -161,7 +160,7 @@ def _resolve(index: int, entry: Any, cfg: Mapping[str, Any], cache: Path, mirror
             corpus_info(corpus)
     elif source.synthetic is not None:
         folder = Path(source.synthetic).expanduser()
-        src, tgt, info = synthetic_files(folder, langs, where)
+        src, tgt, info = pair_files(folder, langs, where)
         default_name = folder.name
     else:
         src, tgt = (Path(str(p)).expanduser() for p in (source.src, source.tgt))
@@ -170,31 +169,6 @@ def _resolve(index: int, entry: Any, cfg: Mapping[str, Any], cache: Path, mirror
                 raise DataError(f"{where}.{side} = {path} does not exist (resolved to {path.absolute()}).")
         default_name = src.name
     return ResolvedSource(source.name or default_name, src, tgt, source.weight, source.tag, info)
-
-
-def synthetic_files(folder: Path, langs: Sequence[str], where: str) -> tuple[Path, Path, dict[str, Any]]:
-    """A back-translation folder's two files for the pair ``langs`` and its provenance.
-
-    Raises:
-        DataError: no such folder, or files of another language pair (naming the ones it has).
-    """
-    if not folder.is_dir():
-        raise DataError(f"{where}.synthetic = {folder} is not a folder; give the output= folder of backtranslate.py "
-                        f"(or add {where}.backtranslate settings: train.py then makes it).")
-    src, tgt = (folder / f"train.{lang}" for lang in langs)
-    if not (src.is_file() and tgt.is_file()):
-        have = sorted(p.suffix.lstrip(".") for p in folder.glob("train.*"))
-        raise DataError(f"{where}.synthetic = {folder} holds pairs in {'-'.join(have) or 'no language'}, not "
-                        f"{langs[0]}-{langs[1]} (no train.{langs[0]} and train.{langs[1]}): two sources with "
-                        "different language pairs. Back-translate with a model into this mixture's source language.")
-    provenance = folder / PROVENANCE
-    info = json.loads(provenance.read_text()) if provenance.is_file() else {}
-    if info.get("status", "complete") != "complete":  # its files may end in a chunk that was never committed
-        lines = info.get("lines", {})
-        raise DataError(f"{where}.synthetic = {folder} is an unfinished back-translation ({lines.get('done', '?'):,} "
-                        f"of {lines.get('input', '?'):,} lines): run its command again to finish it: "
-                        f"{info.get('command') or 'python backtranslate.py ... output=' + str(folder)}")
-    return src, tgt, {"provenance": info} if info else {}
 
 
 def corpus_info(corpus: Any) -> dict[str, Any]:

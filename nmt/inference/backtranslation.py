@@ -34,9 +34,7 @@ dropping pairs with an empty side happen there).
 
 from __future__ import annotations
 
-import fcntl
 import gzip
-import json
 import logging
 import os
 import sys
@@ -44,10 +42,9 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -60,15 +57,29 @@ from nmt.common.provenance import provenance
 from nmt.data.errors import DataError
 from nmt.data.fetch import mirror_folder, sha256_of
 from nmt.data.monolingual import MONOLINGUAL, resolve_monolingual
+from nmt.data.synthetic import (
+    DIRECTIONS,
+    SyntheticFolderError,
+    append_lines,
+    check_output_folder,
+    is_complete,
+    new_record,
+    prepare_output,
+    write_record,
+    writing,
+)
 from nmt.data.text import STRICT_UTF8, iter_decoded
-from nmt.inference.engine import EngineSettings, SamplingOptions, SearchOptions, Translator
+from nmt.inference.engine import (
+    EngineSettings,
+    SamplingOptions,
+    SearchOptions,
+    Translator,
+    resolve_max_input_words,
+)
 from nmt.model.checkpoint import CheckpointError, resolve_checkpoint
 
 log = logging.getLogger(__name__)
 
-PROVENANCE = "provenance.json"
-LOCK = ".lock"
-FORMAT_VERSION = 1
 METHODS = ("beam", "sample")
 
 
@@ -86,11 +97,12 @@ class BacktranslateSettings(SearchOptions):
     input: str = MISSING
     lang: str = MISSING
     output: str = MISSING
+    direction: str = "back"
     method: str = "beam"
     temperature: float = SamplingOptions.temperature
     top_k: int = SamplingOptions.top_k
     seed: int = SamplingOptions.seed
-    max_words: Any = "auto"
+    max_input_words: Any = EngineSettings.max_input_words
     chunk_lines: int = 2000
     device: str = EngineSettings.device
     precision: str = EngineSettings.precision
@@ -116,13 +128,14 @@ def check_settings(cfg: DictConfig) -> tuple[SearchOptions, SamplingOptions | No
                          ("lang", "lang=en (the input's language)"), ("output", "output=DIR")):
         if OmegaConf.is_missing(cfg, key) or cfg[key] in (None, "", []):
             raise BacktranslationError(f"{key} is missing: pass {example}")
+    if cfg.direction not in DIRECTIONS:
+        raise BacktranslationError(f"direction={cfg.direction!r} is not one of {', '.join(DIRECTIONS)}")
     if cfg.method not in METHODS:
         raise BacktranslationError(f"method={cfg.method!r} is not one of {', '.join(METHODS)}")
     for key in ("chunk_lines", "log_every_s"):
         if cfg[key] <= 0:
             raise BacktranslationError(f"{key}={cfg[key]} must be positive")
-    if cfg.max_words not in ("auto", None) and not (isinstance(cfg.max_words, int) and cfg.max_words >= 1):
-        raise BacktranslationError(f"max_words={cfg.max_words!r} must be auto, null or a whole number >= 1")
+    resolve_max_input_words(cfg.max_input_words, [])  # checked now; resolved with the models' configs later
     if cfg.n_best != 1:
         raise BacktranslationError(f"n_best={cfg.n_best}: back-translation writes one translation per line; leave it 1")
     search = SearchOptions(beam_size=cfg.beam_size if cfg.method == "beam" else 1, length_penalty=cfg.length_penalty,
@@ -220,25 +233,17 @@ def load_reverse_model(cfg: DictConfig, text: InputText) -> tuple[Translator, st
     """
     paths = OmegaConf.to_object(cfg.checkpoint) if OmegaConf.is_config(cfg.checkpoint) else cfg.checkpoint
     paths = [str(p) for p in paths] if isinstance(paths, (list, tuple)) else str(paths)
-    # never cut a line: over-long lines are left untranslated instead (max_words)
+    # never cut a line: over-long lines are left untranslated instead (max_input_words)
     translator = Translator.from_checkpoint(paths, device=cfg.device, precision=cfg.precision, max_input_words=None)
     info = translator.info()
     src, tgt, lang = info["src_lang"], info["tgt_lang"], text.lang
     if src != lang or not tgt or tgt == lang:
         name = " + ".join(str(p) for p in translator.checkpoints)
         raise BacktranslationError(
-            f"{name} translates {src}→{tgt}, but the input {text.path} is {lang} (lang={lang}): back-translating "
-            f"it needs a model that translates from {lang} (one trained with data.src_lang={lang}); pass such a "
-            "checkpoint, or set lang= to the input's language")
+            f"{name} translates {src}→{tgt}, but the input {text.path} is {lang} (lang={lang}): {cfg.direction}-"
+            f"translating it needs a model that translates from {lang} (one trained with data.src_lang={lang}); "
+            "pass such a checkpoint, or set lang= to the input's language")
     return translator, tgt
-
-
-def resolve_max_words(value: Any, translator: Translator) -> int | None:
-    """``max_words``: a number, None (no limit), or ``auto``: the models' training ``data.clean.max_len``."""
-    if value != "auto":
-        return value
-    limits = [((c.get("data") or {}).get("clean") or {}).get("max_len") for c in translator.configs]
-    return max((n for n in limits if n is not None), default=None)
 
 
 def decoding_precision(translator: Translator) -> str:
@@ -278,126 +283,27 @@ def translate_chunk(translator: Translator, lines: list[str], chunk_index: int, 
 
 
 # ----------------------------------------------------------------------------------------- The output
-def new_record(text: InputText, models: list[dict[str, str]], tgt: str, job: dict[str, Any],
-               argv: list[str] | None) -> dict[str, Any]:
+def job_record(text: InputText, models: list[dict[str, str]], tgt: str, job: dict[str, Any],
+               argv: list[str] | None, direction: str) -> dict[str, Any]:
     """provenance.json of a job not started yet: ``job`` (what a resume must match) and what people read."""
     first_run = provenance("backtranslate.py", argv)  # date, command, host, library versions
-    synthetic, real = f"train.{tgt}", f"train.{text.lang}"
-    return {
-        "format_version": FORMAT_VERSION,
-        "status": "partial",
-        **first_run,
-        "finished": None,
-        "pairs": {"source": {"lang": tgt, "file": synthetic, "side": "synthetic"},
-                  "target": {"lang": text.lang, "file": real, "side": "real"}},
-        "input": {"path": str(text.path), "lang": text.lang, "sha256": text.sha256, "lines": text.lines,
-                  "corpus": text.corpus},
-        "models": models,
-        "model_languages": {"src": text.lang, "tgt": tgt},
-        "job": job,
-        "lines": {"input": text.lines, "done": 0, "translated": 0, "empty": 0, "over_long": 0,
-                  "empty_translations": 0},
-        "bytes": {synthetic: 0, real: 0},
-        "runs": [{"date": first_run["date"], "command": first_run["command"], "from_line": 0}],
-    }
-
-
-def check_output_folder(out: Path) -> None:
-    """Refuse an ``output=`` that exists but is neither empty nor a back-translation folder, before writing in it."""
-    ours = {PROVENANCE, LOCK, f".{PROVENANCE}.tmp"}  # what a run cut off before its first record may leave
-    if out.exists() and (not out.is_dir() or not (out / PROVENANCE).is_file() and set(os.listdir(out)) - ours):
-        raise BacktranslationError(f"output={out} exists and is not a back-translation folder (no {PROVENANCE} "
-                                   "in it); pass a new or empty folder as output=")
-
-
-@contextmanager
-def output_lock(out: Path) -> Iterator[None]:
-    """Hold ``out/.lock`` while writing: a second job on the same folder is refused, not interleaved. The OS
-    releases the lock however the process ends (SIGKILL included)."""
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / LOCK, "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise BacktranslationError(f"another process is back-translating into {out}; wait for it to end, or "
-                                       "pass another output=") from None
-        yield
-
-
-def prepare_output(out: Path, record: dict[str, Any]) -> dict[str, Any] | None:
-    """The record to go on from, with the files ready to append to; None when ``out`` holds this job finished.
-
-    A new (or empty) folder gets ``record``; the files are created by the first append. A folder of this
-    job, cut off, gets its files truncated to the sizes its provenance.json recorded after the last
-    whole chunk. Call it holding ``output_lock``.
-
-    Raises:
-        BacktranslationError: another job's folder, or files shorter than recorded.
-    """
-    path = out / PROVENANCE
-    if not path.is_file():
-        write_json_durably(path, record)
-        return record
-    try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise BacktranslationError(f"{path} is not valid JSON ({exc}); delete {out} to start again") from None
-    check_same_job(path, old.get("job") or {}, record["job"])
-    if old["status"] == "complete":
-        return None
-    for name, size in old["bytes"].items():
-        file = out / name
-        if size == 0 and not file.exists():  # cut off before its first chunk
-            continue
-        if not file.is_file() or file.stat().st_size < size:
-            raise BacktranslationError(f"{file} is shorter than the {size:,} bytes {path} recorded (changed "
-                                       f"since?); delete {out} to start again")
-        os.truncate(file, size)  # drop what a cut-off chunk appended after the last record
-    old["runs"].append({**record["runs"][0], "from_line": old["lines"]["done"]})
-    return old
-
-
-def check_same_job(path: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
-    """Refuse to continue a folder that another input, other models or other options began."""
-    differ = [key for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
-    if differ:
-        shown = "; ".join(f"{key}: {old.get(key)!r} there, {new.get(key)!r} now" for key in differ[:3])
-        raise BacktranslationError(f"{path} records another back-translation ({shown}); rerun with the same "
-                                   f"input, models and options to resume it, or pass a new output= to start again")
-
-
-def write_json_durably(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` to a temp file, fsync it, rename it over ``path`` and fsync the folder: old or new, never half."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)  # the rename itself survives a power cut
-    finally:
-        os.close(folder)
-
-
-def append_lines(handle: IO[bytes], lines: list[str]) -> int:
-    """Append ``lines`` and force them to disk; the file's size afterwards."""
-    handle.write("".join(line + "\n" for line in lines).encode("utf-8"))
-    handle.flush()
-    os.fsync(handle.fileno())
-    return handle.tell()
+    return new_record(direction, text.lang, tgt, first_run,
+                      input={"path": str(text.path), "lang": text.lang, "sha256": text.sha256, "lines": text.lines,
+                             "corpus": text.corpus},
+                      models=models, model_languages={"src": text.lang, "tgt": tgt}, job=job,
+                      lines={"input": text.lines, "done": 0, "translated": 0, "empty": 0, "over_long": 0,
+                             "empty_translations": 0})
 
 
 # ------------------------------------------------------------------------------------------- Progress
 class ChunkProgress:
     """Where the job stands: a tqdm bar (with ETA) on a terminal, else a log line every ``every_s`` seconds."""
 
-    def __init__(self, total: int, done: int, every_s: float) -> None:
+    def __init__(self, total: int, done: int, every_s: float, desc: str) -> None:
         self.total, self.done, self.every_s = total, done, every_s
         self.start_done, self.start = done, time.perf_counter()
         self.last_log = self.start
-        self.bar = (tqdm(total=total, initial=done, unit=" lines", desc="back-translating", file=sys.stderr,
+        self.bar = (tqdm(total=total, initial=done, unit=" lines", desc=desc, file=sys.stderr,
                          dynamic_ncols=True) if sys.stderr.isatty() else None)
 
     def update(self, n_lines: int) -> None:
@@ -433,7 +339,7 @@ def backtranslate(cfg: DictConfig, argv: list[str] | None = None) -> dict[str, A
             as ``key=value``, the command that reproduces the job.
 
     Returns:
-        ``{"output", "status", "lines", "done", "translated", "seconds", "sentences_per_s", "max_words"}``:
+        ``{"output", "status", "lines", "done", "translated", "seconds", "sentences_per_s", "max_input_words"}``:
         seconds and sentences/s (translated lines per second) count this run's chunks only.
 
     Raises:
@@ -443,29 +349,32 @@ def backtranslate(cfg: DictConfig, argv: list[str] | None = None) -> dict[str, A
     search, sampling = check_settings(cfg)
     text = open_input(cfg)
     translator, tgt = load_reverse_model(cfg, text)
-    max_words, models = resolve_max_words(cfg.max_words, translator), models_record(translator)
+    max_words, models = resolve_max_input_words(cfg.max_input_words, translator.configs), models_record(translator)
     # what decides the output: a resumed run must match all of it
     job = {"input_sha256": text.sha256, "input_lines": text.lines, "lang": text.lang,
            "model_sha256": [m["sha256"] for m in models], "model_languages": f"{text.lang}-{tgt}",
-           "search": search_record(cfg.method, search, sampling), "max_words": max_words,
+           "search": search_record(cfg.method, search, sampling), "max_input_words": max_words,
            "chunk_lines": cfg.chunk_lines, "device": translator.device.type,
-           "precision": decoding_precision(translator)}
+           "precision": decoding_precision(translator), "direction": cfg.direction}
     out = Path(str(cfg.output))
-    check_output_folder(out)
-    with output_lock(out):
-        argv = settings_as_arguments(cfg) if argv is None else argv
-        record = prepare_output(out, new_record(text, models, tgt, job, argv))
-        if record is None:
-            log.info("%s already holds this back-translation, complete: nothing to do", out)
-            return {"output": str(out), "status": "complete", "lines": text.lines, "done": text.lines,
-                    "translated": 0, "seconds": 0.0, "sentences_per_s": None, "max_words": max_words}
-        return _run(translator, text, out, record, search, sampling, max_words, cfg)
+    try:
+        check_output_folder(out)
+        with writing(out, f"backtranslate.py (pid {os.getpid()})"):
+            argv = settings_as_arguments(cfg) if argv is None else argv
+            record = prepare_output(out, job_record(text, models, tgt, job, argv, cfg.direction))
+            if record is None:
+                log.info("%s already holds this %s-translation, complete: nothing to do", out, cfg.direction)
+                return {"output": str(out), "status": "complete", "lines": text.lines, "done": text.lines,
+                        "translated": 0, "seconds": 0.0, "sentences_per_s": None, "max_input_words": max_words}
+            return _run(translator, text, out, record, search, sampling, max_words, cfg)
+    except SyntheticFolderError as error:
+        raise BacktranslationError(str(error)) from None
 
 
 def _run(translator: Translator, text: InputText, out: Path, record: dict[str, Any], search: SearchOptions,
          sampling: SamplingOptions | None, max_words: int | None, cfg: DictConfig) -> dict[str, Any]:
     """The chunks still to do, logged before and after; ``backtranslate``'s summary."""
-    log.info("back-translating %s (%s, %d lines%s) with %s into %s", text.path, text.lang, text.lines,
+    log.info("%s-translating %s (%s, %d lines%s) with %s into %s", cfg.direction, text.path, text.lang, text.lines,
              f", from line {record['lines']['done'] + 1}" if record["lines"]["done"] else "",
              " + ".join(m["checkpoint"] for m in record["models"]), out)
     translated, seconds = run_chunks(translator, text, out, record, search, sampling, max_words, cfg)
@@ -474,15 +383,16 @@ def _run(translator: Translator, text: InputText, out: Path, record: dict[str, A
              format_duration(seconds), record["status"])
     return {"output": str(out), "status": record["status"], "lines": text.lines, "done": record["lines"]["done"],
             "translated": translated, "seconds": seconds,
-            "sentences_per_s": translated / seconds if seconds > 0 else None, "max_words": max_words}
+            "sentences_per_s": translated / seconds if seconds > 0 else None, "max_input_words": max_words}
 
 
 def run_chunks(translator: Translator, text: InputText, out: Path, record: dict[str, Any], search: SearchOptions,
                sampling: SamplingOptions | None, max_words: int | None, cfg: DictConfig) -> tuple[int, float]:
     """Translate the chunks after ``record``'s lines done, committing each; this run's translated lines and seconds."""
     chunk_lines, done = cfg.chunk_lines, record["lines"]["done"]
-    synthetic_name, real_name = record["pairs"]["source"]["file"], record["pairs"]["target"]["file"]
-    progress = ChunkProgress(text.lines, done, cfg.log_every_s)
+    sides = {pair["side"]: pair["file"] for pair in record["pairs"].values()}
+    synthetic_name, real_name = sides["synthetic"], sides["real"]
+    progress = ChunkProgress(text.lines, done, cfg.log_every_s, f"{cfg.direction}-translating")
     translated, start = 0, time.perf_counter()
     try:
         with open(out / synthetic_name, "ab") as synthetic_file, open(out / real_name, "ab") as real_file:
@@ -502,7 +412,7 @@ def run_chunks(translator: Translator, text: InputText, out: Path, record: dict[
     finally:
         progress.close()
     record.update(status="complete", finished=provenance("backtranslate.py")["date"])
-    write_json_durably(out / PROVENANCE, record)
+    write_record(out, record)
     return translated, time.perf_counter() - start
 
 
@@ -512,7 +422,7 @@ def commit_chunk(out: Path, record: dict[str, Any], counts: Counter[str], sizes:
         record["lines"][key] += counts[key]
     record["lines"]["done"] += counts["lines"]
     record["bytes"] = sizes
-    write_json_durably(out / PROVENANCE, record)
+    write_record(out, record)
 
 
 # ------------------------------------------------------------------------------- For training mixtures
@@ -540,8 +450,7 @@ def rebuild_synthetic_sources(data_cfg: Any) -> list[dict[str, Any]]:
     for entry in (OmegaConf.select(data_cfg, "mixture") or []):
         if not entry.get("synthetic") or not entry.get("backtranslate"):
             continue
-        record = Path(str(entry["synthetic"])) / PROVENANCE
-        if record.is_file() and json.loads(record.read_text()).get("status") == "complete":
+        if is_complete(Path(str(entry["synthetic"]))):
             continue
         check_reverse_model_exists(entry, data_cfg)
         log.info("data.mixture: back-translating into %s first (its folder is missing or unfinished)",

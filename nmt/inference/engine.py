@@ -304,14 +304,22 @@ class Translator:
         loaded = [load_for_inference(f, device=device) for f in files]
         _check_members(files, [tok for _, tok, _ in loaded], [cfg for _, _, cfg in loaded])
         configs = [cfg for _, _, cfg in loaded]
-        if max_input_words == "auto":
-            limits = [((cfg.get("data") or {}).get("clean") or {}).get("max_len") for cfg in configs]
-            max_input_words = max((n for n in limits if n is not None), default=None)
-        elif max_input_words is not None and not _whole_number(max_input_words):
-            raise TranslationError("max_input_words must be auto, null or a whole number >= 1, "
-                                   f"got {max_input_words!r}")
         return cls([model for model, _, _ in loaded], loaded[0][1], precision=precision,
-                   max_input_words=max_input_words, configs=configs, checkpoints=files)
+                   max_input_words=resolve_max_input_words(max_input_words, configs), configs=configs,
+                   checkpoints=files)
+
+    @classmethod
+    def from_pretrained(cls, name: str | Path, device: str | torch.device = "auto", precision: str = "auto",
+                        max_input_words: int | str | None = "auto") -> Translator:
+        """Load a Hub folder (``export.py format=hub``): a local folder, or a Hub repo id such as ``user/model``.
+
+        A repo id is fetched (or found in the local Hub cache; ``HF_HUB_OFFLINE=1`` uses only the cache) by
+        ``huggingface_hub.snapshot_download``; the other arguments are ``from_checkpoint``'s.
+        """
+        folder = Path(name)
+        if not folder.exists():
+            folder = _download_snapshot(str(name))
+        return cls.from_checkpoint(folder, device=device, precision=precision, max_input_words=max_input_words)
 
     @classmethod
     def from_settings(cls, settings: Any) -> Translator:
@@ -459,6 +467,19 @@ class Translator:
         }
 
 
+def _download_snapshot(repo_id: str) -> Path:
+    """The local folder of Hub repo ``repo_id`` (downloaded, or from the cache); a one-line error if there is none."""
+    from huggingface_hub import snapshot_download  # only this way of loading needs it
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id))
+    except (HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError, OSError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(f"{repo_id} is neither a local folder nor a Hub repo that can be fetched "
+                              f"({first_line})") from None
+
+
 def _whole_number(value: Any) -> bool:
     """An int >= 1 (and not a bool, which Python counts as an int)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
@@ -467,6 +488,21 @@ def _whole_number(value: Any) -> bool:
 def _plain(value: Any) -> Any:
     """Plain Python values from an OmegaConf node (a ListConfig of checkpoints, say); others unchanged."""
     return OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
+
+
+def resolve_max_input_words(value: Any, configs: Sequence[dict[str, Any]]) -> int | None:
+    """The one resolver of ``max_input_words`` (translate.py, serve.py, backtranslate.py, Python): a number,
+    None (no limit), or ``auto``: the largest training ``data.clean.max_len`` of the models' ``configs``.
+
+    Raises:
+        TranslationError: any other value.
+    """
+    if value == "auto":
+        limits = [((cfg.get("data") or {}).get("clean") or {}).get("max_len") for cfg in configs]
+        return max((n for n in limits if n is not None), default=None)
+    if value is not None and not _whole_number(value):
+        raise TranslationError(f"max_input_words must be auto, null or a whole number >= 1, got {_brief(value)}")
+    return value
 
 
 def truncate_words(lines: Sequence[str], max_words: int | None) -> tuple[list[str], int]:
