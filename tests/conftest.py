@@ -67,10 +67,17 @@ def tiny_parallel() -> tuple[list[str], list[str]]:
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_parallel: tuple[list[str], list[str]], tmp_path_factory: pytest.TempPathFactory):
     """A joint unigram tokenizer (vocab <= 500) trained once per session on ``tiny_parallel``."""
-    from nmt.data import TokenizerSettings, train_tokenizer
+    from nmt.data import train_tokenizer
 
-    settings = TokenizerSettings(model_type="unigram", vocab_size=500, joint=True)
+    settings = tokenizer_settings(model_type="unigram", vocab_size=500, joint=True)
     return train_tokenizer(*tiny_parallel, settings, tmp_path_factory.mktemp("spm"))
+
+
+def tokenizer_settings(**overrides: object):
+    """``data.tokenizer`` of configs/data/multi30k.yaml (where its defaults live), with ``overrides`` on top."""
+    from nmt.data import TokenizerSettings
+
+    return TokenizerSettings(**{**data_config()["tokenizer"], **overrides})
 
 
 def data_config(name: str = "multi30k", **overrides: object) -> dict:
@@ -122,11 +129,11 @@ def save_tiny_checkpoint(path: Path, attention: str, seed: int = 0, vocab_size: 
     Its weights are scaled up so that outputs differ between sentences; ``seed`` gives another model
     with the same tokenizer, ``vocab_size`` another tokenizer.
     """
-    from nmt.data import TokenizerSettings, train_tokenizer
+    from nmt.data import train_tokenizer
     from nmt.model.checkpoint import save_checkpoint
     from nmt.model.seq2seq import Seq2Seq
 
-    tokenizer = train_tokenizer(SRC * 3, TGT * 3, TokenizerSettings(vocab_size=vocab_size), cache_dir=None)
+    tokenizer = train_tokenizer(SRC * 3, TGT * 3, tokenizer_settings(vocab_size=vocab_size), cache_dir=None)
     config = {
         "model": {"emb_size": 8, "enc_hidden_size": 5, "dec_hidden_size": 7, "enc_layers": 1, "dec_layers": 1,
                   "dropout": 0.0, "tie_embeddings": True, "output_hidden_size": None, "layer_norm": False},

@@ -1,4 +1,4 @@
-"""nmt.model.checkpoint: writes are atomic and durable, and a failed write leaves the previous checkpoint."""
+"""nmt.model.checkpoint: writes are atomic and durable (nmt.common.files), and a failed write keeps the old one."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from nmt.common import files
 from nmt.model import checkpoint
 from nmt.model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
@@ -16,8 +17,8 @@ def test_a_checkpoint_is_on_disk_before_it_replaces_the_old_one(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     events: list[str] = []
     real_fsync, real_replace = os.fsync, os.replace
-    monkeypatch.setattr(checkpoint.os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
-    monkeypatch.setattr(checkpoint.os, "replace", lambda a, b: (events.append("replace"), real_replace(a, b))[1])
+    monkeypatch.setattr(files.os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(files.os, "replace", lambda a, b: (events.append("replace"), real_replace(a, b))[1])
     path = save_checkpoint(tmp_path / "checkpoints" / "last.pt", {"progress": {"step": 3}})
     assert events == ["fsync", "replace", "fsync"]  # file data, then the rename, then the folder entry
     assert load_checkpoint(path)["progress"] == {"step": 3}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, data_config
+from conftest import REPO_ROOT, data_config, tokenizer_settings
 
 from nmt.data import DataError, TokenBucketSampler, prepare_data
 from nmt.data.encoded import SplitPart
@@ -74,9 +74,9 @@ def test_a_mixture_is_one_training_split_with_its_sources_recorded(
 
 
 def test_a_tagged_model_translates_with_and_without_the_tag(tiny_parallel: tuple[list[str], list[str]]) -> None:
-    from nmt.data import TokenizerSettings, train_tokenizer
+    from nmt.data import train_tokenizer
 
-    tokenizer = train_tokenizer(*tiny_parallel, TokenizerSettings(vocab_size=400), tags=["<bt>"])
+    tokenizer = train_tokenizer(*tiny_parallel, tokenizer_settings(vocab_size=400), tags=["<bt>"])
     plain = tiny_parallel[0][0]
     tagged = tokenizer.encode_src(f"<bt> {plain}")
     assert tagged == [tokenizer.encode_src("<bt>")[0], *tokenizer.encode_src(plain)]  # one id, no stray "▁"

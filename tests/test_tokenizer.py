@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import data_config, make_tiny_parallel
+from conftest import data_config, make_tiny_parallel, tokenizer_settings
 
 from nmt.data import (
     BOS_ID,
@@ -71,7 +71,7 @@ def test_save_and_load_model_files(tiny_tokenizer: Tokenizer, tmp_path: Path) ->
 
 @pytest.mark.parametrize("model_type", ["unigram", "bpe"])
 def test_separate_models_round_trip(model_type: str, tiny_parallel: tuple[list[str], list[str]]) -> None:
-    settings = TokenizerSettings(model_type=model_type, vocab_size=300, joint=False)
+    settings = tokenizer_settings(model_type=model_type, vocab_size=300, joint=False)
     tok = train_tokenizer(tiny_parallel[0][:600], tiny_parallel[1][:600], settings)
     assert not tok.joint
     assert tok.src_pieces([EOS_ID]) == tok.tgt_pieces([EOS_ID]) == ["</s>"]
@@ -88,7 +88,7 @@ def test_separate_models_round_trip(model_type: str, tiny_parallel: tuple[list[s
 
 
 def test_word_model_keeps_whole_words(tiny_parallel: tuple[list[str], list[str]]) -> None:
-    settings = TokenizerSettings(model_type="word", vocab_size=300, joint=False)
+    settings = tokenizer_settings(model_type="word", vocab_size=300, joint=False)
     tok = train_tokenizer(tiny_parallel[0][:600], tiny_parallel[1][:600], settings)
     # a sentence of in-vocabulary words gives one piece per word, never split
     words = [p[1:] for p in tok.tgt_pieces(range(4, 14))]
@@ -103,7 +103,7 @@ def test_cache_is_keyed_by_text_and_settings(
     tiny_parallel: tuple[list[str], list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     src, tgt = tiny_parallel[0][:400], tiny_parallel[1][:400]
-    settings = TokenizerSettings(vocab_size=200)
+    settings = tokenizer_settings(vocab_size=200)
     first = train_tokenizer(src, tgt, settings, tmp_path)
     calls: list[int] = []
     real_train = tokenizer_module._train_model
@@ -115,14 +115,14 @@ def test_cache_is_keyed_by_text_and_settings(
     monkeypatch.setattr(tokenizer_module, "_train_model", counting)
     assert train_tokenizer(src, tgt, settings, tmp_path).fingerprint == first.fingerprint
     assert calls == []  # reused
-    train_tokenizer(src, tgt, TokenizerSettings(vocab_size=250), tmp_path)  # new settings
+    train_tokenizer(src, tgt, tokenizer_settings(vocab_size=250), tmp_path)  # new settings
     train_tokenizer(src[:-1], tgt[:-1], settings, tmp_path)  # new text
     assert len(calls) == 2
 
 
 def test_bad_settings_name_the_valid_choices() -> None:
     with pytest.raises(DataError, match="unigram, bpe, word"):
-        TokenizerSettings(model_type="wordpiece")
+        tokenizer_settings(model_type="wordpiece")
     with pytest.raises(DataError, match="valid keys"):
         TokenizerSettings.from_mapping({"vocab": 100})
     with pytest.raises(DataError, match="not a tokenizer state"):
@@ -172,7 +172,7 @@ def test_the_same_text_gives_the_same_model_bytes_on_any_number_of_cores(
     models = set()
     for cores in (1, 2, 16):
         monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
-        tokenizer = train_tokenizer(*tiny_parallel, TokenizerSettings(vocab_size=300), cache_dir=None)
+        tokenizer = train_tokenizer(*tiny_parallel, tokenizer_settings(vocab_size=300), cache_dir=None)
         models.add(tokenizer.to_state()["src_model"])
     assert len(models) == 1
 
@@ -180,7 +180,7 @@ def test_the_same_text_gives_the_same_model_bytes_on_any_number_of_cores(
 def test_a_corrupt_cached_model_is_trained_again_with_a_warning(
     tiny_parallel: tuple[list[str], list[str]], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    settings = TokenizerSettings(vocab_size=300)
+    settings = tokenizer_settings(vocab_size=300)
     first = train_tokenizer(*tiny_parallel, settings, tmp_path)
     (model,) = tmp_path.glob("*.joint.model")
     model.write_bytes(model.read_bytes()[:100])  # torn by a crash or a full disk

@@ -8,6 +8,7 @@ resume exactly.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -15,19 +16,21 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from nmt.common.files import FolderInUse
 from nmt.common.settings import ConfigError, check_command_line_keys
 from nmt.data import DataError, prepare_data
 from nmt.inference.engine import Translator
 from nmt.inference.translate_job import TranslateSettings
 from nmt.model.checkpoint import load_checkpoint
 from nmt.train.schema import TrainSchema, validate_config
-from nmt.train.trainer import TrainingError, lr_factor, train
+from nmt.train.trainer import Trainer, lr_factor, train
 from tests.conftest import CONFIG_DIR, REPO_ROOT
 
 SYMBOLS = "a b c d e f".split()
@@ -83,12 +86,25 @@ def test_every_attention_type_learns_to_reverse(tmp_path: Path, attention: str) 
     assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in results["test"]["test"]["bleu_signature"]
 
 
+def interrupted_at(step: int) -> contextlib.AbstractContextManager:
+    """Train as if SIGINT arrived during optimizer step ``step``: the trainer finishes it and saves last.pt."""
+    should_stop = Trainer._should_stop
+
+    def signalled(self: Trainer) -> bool:
+        if self.progress.step == step:
+            self.stop_signal = "SIGINT"
+        return should_stop(self)
+
+    return mock.patch.object(Trainer, "_should_stop", signalled)
+
+
 def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
     common = ["trainer.max_steps=24", "trainer.validate_every=8", "trainer.log_every=1", "model.dropout=0.2",
               "data.max_tokens=300", "trainer.test_beam_size=1"]
     cfg = tiny_config(tmp_path, common)
     train(cfg, run_dir=tmp_path / "straight")
-    interrupted = train(cfg, run_dir=tmp_path / "resumed", interrupt_at_step=13)  # mid-epoch, between validations
+    with interrupted_at(13):
+        interrupted = train(cfg, run_dir=tmp_path / "resumed")  # mid-epoch, between validations
     assert interrupted == {"interrupted": True, "step": 13}
     assert load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["progress"]["step"] == 13
     with (tmp_path / "resumed" / "train_log.jsonl").open("a") as log:
@@ -115,7 +131,8 @@ def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
 
 def test_a_resumed_run_uses_its_own_lr_betas_and_weight_decay(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path, ["trainer.max_steps=6", "trainer.validate_every=3", "trainer.log_every=1"])
-    train(cfg, run_dir=tmp_path / "run", interrupt_at_step=3)
+    with interrupted_at(3):
+        train(cfg, run_dir=tmp_path / "run")
     resume_cfg = cfg.copy()
     resume_cfg.trainer.resume = str(tmp_path / "run")
     resume_cfg.trainer.lr = cfg.trainer.lr / 2
@@ -140,7 +157,7 @@ def test_a_second_process_on_a_run_in_use_is_refused(tmp_path: Path) -> None:
         held.write("train.py (pid 12345)\n")
         held.flush()
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        with pytest.raises(TrainingError, match=r"is in use by train.py \(pid 12345\): wait for it"):
+        with pytest.raises(FolderInUse, match=r"is in use by train.py \(pid 12345\): wait for it"):
             train(tiny_config(tmp_path, ["trainer.max_steps=2"]), run_dir=run)
 
 
@@ -155,7 +172,8 @@ def test_best_is_written_before_last(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_resuming_with_another_model_shape_is_one_line(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path, ["trainer.max_steps=4", "trainer.validate_every=2"])
-    train(cfg, run_dir=tmp_path / "run", interrupt_at_step=2)
+    with interrupted_at(2):
+        train(cfg, run_dir=tmp_path / "run")
     result = subprocess.run([sys.executable, "train.py", f"trainer.resume={tmp_path / 'run'}", "model.emb_size=64"],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
@@ -334,7 +352,8 @@ def test_resuming_a_checkpoint_with_the_old_single_rng_state(tmp_path: Path) -> 
     cfg = tiny_config(tmp_path, ["trainer.max_steps=8", "trainer.validate_every=4", "trainer.log_every=1",
                                  "model.dropout=0.2", "trainer.test_beam_size=1"])
     train(cfg, run_dir=tmp_path / "straight")
-    train(cfg, run_dir=tmp_path / "resumed", interrupt_at_step=6)
+    with interrupted_at(6):
+        train(cfg, run_dir=tmp_path / "resumed")
     last = tmp_path / "resumed" / "checkpoints" / "last.pt"
     state = load_checkpoint(last)
     assert isinstance(state["rng"], list) and len(state["rng"]) == 1
@@ -404,7 +423,8 @@ def test_resuming_with_another_tokenizer_is_a_checkpoint_error(tmp_path: Path) -
     from nmt.model.checkpoint import CheckpointError, save_checkpoint
 
     cfg = tiny_config(tmp_path, ["trainer.max_steps=4", "trainer.validate_every=4"])
-    train(cfg, run_dir=tmp_path / "run", interrupt_at_step=2)
+    with interrupted_at(2):
+        train(cfg, run_dir=tmp_path / "run")
     state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
     state["config"]["data"]["tokenizer"]["model_type"] = "word"  # the resumed run would prepare another one
     save_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt",
@@ -419,7 +439,8 @@ def test_resume_from_the_command_line_writes_only_into_its_run(tmp_path: Path) -
     """``train.py trainer.resume=RUN`` continues in RUN; Hydra makes no new outputs/<date>/<time>/ beside it."""
     cfg = tiny_config(tmp_path, ["trainer.max_steps=8", "trainer.validate_every=4", "trainer.log_every=2"])
     run = tmp_path / "run"
-    train(cfg, run_dir=run, interrupt_at_step=4)
+    with interrupted_at(4):
+        train(cfg, run_dir=run)
     elsewhere = tmp_path / "cwd"
     proc = run_train_py(elsewhere, f"trainer.resume={run}")
     assert proc.returncode == 0, proc.stderr[-3000:]

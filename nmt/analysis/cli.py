@@ -10,7 +10,6 @@ Not done here: measuring or scoring anything.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -21,6 +20,7 @@ from typing import Any
 
 import torch
 
+from nmt.common.files import write_json_durably, write_text_durably
 from nmt.common.provenance import device_name
 from nmt.inference.engine import USER_ERRORS
 
@@ -63,9 +63,9 @@ def write_report(out: Path | str, report: dict[str, Any], markdown: str | None =
     """``<out>.json`` (and ``<out>.md``), creating the folder; prints what it wrote."""
     paths = [Path(f"{out}.json")] + ([Path(f"{out}.md")] if markdown is not None else [])
     paths[0].parent.mkdir(parents=True, exist_ok=True)
-    paths[0].write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    write_json_durably(paths[0], report)
     if markdown is not None:
-        paths[1].write_text(markdown, encoding="utf-8")
+        write_text_durably(paths[1], markdown)
     print("wrote " + ", ".join(map(str, paths)), flush=True)
 
 

@@ -24,6 +24,19 @@ def fsync_folder(folder: str | Path) -> None:
         os.close(handle)
 
 
+def replace_durably(tmp: str | Path, path: str | Path) -> Path:
+    """Make a finished temp file ``path``: fsync its bytes, rename it over ``path``, fsync the folder.
+
+    For writers that fill their temp file themselves (a download, an array written in pieces); the
+    temp file must sit in ``path``'s folder, so the rename is atomic.
+    """
+    with open(tmp, "rb+") as handle:
+        os.fsync(handle.fileno())  # the data is on disk before the rename makes it the file
+    os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
+    fsync_folder(Path(path).parent)  # and the rename itself survives a power cut
+    return Path(path)
+
+
 def write_durably(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
     """Write ``path`` through ``write(handle)``: a temp file beside it, fsync, rename over ``path``, fsync the folder.
 
@@ -36,14 +49,9 @@ def write_durably(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
     try:
         with open(tmp, "wb") as handle:
             write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())  # the data is on disk before the rename makes it the file
-        os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_folder(path.parent)
-    return path
+        return replace_durably(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # gone after the rename; a failed write leaves no temp file
 
 
 def write_bytes_durably(path: str | Path, data: bytes) -> Path:

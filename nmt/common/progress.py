@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nmt.common.files import write_text_durably
+
 
 @dataclass
 class Progress:
@@ -67,7 +69,7 @@ class StepHistory:
                 continue
             if isinstance(record, dict) and record.get("step", step + 1) <= step:
                 kept.append(line)
-        self.path.write_text("".join(line + "\n" for line in kept))
+        write_text_durably(self.path, "".join(line + "\n" for line in kept))
 
     def append(self, step: int, loss: float, lr: float, grad_norm: float) -> None:
         if self.enabled:

@@ -38,8 +38,9 @@ from typing import IO, Any, NamedTuple
 
 import numpy as np
 
+from nmt.common.files import replace_durably, write_bytes_durably
 from nmt.data.errors import DataError
-from nmt.data.tokenizer import CACHE_FILE_MODE, atomic_write
+from nmt.data.tokenizer import CACHE_FILE_MODE
 
 log = logging.getLogger(__name__)
 
@@ -290,8 +291,8 @@ class SplitWriter:
             paths, manifest[side] = writer.finish()
             renames += paths
         for temp, final in renames:
-            os.replace(temp, final)
-        atomic_write(manifest_path(self.stem), json.dumps({**manifest, **extra}, indent=1).encode())
+            replace_durably(temp, final)
+        write_bytes_durably(manifest_path(self.stem), json.dumps({**manifest, **extra}, indent=1).encode())
         return {**manifest, **extra}
 
     def __enter__(self) -> SplitWriter:

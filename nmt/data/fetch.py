@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from nmt.common.files import replace_durably
 from nmt.data.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ def fetch_file(
                     f"The bad copy was removed. If it came from the mirror, replace the mirror's file "
                     f"with a fresh download of {url}; otherwise retry (the download may have been cut)."
                 )
-        os.replace(tmp, dest)
+        replace_durably(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
     log.info("fetched %s from %s%s", dest, source, " (sha256 ok)" if sha256 else "")

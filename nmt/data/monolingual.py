@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nmt.common.files import write_bytes_durably
 from nmt.data.corpora import Multi30k
 from nmt.data.errors import DataError
 from nmt.data.fetch import fetch_file
 from nmt.data.text import iter_lines
-from nmt.data.tokenizer import atomic_write
 
 log = logging.getLogger(__name__)
 DEDUP_VERSION = 1  # bumped when what is dropped changes
@@ -130,7 +130,7 @@ def monolingual_text(
     info = _deduplicate(inputs, task1, out)
     info.update(name=name, lang=lang, files={p.name: h for p, h in zip(inputs, hashes)},
                 parallel_train={task1.name: hashes[-1]})
-    atomic_write(info_path, json.dumps(info, indent=1).encode())
+    write_bytes_durably(info_path, json.dumps(info, indent=1).encode())
     log.info("%s %s: kept %d of %d lines (dropped %s)", name, lang, info["kept"], info["read"], info["dropped"])
     return MonolingualText(out, lang, info)
 
@@ -156,7 +156,7 @@ def _deduplicate(inputs: list[Path], parallel_side: Path, out: Path) -> dict[str
                 kept.append(line)
     if not kept:
         raise DataError(f"every line of {', '.join(map(str, inputs))} was dropped ({dropped}); check the files.")
-    atomic_write(out, ("\n".join(kept) + "\n").encode())
+    write_bytes_durably(out, ("\n".join(kept) + "\n").encode())
     return {"read": read, "kept": len(kept), "dropped": dropped}
 
 

@@ -39,6 +39,7 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from nmt.common.files import write_bytes_durably
 from nmt.common.settings import bad_value_message, first_unknown_key
 from nmt.data.corpora import build_corpus
 from nmt.data.encoded import EncodedSplit, RaggedIds, SplitPart, SplitWriter, open_split, token_dtype
@@ -50,7 +51,6 @@ from nmt.data.text import INVALID_UTF8_MODES, STRICT_UTF8, PairFilter, iter_pair
 from nmt.data.tokenizer import (
     Tokenizer,
     TokenizerSettings,
-    atomic_write,
     load_cached_tokenizer,
     tokenizer_key,
     train_and_cache,
@@ -70,14 +70,6 @@ class CleanSchema:
 
 
 @dataclass
-class TokenizerSchema:
-    model_type: str = MISSING
-    vocab_size: int = MISSING
-    joint: bool = MISSING
-    character_coverage: float = MISSING
-
-
-@dataclass
 class DataSchema:
     """The keys and types of the ``data`` section; the values (and their comments) are in configs/data/*.yaml."""
 
@@ -92,7 +84,7 @@ class DataSchema:
     mirror: str | None = MISSING
     invalid_utf8: str = MISSING
     clean: CleanSchema = field(default_factory=CleanSchema)
-    tokenizer: TokenizerSchema = field(default_factory=TokenizerSchema)
+    tokenizer: TokenizerSettings = MISSING
     max_tokens: int = MISSING
     valid_max_tokens: int = MISSING
     num_workers: int = MISSING
@@ -320,7 +312,7 @@ def file_sha256(path: Path, memo_dir: Path) -> str:
         pass
     digest = sha256_of(path)
     memo_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(memo, json.dumps({**seen, "sha256": digest}).encode())
+    write_bytes_durably(memo, json.dumps({**seen, "sha256": digest}).encode())
     return digest
 
 

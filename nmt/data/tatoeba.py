@@ -39,11 +39,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from nmt.common.files import write_bytes_durably
 from nmt.data.corpora import Corpus, register_corpus
 from nmt.data.errors import DataError
 from nmt.data.fetch import fetch_file, sha256_of
 from nmt.data.text import iter_decoded, read_lines
-from nmt.data.tokenizer import atomic_write
 
 log = logging.getLogger(__name__)
 DERIVE_VERSION = 1  # bumped when the derived splits change for the same inputs
@@ -127,7 +127,7 @@ class Tatoeba(Corpus):
         folder = self.dir / hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
         if not (folder / "stats.json").is_file():
             stats = write_splits(export, tests, folder, self.settings)
-            atomic_write(folder / "stats.json", json.dumps({**identity, **stats}, indent=1).encode())
+            write_bytes_durably(folder / "stats.json", json.dumps({**identity, **stats}, indent=1).encode())
             log.info("tatoeba: %s", stats)
         self._derived = folder
         return folder
@@ -211,6 +211,6 @@ def write_splits(export: Path, tests: dict[str, Path], folder: Path, settings: T
               "test": list(zip(test["de"], test["en"]))}
     for split, split_pairs in splits.items():
         for index, lang in enumerate(("de", "en")):
-            atomic_write(folder / f"{split}.{lang}", "".join(p[index] + "\n" for p in split_pairs).encode())
+            write_bytes_durably(folder / f"{split}.{lang}", "".join(p[index] + "\n" for p in split_pairs).encode())
     return {"export_pairs": len(pairs) + overlap, "dropped_test_overlap": overlap,
             **{f"{split}_pairs": len(p) for split, p in splits.items()}, "settings": asdict(settings)}

@@ -26,7 +26,6 @@ import io
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -35,6 +34,8 @@ from typing import Any
 
 import sentencepiece as spm
 
+from nmt.common.files import write_bytes_durably
+from nmt.common.settings import first_unknown_key
 from nmt.data.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -56,9 +57,9 @@ CACHE_FILE_MODE = 0o644
 TRAINER_THREADS = 16  # SentencePiece training threads, whatever the machine has (see _train_model)
 
 
-@dataclass(frozen=True)
+@dataclass
 class TokenizerSettings:
-    """How to train the subword model(s); the ``data.tokenizer`` config group.
+    """How to train the subword model(s): the keys and types of ``data.tokenizer`` (values: configs/data/*.yaml).
 
     Attributes:
         model_type: ``unigram`` or ``bpe`` (subwords), or ``word`` (whole words; no subwords).
@@ -69,10 +70,10 @@ class TokenizerSettings:
             scripts; ~0.9995 for CJK).
     """
 
-    model_type: str = "unigram"
-    vocab_size: int = 8000
-    joint: bool = True
-    character_coverage: float = 1.0
+    model_type: str
+    vocab_size: int
+    joint: bool
+    character_coverage: float
 
     def __post_init__(self) -> None:
         if self.model_type not in MODEL_TYPES:
@@ -85,13 +86,12 @@ class TokenizerSettings:
             raise DataError(f"data.tokenizer.character_coverage={self.character_coverage} must be in (0, 1].")
 
     @classmethod
-    def from_mapping(cls, cfg: Mapping[str, Any] | None) -> TokenizerSettings:
-        """Build from the ``data.tokenizer`` mapping; unknown keys raise with the valid ones."""
-        cfg = dict(cfg or {})
-        valid = set(cls.__dataclass_fields__)
-        unknown = sorted(set(cfg) - valid)
-        if unknown:
-            raise DataError(f"unknown data.tokenizer key(s) {unknown}; valid keys: {', '.join(sorted(valid))}.")
+    def from_mapping(cls, cfg: Mapping[str, Any]) -> TokenizerSettings:
+        """Build from a complete ``data.tokenizer`` mapping; an unknown or missing key raises, naming it."""
+        if problem := first_unknown_key(dict(cfg), cls, "data.tokenizer."):
+            raise DataError(problem)
+        if missing := sorted(set(cls.__dataclass_fields__) - set(cfg)):
+            raise DataError(f"data.tokenizer.{missing[0]} is missing; configs/data/multi30k.yaml sets every key")
         return cls(**cfg)
 
 
@@ -223,7 +223,7 @@ class Tokenizer:
             named = {"src.model": self._src_model, "tgt.model": self._tgt_model or b""}
         paths = []
         for name, blob in named.items():
-            atomic_write(directory / name, blob)
+            write_bytes_durably(directory / name, blob)
             paths.append(directory / name)
         return paths
 
@@ -266,19 +266,6 @@ def _user_defined_pieces(model: bytes) -> list[str]:
     proto.ParseFromString(model)
     user_defined = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
     return [piece.piece for piece in proto.pieces if piece.type == user_defined]
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, then rename it into place."""
-    # Write-then-rename: a crash (or a concurrent DDP rank) never leaves a half-written file.
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.fchmod(fd, CACHE_FILE_MODE)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
 
 
 def text_hash(*sides: Sequence[str]) -> str:
@@ -381,7 +368,7 @@ def train_and_cache(
     paths = _model_paths(key, settings, cache_dir) if cache_dir else []
     for path, blob in zip(paths, models):
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, blob)
+        write_bytes_durably(path, blob)
     log.info(
         "trained SentencePiece %s %s on %d pairs in %.1f s: %s%s",
         settings.model_type,

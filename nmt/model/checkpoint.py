@@ -26,15 +26,16 @@ a run from a checkpoint (``nmt.train.resume``).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from nmt.common.files import write_durably
 from nmt.common.version import __version__
 from nmt.data import Tokenizer
+from nmt.model.hub_folder import WEIGHTS_FILE, HubFolderError, is_hub_folder, read_hub_folder
 from nmt.model.seq2seq import Seq2Seq
 
 CHECKPOINT_FORMAT = 1
@@ -57,42 +58,22 @@ def _tensors_to_bytes(state: dict[str, Any]) -> dict[str, Any]:
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     """Write ``state`` (plus format and version stamps) to ``path`` atomically and durably.
 
-    The bytes go to ``<name>.tmp``, are flushed to disk (fsync), and only then renamed over ``path``: a
+    The bytes go to a temp file, are flushed to disk (fsync), and only then renamed over ``path``: a
     crash, a full disk or a power cut leaves the previous checkpoint, never a half-written or empty one.
     A failed write removes its temp file.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     state = {"format_version": CHECKPOINT_FORMAT, "nmt_version": __version__, **state}
     if "tokenizer" in state:
         state["tokenizer"] = _bytes_to_tensors(state["tokenizer"])
-    try:
-        with open(tmp, "wb") as handle:
-            torch.save(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())  # the data is on disk before the rename makes it the checkpoint
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one, never half
-    _fsync_directory(path.parent)  # and the rename itself survives a power cut
-    return path
-
-
-def _fsync_directory(folder: Path) -> None:
-    if not hasattr(os, "O_DIRECTORY"):  # Windows: directories cannot be opened for fsync
-        return
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    return write_durably(path, lambda handle: torch.save(state, handle))
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint file, or a run dir (its ``checkpoints/best.pt``, else ``checkpoints/last.pt``)."""
+    """A checkpoint file, a run dir (its ``checkpoints/best.pt``, else ``checkpoints/last.pt``), or a Hub
+    folder (its ``model.safetensors``; ``nmt.model.hub_folder``)."""
     path = Path(path)
+    if path.is_dir() and is_hub_folder(path):
+        return path / WEIGHTS_FILE
     if path.is_dir():
         for name in ("best.pt", "last.pt"):
             candidate = path / CHECKPOINT_DIR / name
@@ -108,6 +89,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a checkpoint dict on the CPU, refusing anything that is not this project's format."""
     path = resolve_checkpoint(path)
+    if path.name == WEIGHTS_FILE:
+        try:
+            return {"format_version": CHECKPOINT_FORMAT, **read_hub_folder(path.parent)}
+        except HubFolderError as error:
+            raise CheckpointError(str(error)) from None
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # truncated file, foreign pickle with classes, not a torch file at all

@@ -18,7 +18,6 @@ Deliberately not here: decoding and teacher-forced loss (``Trainer.decode``,
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from nmt.common.files import write_json_durably, write_text_durably
 from nmt.common.metrics import corpus_scores
 from nmt.data import EncodedSplit, PreparedData
 from nmt.model.checkpoint import RunCheckpoints
@@ -76,7 +76,7 @@ def final_evaluation(run: FinishedRun) -> dict[str, Any]:
     results.update(run.summary)
     results["final_evaluation_seconds"] = time.perf_counter() - started
     path = run.run_dir / "results.json"
-    path.write_text(json.dumps(results, indent=2) + "\n")
+    write_json_durably(path, results)
     print(format_results(results, path), flush=True)
     run.logger.hparams(*hparams_and_metrics(run.cfg, results))
     return results
@@ -99,8 +99,7 @@ def evaluate_weights(run: FinishedRun, label: str, step: int | None) -> dict[str
         test[name] = corpus_scores(hypotheses, split.tgt_text)
         if step is not None:  # the best checkpoint's translations, for analysis (scripts/compare_runs.py)
             out = run.run_dir / "translations" / f"{name}.{run.cfg.data.tgt_lang}"
-            out.parent.mkdir(exist_ok=True)
-            out.write_text("".join(h + "\n" for h in hypotheses))
+            write_text_durably(out, "".join(h + "\n" for h in hypotheses))
     return {"checkpoint": label, "checkpoint_step": step, "beam_size": beam,
             "length_penalty": run.cfg.trainer.length_penalty, "valid": valid, "test": test}
 

@@ -25,7 +25,7 @@ line (``nmt.common.progress``), the final test and report (``nmt.train.final_eva
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import logging
 import math
 import os
@@ -35,13 +35,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from nmt.common.device import DeviceError, autocast, configure_matmul, slow_bf16_warning, uses_bf16
+from nmt.common.files import FolderInUse, folder_lock
 from nmt.common.metrics import corpus_scores
 from nmt.common.progress import Progress, RunClock, StepHistory, progress_line
 from nmt.common.provenance import device_name, host, library_versions
@@ -90,7 +91,7 @@ class TrainingError(RuntimeError):
 
 # What ``train`` raises for a mistake the user can fix; the message names the setting or file and the fix.
 USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, DataError, CheckpointError, DeviceError, TrainingError,
-                                             BacktranslationError, TranslationError)
+                                             FolderInUse, BacktranslationError, TranslationError)
 
 
 def lr_factor(schedule: str, warmup_steps: int, total_steps: int, min_ratio: float) -> Callable[[int], float]:
@@ -109,25 +110,13 @@ def lr_factor(schedule: str, warmup_steps: int, total_steps: int, min_ratio: flo
     return factor
 
 
-def lock_run_dir(run_dir: Path) -> IO[str]:
-    """Hold ``run_dir/.lock`` (an flock, released however the process ends) so that one train.py writes a run.
-
-    Raises:
-        TrainingError: another process holds it (two resumes of one run would overwrite each other's checkpoints).
-    """
-    handle = (run_dir / ".lock").open("a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        owner = handle.read().strip() or "another process"
-        handle.close()
-        raise TrainingError(f"{run_dir} is in use by {owner}: wait for it to finish (or stop it), then resume; "
-                            "two processes writing one run would overwrite each other's checkpoints.") from None
-    handle.truncate(0)
-    handle.write(f"train.py (pid {os.getpid()})\n")
-    handle.flush()
-    return handle
+def lock_run_dir(run_dir: Path, is_main: bool) -> contextlib.AbstractContextManager[None]:
+    """Hold the run dir's lock on the main rank, so that one train.py writes a run (the others hold nothing)."""
+    if not is_main:
+        return contextlib.nullcontext()
+    advice = ("wait for it to finish (or stop it), then resume; two processes writing one run would overwrite "
+              "each other's checkpoints.")
+    return folder_lock(run_dir, f"train.py (pid {os.getpid()})", advice)
 
 
 def run_dir_from_hydra() -> Path:
@@ -158,7 +147,6 @@ class Trainer:
         run_dir: where checkpoints, events and results go.
         info: this process's place in a distributed run.
         resume_state: a loaded checkpoint to continue from, or None.
-        interrupt_at_step: behave as if SIGINT arrived after this step (tests, preemption drills).
     """
 
     def __init__(
@@ -167,7 +155,6 @@ class Trainer:
         run_dir: Path,
         info: DistInfo,
         resume_state: dict[str, Any] | None = None,
-        interrupt_at_step: int | None = None,
     ) -> None:
         setup_start = time.perf_counter()
         self.cfg, self.tcfg, self.run_dir, self.info = cfg, cfg.trainer, run_dir, info
@@ -177,7 +164,6 @@ class Trainer:
         configure_matmul(self.precision, self.device)
         if info.is_main and (warning := slow_bf16_warning(self.precision, self.device)):
             log.warning("trainer.%s", warning)
-        self.interrupt_at_step = interrupt_at_step
         self.stop_signal: str | None = None
         seed_everything(self.tcfg.seed + info.rank)  # own dropout stream per rank; DDP copies rank 0's weights
 
@@ -340,8 +326,6 @@ class Trainer:
 
     def _should_stop(self) -> bool:
         """The planned steps are done, or a signal reached any rank (all stop at the same step). A collective."""
-        if self.progress.step == self.interrupt_at_step:
-            self.stop_signal = "interrupt_at_step"
         signalled = any_rank(self.stop_signal is not None, self.info, self.device)
         if signalled and self.stop_signal is None:
             self.stop_signal = "another rank's signal"
@@ -563,13 +547,12 @@ class Trainer:
                                   src_labels, tgt_labels, step)
 
 
-def train(cfg: DictConfig, run_dir: str | Path | None = None, interrupt_at_step: int | None = None) -> dict[str, Any]:
+def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     """Train (or resume) a model as configured; return the final metrics (Hydra sweeps use them).
 
     Args:
         cfg: the composed config (``data``, ``model``, ``attention``, ``trainer``).
         run_dir: where outputs go; default: Hydra's run dir. A resumed run writes on into its own.
-        interrupt_at_step: act as if SIGINT arrived after this optimizer step.
 
     Raises:
         ConfigError, DataError, CheckpointError, DeviceError, TrainingError: a problem the user can fix;
@@ -587,11 +570,11 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None, interrupt_at_step:
     run_dir.mkdir(parents=True, exist_ok=True)
     info = setup_distributed(cfg.trainer.device)
     try:
-        lock = lock_run_dir(run_dir) if info.is_main else None  # noqa: F841  (held until this process ends)
-        trainer = Trainer(cfg, run_dir, info, resume_state, interrupt_at_step)
-        if info.is_main:
-            OmegaConf.save(OmegaConf.create(to_plain_dict(cfg)), run_dir / "config.yaml")
-        return trainer.fit()
+        with lock_run_dir(run_dir, info.is_main):
+            trainer = Trainer(cfg, run_dir, info, resume_state)
+            if info.is_main:
+                OmegaConf.save(OmegaConf.create(to_plain_dict(cfg)), run_dir / "config.yaml")
+            return trainer.fit()
     except torch.cuda.OutOfMemoryError as error:
         raise TrainingError(
             f"CUDA out of memory: lower data.max_tokens (now {cfg.data.max_tokens}) or "
