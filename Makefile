@@ -13,7 +13,7 @@ ifneq ($(wildcard $(SHARED_CORPORA)/multi30k),)
 export NMT_DATA_MIRROR ?= $(SHARED_CORPORA)
 endif
 
-.PHONY: install train test lint clean
+.PHONY: install train test lint docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,14 @@ lint: install
 
 test: lint
 	$(PY) -m pytest $(ARGS)
+
+# The documentation site (mkdocs.yml), built as CI builds it: a broken link or a page left out fails.
+$(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
+	$(PY) -m pip install --quiet -e ".[docs]"
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	$(VENV)/bin/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache .ruff_cache
