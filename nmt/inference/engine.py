@@ -27,9 +27,9 @@ import logging
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from omegaconf import MISSING, OmegaConf
@@ -168,6 +168,17 @@ class EngineSettings(SearchOptions):
     device: str = "auto"
     precision: str = "auto"
     max_input_words: Any = "auto"
+
+
+class NbestReranker(Protocol):
+    """What ``Translator.translate(..., rerank=...)`` takes: ``nmt.inference.rerank.Rerank``."""
+
+    n_best: int
+
+    def checked(self, beam_size: int) -> NbestReranker: ...
+
+    def rerank(self, sources: Sequence[str], nbest: list[list[Hypothesis]], texts: list[list[str]]
+               ) -> list[list[Hypothesis]]: ...
 
 
 @dataclass
@@ -347,7 +358,7 @@ class Translator:
 
     def translate(
         self, sentences: Sequence[str], *, attention: bool = False, progress: bool = False,
-        sampling: SamplingOptions | None = None, **options: Any
+        sampling: SamplingOptions | None = None, rerank: NbestReranker | None = None, **options: Any
     ) -> list[Translation]:
         """Translate sentences; one result per sentence, in input order.
 
@@ -357,6 +368,9 @@ class Translator:
             progress: show a tqdm bar on stderr.
             sampling: draw one sample per sentence with these options instead of searching
                 (``beam_size`` and ``length_penalty`` are then unused; ``n_best`` must be 1).
+            rerank: rescore the search's n-best lists (``nmt.inference.rerank.Rerank``, noisy channel): the
+                search keeps ``max(n_best, rerank.n_best)`` candidates, all rescored, and returns ``n_best``
+                of them, scored with the combined score. Off (None) by default.
             **options: ``SearchOptions`` fields (beam_size, length_penalty, n_best, max_len,
                 max_len_ratio, batch_tokens); unset ones take their defaults.
 
@@ -369,8 +383,24 @@ class Translator:
             raise TranslationError(f"attention was asked for, but this model was trained with "
                                    f"attention={self.attention_name}, which has none")
         src_ids = self.encode(sentences)
-        results = self.translate_ids(src_ids, search, progress=progress, attention=attention, sampling=sampling)
+        searched = search
+        if rerank is not None:
+            searched = replace(search, n_best=max(search.n_best, rerank.checked(search.beam_size).n_best))
+        results = self.translate_ids(src_ids, searched, progress=progress, attention=attention, sampling=sampling)
+        if rerank is not None:
+            results = self._rerank(rerank, sentences, src_ids, results, search.n_best)
         return [self._result(ids, nbest, attention) for ids, nbest in zip(src_ids, results)]
+
+    def _rerank(self, rerank: NbestReranker, sentences: Sequence[str], src_ids: list[list[int]],
+                results: list[list[Hypothesis]], n_best: int) -> list[list[Hypothesis]]:
+        """The non-empty sentences' n-best lists reranked, cut to ``n_best``."""
+        lines, _ = truncate_words([sentence.strip() for sentence in sentences], self.max_input_words)
+        todo = [i for i, ids in enumerate(src_ids) if ids]
+        texts = [[self.tokenizer.decode_tgt(h.tokens) for h in results[i]] for i in todo]
+        reranked = rerank.rerank([lines[i] for i in todo], [results[i] for i in todo], texts)
+        for i, hyps in zip(todo, reranked):
+            results[i] = hyps[:n_best]
+        return results
 
     def translate_ids(
         self, src_ids: Sequence[Sequence[int]], options: SearchOptions | None = None, progress: bool = False,

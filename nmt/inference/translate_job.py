@@ -24,7 +24,7 @@ import sys
 import time
 import zlib
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -36,6 +36,7 @@ from nmt.data import DataError
 from nmt.data.text import STRICT_UTF8, decode_lines
 from nmt.inference.engine import EngineSettings, SearchOptions, Translation, TranslationError, Translator
 from nmt.inference.plotting import save_attention_png
+from nmt.inference.rerank import Rerank, RerankSettings, check_weights, from_settings
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ class TranslateSettings(EngineSettings):
     attention_dir: str | None = None
     attention_words: bool = True
     alignments: str | None = None
+    rerank: RerankSettings = field(default_factory=RerankSettings)
 
 
 ConfigStore.instance().store(name="translate_settings", node=TranslateSettings)
@@ -204,8 +206,11 @@ def translate_main(cfg: DictConfig) -> dict[str, Any]:
             ``translate.py`` (see ``nmt.inference.engine.USER_ERRORS``).
     """
     options = SearchOptions.from_settings(cfg)
+    if cfg.rerank.checkpoint:
+        check_weights(cfg.rerank, options.beam_size)
     _check_outputs(cfg)  # now, not after the whole input has been decoded
     translator = Translator.from_settings(cfg)
+    rerank = from_settings(cfg.rerank, translator)
     wants_attention = bool(cfg.attention_dir or cfg.alignments)
     if wants_attention and not translator.has_attention:
         raise TranslationError(
@@ -215,14 +220,15 @@ def translate_main(cfg: DictConfig) -> dict[str, Any]:
     input_path = str(cfg.input)
     interactive = input_path == STDIO and str(cfg.output) == STDIO and sys.stdin.isatty()
     if interactive and not (cfg.reference or wants_attention):
-        return _interactive(translator, options, cfg.n_best)
+        return _interactive(translator, options, cfg.n_best, rerank)
 
     lines = read_input_lines(input_path, cfg.invalid_utf8)
     refs = _read_reference(str(cfg.reference), len(lines), cfg.invalid_utf8) if cfg.reference else None
     show_bar = len(lines) > PROGRESS_MIN_LINES if cfg.progress == "auto" else bool(cfg.progress)
 
     start = time.perf_counter()
-    results = translator.translate(lines, attention=wants_attention, progress=show_bar, **asdict(options))
+    results = translator.translate(lines, attention=wants_attention, progress=show_bar, rerank=rerank,
+                                   **asdict(options))
     seconds = time.perf_counter() - start
     with _open_output(str(cfg.output)) as out:
         for result in results:
@@ -243,7 +249,8 @@ def translate_main(cfg: DictConfig) -> dict[str, Any]:
     return metrics
 
 
-def _interactive(translator: Translator, options: SearchOptions, n_best: int) -> dict[str, Any]:
+def _interactive(translator: Translator, options: SearchOptions, n_best: int, rerank: Rerank | None
+                 ) -> dict[str, Any]:
     """A prompt on a terminal: each line typed is translated at once; Ctrl-D ends."""
     print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
     count = 0
@@ -253,6 +260,6 @@ def _interactive(translator: Translator, options: SearchOptions, n_best: int) ->
         if not line:
             print(file=sys.stderr)
             return {"lines": count}
-        [result] = translator.translate([line], **asdict(options))
+        [result] = translator.translate([line], rerank=rerank, **asdict(options))
         print(format_output(result, n_best), flush=True)
         count += 1

@@ -1,0 +1,169 @@
+"""Noisy-channel reranking of an n-best list: log P(y|x) + λ·log P(x|y) + γ·|y| (Yee et al., 2019).
+
+The reverse-direction model(s) score the source x given each candidate y, teacher-forced and batched:
+one extra forward pass of each reverse model over the n-best candidates of every sentence.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from nmt.common.device import autocast
+from nmt.data.batching import collate_batch, token_batches
+from nmt.inference.engine import SearchOptions, TranslationError, Translator
+from nmt.model.search import Hypothesis
+
+
+@dataclass
+class RerankSettings:
+    """The ``rerank`` block of translate.py and serve.py; the one home of these defaults.
+
+    Attributes:
+        checkpoint: the reverse model(s) (run dirs or .pt files, a list for an ensemble); None = off.
+        weight: λ, the weight of log P(x|y); 0 with ``length_weight`` 0 keeps the n-best order.
+        length_weight: γ, added per subword of the candidate (> 0 favours longer outputs).
+        n_best: candidates rescored per sentence (at most ``beam_size``).
+    """
+
+    checkpoint: Any = None
+    weight: float = 1.0
+    length_weight: float = 0.0
+    n_best: int = 5
+
+
+class NoisyChannel:
+    """Reverse models that score a source sentence given each of its candidate translations.
+
+    Args:
+        reverse: a Translator of the reverse direction (its models, tokenizer, device and precision).
+    """
+
+    def __init__(self, reverse: Translator) -> None:
+        self.reverse = reverse
+
+    @classmethod
+    def load(cls, checkpoint: str | Sequence[str], forward: Translator) -> NoisyChannel:
+        """The reverse model(s) at ``checkpoint``, on ``forward``'s device and precision.
+
+        Raises:
+            TranslationError: models whose languages do not mirror ``forward``'s (one line).
+            CheckpointError: a missing or unreadable checkpoint.
+        """
+        reverse = Translator.from_checkpoint(checkpoint, device=forward.device, precision=forward.precision,
+                                             max_input_words=None)
+        mine, theirs = forward.info(), reverse.info()
+        if (theirs["src_lang"], theirs["tgt_lang"]) != (mine["tgt_lang"], mine["src_lang"]):
+            raise TranslationError(
+                f"rerank.checkpoint {' + '.join(map(str, reverse.checkpoints))} translates {theirs['src_lang']}→"
+                f"{theirs['tgt_lang']}, but the model translates {mine['src_lang']}→{mine['tgt_lang']}: a "
+                f"noisy-channel reranker translates the other way, {mine['tgt_lang']}→{mine['src_lang']}")
+        return cls(reverse)
+
+    @torch.inference_mode()
+    def source_log_probs(self, sources: Sequence[str], candidates: Sequence[Sequence[str]],
+                         batch_tokens: int = SearchOptions.batch_tokens) -> list[list[float]]:
+        """log P(x|y): the reverse models' summed token log-probabilities of each source (EOS included)
+        given each of its candidates; an ensemble's members are averaged per token, as in its search.
+
+        Args:
+            sources: B source sentences x.
+            candidates: per source, its candidate translations y.
+            batch_tokens: padded tokens per teacher-forced batch, ``R * max(S, T)``.
+
+        Returns:
+            Per source, one score per candidate, in order.
+        """
+        x_ids = self.reverse.tokenizer.encode_tgt_batch(list(sources))
+        owners = [i for i, cands in enumerate(candidates) for _ in cands]
+        y_ids = self.reverse.encode([y for cands in candidates for y in cands])
+        lengths = [max(len(y_ids[k]), len(x_ids[owners[k]])) + 1 for k in range(len(owners))]
+        flat = [0.0] * len(owners)
+        for rows in token_batches(lengths, batch_tokens):
+            batch = collate_batch([(k, y_ids[k], x_ids[owners[k]]) for k in rows]).to(self.reverse.device)
+            for k, score in zip(rows, self._batch_scores(batch).tolist()):
+                flat[k] = score
+        scores: list[list[float]] = [[] for _ in candidates]
+        for k, owner in enumerate(owners):
+            scores[owner].append(flat[k])
+        return scores
+
+    def _batch_scores(self, batch: Any) -> torch.Tensor:
+        """Teacher-forced log P(tgt_out | src) per row ``[R]``, the mean over the reverse models."""
+        total = torch.zeros(batch.size, device=batch.src.device)
+        with autocast(self.reverse.precision, self.reverse.device):
+            for model in self.reverse.models:
+                logits, _ = model(batch.src, batch.src_lengths, batch.tgt_in)  # [R, T, V]
+                log_probs = torch.log_softmax(logits.float(), dim=-1)
+                picked = log_probs.gather(-1, batch.tgt_out.unsqueeze(-1)).squeeze(-1)  # [R, T]
+                total += (picked * batch.tgt_mask).sum(dim=1)
+        return total / len(self.reverse.models)
+
+
+@dataclass(frozen=True)
+class Rerank:
+    """What ``Translator.translate(..., rerank=...)`` reranks with: a channel and the weights.
+
+    Attributes:
+        channel: the reverse models (``NoisyChannel.load``).
+        weight, length_weight, n_best: as ``RerankSettings``'.
+    """
+
+    channel: NoisyChannel
+    weight: float = RerankSettings.weight
+    length_weight: float = RerankSettings.length_weight
+    n_best: int = RerankSettings.n_best
+
+    def checked(self, beam_size: int) -> Rerank:
+        """These options if valid; else a TranslationError naming the option and its range."""
+        check_weights(self, beam_size)
+        return self
+
+    def rerank(self, sources: Sequence[str], nbest: list[list[Hypothesis]], texts: list[list[str]]
+               ) -> list[list[Hypothesis]]:
+        """Each n-best list reordered by the combined score, which becomes each hypothesis' score.
+
+        Args:
+            sources: the source sentences, as the forward model read them.
+            nbest: per source, its hypotheses best first (search scores: log P(y|x), length-normalised
+                as the search ranked them).
+            texts: their detokenized texts, for the reverse models.
+        """
+        # weight 0 costs nothing (and an -inf log-probability times 0 cannot turn a score into NaN)
+        channel = self.channel.source_log_probs(sources, texts) if self.weight else [[0.0] * len(t) for t in texts]
+        return [combine(hyps, scores, self.weight, self.length_weight) for hyps, scores in zip(nbest, channel)]
+
+
+def check_weights(options: RerankSettings | Rerank, beam_size: int) -> None:
+    """Refuse a weight that is not a finite number, or an ``n_best`` outside 1..``beam_size`` (one line)."""
+    for name in ("weight", "length_weight"):
+        value = getattr(options, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise TranslationError(f"rerank.{name} must be a finite number, got {value!r}")
+    n_best = options.n_best
+    if isinstance(n_best, bool) or not isinstance(n_best, int) or not 1 <= n_best <= beam_size:
+        raise TranslationError(f"rerank.n_best must be a whole number from 1 to beam_size ({beam_size}), "
+                               f"got {n_best!r}")
+
+
+def from_settings(settings: Any, forward: Translator) -> Rerank | None:
+    """The ``Rerank`` a ``rerank`` settings block (translate.py's, serve.py's) asks for; None when it is off."""
+    if settings.checkpoint in (None, "", []):
+        return None
+    paths = settings.checkpoint
+    paths = OmegaConf.to_object(paths) if OmegaConf.is_config(paths) else paths
+    paths = [str(p) for p in paths] if isinstance(paths, (list, tuple)) else str(paths)
+    return Rerank(NoisyChannel.load(paths, forward), float(settings.weight), float(settings.length_weight),
+                  int(settings.n_best))
+
+
+def combine(hyps: list[Hypothesis], channel: list[float], weight: float, length_weight: float
+            ) -> list[Hypothesis]:
+    """``hyps`` rescored as score + weight·channel + length_weight·|tokens|, best first (ties keep their order)."""
+    rescored = [replace(h, score=h.score + weight * c + length_weight * len(h.tokens)) for h, c in zip(hyps, channel)]
+    return sorted(rescored, key=lambda h: -h.score)
