@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ import torch
 from nmt.common import files
 from nmt.model import checkpoint
 from nmt.model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from tests.conftest import REPO_ROOT
 
 
 def test_a_checkpoint_is_on_disk_before_it_replaces_the_old_one(tmp_path: Path,
@@ -45,3 +48,31 @@ def test_a_truncated_file_is_refused_by_name(tmp_path: Path) -> None:
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(CheckpointError, match="cannot read checkpoint .*best.pt"):
         load_checkpoint(path)
+
+
+class _NotAPlainValue:
+    pass
+
+
+def _garbage(tmp_path: Path) -> Path:
+    path = tmp_path / "garbage.pt"
+    path.write_bytes(bytes(range(256)) * 20)
+    return path
+
+
+def _foreign_pickle(tmp_path: Path) -> Path:
+    path = tmp_path / "foreign.pt"
+    torch.save({"model": _NotAPlainValue()}, path)
+    return path
+
+
+@pytest.mark.parametrize("make, reason", [(_garbage, "it is not the zip archive torch.save writes"),
+                                           (_foreign_pickle, "it holds Python objects besides tensors")])
+def test_translate_py_refuses_a_file_that_is_not_a_checkpoint_in_one_line_of_ours(
+        tmp_path: Path, make, reason: str) -> None:
+    path = make(tmp_path)
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "translate.py"), f"checkpoint={path}"], input="Hallo\n",
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and f"cannot read checkpoint {path}: {reason}" in done.stderr
+    assert "weights_only" not in done.stderr and "Traceback" not in done.stderr

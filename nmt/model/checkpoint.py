@@ -26,6 +26,8 @@ a run from a checkpoint (``nmt.train.resume``).
 
 from __future__ import annotations
 
+import pickle
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -86,6 +88,22 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return path
 
 
+def _read_weights_only(path: Path) -> Any:
+    """``torch.load`` that never unpickles code, with our own one-line refusals (torch's advises loading unsafely)."""
+    fix = "point checkpoint= at a run dir or a .pt file written by train.py"
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"cannot read checkpoint {path}: it is not the zip archive torch.save writes "
+                              f"(a truncated copy, or another kind of file); {fix}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"cannot read checkpoint {path}: it holds Python objects besides tensors and plain "
+                              f"values, so train.py did not write it, and it is not loaded; {fix}") from None
+    except Exception as error:  # a damaged archive: torch's first line says where
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(f"cannot read checkpoint {path}: {reason}; {fix}") from None
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a checkpoint dict on the CPU, refusing anything that is not this project's format."""
     path = resolve_checkpoint(path)
@@ -94,10 +112,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             return {"format_version": CHECKPOINT_FORMAT, **read_hub_folder(path.parent)}
         except HubFolderError as error:
             raise CheckpointError(str(error)) from None
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # truncated file, foreign pickle with classes, not a torch file at all
-        raise CheckpointError(f"cannot read checkpoint {path}: {error}") from error
+    state = _read_weights_only(path)
     if not isinstance(state, dict) or "format_version" not in state:
         raise CheckpointError(f"{path} is not a checkpoint written by this project's train.py")
     if state["format_version"] != CHECKPOINT_FORMAT:
