@@ -39,7 +39,7 @@ $(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
 	touch $@
 
 docs: $(VENV)/.docs-installed
-	$(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict  # (silences Material's notice about MkDocs 2)
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache .ruff_cache
