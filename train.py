@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from nmt.common.entry_point import check_keys_or_exit, user_errors
 from nmt.model.checkpoint import CheckpointError
 from nmt.train.resume import resume_overrides
-from nmt.train.schema import TrainSchema
+from nmt.train.schema import TrainSettings
 from nmt.train.trainer import USER_ERRORS, train
 
 
@@ -30,7 +30,7 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    check_keys_or_exit("train.py", Path(__file__).parent / "configs", sys.argv[1:], TrainSchema)
+    check_keys_or_exit("train.py", Path(__file__).parent / "configs", sys.argv[1:], TrainSettings)
     with user_errors("train.py", (CheckpointError,)):  # a resumed run writes into its own run dir only
         sys.argv += resume_overrides(sys.argv[1:])
     main()

@@ -29,7 +29,7 @@ from nmt.data import DataError, prepare_data
 from nmt.inference.engine import Translator
 from nmt.inference.translate_job import TranslateSettings
 from nmt.model.checkpoint import load_checkpoint
-from nmt.train.schema import TrainSchema, validate_config
+from nmt.train.schema import TrainSettings, validate_config
 from nmt.train.trainer import Trainer, lr_factor, train
 from tests.conftest import CONFIG_DIR, REPO_ROOT
 
@@ -261,17 +261,17 @@ def test_command_line_errors_name_the_key_and_choices(tmp_path: Path) -> None:
 def test_command_line_key_check_suggests_and_leaves_the_rest_to_hydra() -> None:
     assert check_command_line_keys(CONFIG_DIR, ["checkpoint=x", "beam=3"], TranslateSettings).startswith(
         "unknown config key beam: did you mean beam_size? valid keys under the top level: alignments,")
-    message = check_command_line_keys(CONFIG_DIR, ["attention=dot", "model.emb=3"], TrainSchema)
+    message = check_command_line_keys(CONFIG_DIR, ["attention=dot", "model.emb=3"], TrainSettings)
     assert message.startswith("unknown config key model.emb: did you mean model.emb_size? valid keys under model.: ")
     # a misspelt section is named at its own level
-    message = check_command_line_keys(CONFIG_DIR, ["trainr.lr=3"], TrainSchema)
+    message = check_command_line_keys(CONFIG_DIR, ["trainr.lr=3"], TrainSettings)
     assert message.startswith("unknown config key trainr: did you mean trainer? valid keys under the top level: ")
     # valid keys, additions, sweeps, group choices and hydra.* are not this check's business
     for args in (["trainer.lr=3", "+trainer.extra=1", "hydra.run.dir=/tmp/x"], ["-m", "attention=dot,additive"],
                  ["attention=nope"], ["--config-dir=/nowhere", "data=reversal"]):
-        assert check_command_line_keys(CONFIG_DIR, args, TrainSchema) is None
+        assert check_command_line_keys(CONFIG_DIR, args, TrainSettings) is None
     # a value of the wrong type, where the schema knows the type
-    assert check_command_line_keys(CONFIG_DIR, ["trainer.max_epochs=ten"], TrainSchema).startswith(
+    assert check_command_line_keys(CONFIG_DIR, ["trainer.max_epochs=ten"], TrainSettings).startswith(
         "bad value for trainer.max_epochs: Value 'ten' of type 'str' could not be converted to Integer")
     assert check_command_line_keys(CONFIG_DIR, ["checkpoint=x", "beam_size=wide"], TranslateSettings).startswith(
         "bad value for beam_size:")

@@ -94,7 +94,7 @@ def check_command_line_keys(config_dir: str | Path, args: Sequence[str], schema:
     Args:
         config_dir: the entry point's config folder; its sub-folders are the config groups.
         args: the command-line arguments (``sys.argv[1:]``).
-        schema: the entry point's settings dataclass (``TrainSchema``, ``TranslateSettings``, ...).
+        schema: the entry point's settings dataclass (``TrainSettings``, ``TranslateSettings``, ...).
 
     Returns:
         The message, or None.

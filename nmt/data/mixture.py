@@ -37,7 +37,7 @@ KINDS = ("corpus", "src", "synthetic")  # what a source entry names: exactly one
 
 
 @dataclass
-class MixtureSourceSchema:
+class MixtureSourceSettings:
     """One entry of ``data.mixture``; this dataclass is the one home of its defaults.
 
     Attributes:
@@ -109,7 +109,7 @@ def resolve_sources(cfg: Mapping[str, Any], cache: Path, mirror: str | Path | No
     return sources
 
 
-def check_entry(index: int, entry: Any) -> MixtureSourceSchema:
+def check_entry(index: int, entry: Any) -> MixtureSourceSettings:
     """One ``data.mixture`` entry as its dataclass, with defaults filled in, after checking it.
 
     Raises:
@@ -118,11 +118,11 @@ def check_entry(index: int, entry: Any) -> MixtureSourceSchema:
     where = f"data.mixture[{index}]"
     if not isinstance(entry, Mapping):
         raise DataError(f"{where} is {entry!r}; each source is a mapping such as {{corpus: multi30k, weight: 2}}.")
-    names = [f.name for f in dataclasses.fields(MixtureSourceSchema)]
+    names = [f.name for f in dataclasses.fields(MixtureSourceSettings)]
     for key in entry:
         if key not in names:
             raise DataError(unknown_key_message(f"{where}.", str(key), names))
-    source = MixtureSourceSchema(**entry)
+    source = MixtureSourceSettings(**entry)
     kinds = [kind for kind in KINDS if getattr(source, kind) is not None]
     if len(kinds) != 1 or (source.src is None) != (source.tgt is None):
         raise DataError(f"{where} must name exactly one source: corpus: NAME, or src: PATH with tgt: PATH, or "

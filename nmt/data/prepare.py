@@ -64,13 +64,13 @@ PREPARE_VERSION = 3  # 3: splits are lists of sources (mixtures, tags)
 
 
 @dataclass
-class CleanSchema:
+class CleanSettings:
     max_len: int | None = MISSING
     max_ratio: float | None = MISSING
 
 
 @dataclass
-class DataSchema:
+class DataSettings:
     """The keys and types of the ``data`` section; the values (and their comments) are in configs/data/*.yaml."""
 
     corpus: str = MISSING
@@ -83,12 +83,12 @@ class DataSchema:
     cache_dir: str = MISSING
     mirror: str | None = MISSING
     invalid_utf8: str = MISSING
-    clean: CleanSchema = field(default_factory=CleanSchema)
+    clean: CleanSettings = field(default_factory=CleanSettings)
     tokenizer: TokenizerSettings = MISSING
     max_tokens: int = MISSING
     valid_max_tokens: int = MISSING
     num_workers: int = MISSING
-    mixture: Any = MISSING  # null, or a list of MixtureSourceSchema entries (checked by check_entry)
+    mixture: Any = MISSING  # null, or a list of MixtureSourceSettings entries (checked by check_entry)
     tatoeba: TatoebaSettings = field(default_factory=TatoebaSettings)
 
 
@@ -179,13 +179,13 @@ def resolve_data_config(data_cfg: Any) -> dict[str, Any]:
             invalid value.
     """
     given = _to_plain(data_cfg)
-    if problem := first_unknown_key(given, DataSchema, "data."):
+    if problem := first_unknown_key(given, DataSettings, "data."):
         raise DataError(problem)
     if given.get("invalid_utf8", STRICT_UTF8) not in INVALID_UTF8_MODES:
         raise DataError(f"data.invalid_utf8={given['invalid_utf8']!r} is not valid; use one of "
                         f"{', '.join(INVALID_UTF8_MODES)}.")
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(DataSchema), given)
+        merged = OmegaConf.merge(OmegaConf.structured(DataSettings), given)
     except OmegaConfBaseException as error:
         raise DataError(bad_value_message("data.", error)) from None
     if missing := sorted(OmegaConf.missing_keys(merged)):

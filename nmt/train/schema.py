@@ -4,12 +4,12 @@ fail before any work starts, naming the bad key and the valid choices; the train
 Where each setting and its default live (each default is written once):
 
 - training: the keys and types of each section are the dataclasses here (``data``'s is
-  ``nmt.data.prepare.DataSchema``); the values, with a comment on every key, are the YAML files of
+  ``nmt.data.prepare.DataSettings``); the values, with a comment on every key, are the YAML files of
   ``configs/``. A group's variants inherit from its first file and state only what differs
   (``model/small.yaml`` from ``model/default.yaml``, ``data/tatoeba.yaml`` from ``data/multi30k.yaml``);
   a nested settings block that only some runs use keeps its defaults in its dataclass
   (``data.tatoeba``: ``nmt.data.tatoeba.TatoebaSettings``; ``data.mixture`` entries:
-  ``nmt.data.mixture.MixtureSourceSchema``). Code below the entry points (``Seq2Seq``, the data layer)
+  ``nmt.data.mixture.MixtureSourceSettings``). Code below the entry points (``Seq2Seq``, the data layer)
   receives values and does not restate them.
 - ``translate.py`` and ``serve.py``: their settings dataclasses (``nmt.inference.translate_job.TranslateSettings``,
   ``nmt.serve.server.ServeSettings``) hold types *and* defaults, because the Python API (``Translator``,
@@ -37,12 +37,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nmt.common.device import PRECISIONS
 from nmt.common.settings import ConfigError, bad_value_message, first_unknown_key, unknown_key_message
-from nmt.data.prepare import DataSchema, resolve_data_config
+from nmt.data.prepare import DataSettings, resolve_data_config
 from nmt.model.attention import attention_names, attention_options
 
 
 @dataclass
-class ModelSchema:
+class ModelSettings:
     emb_size: int = MISSING
     enc_hidden_size: int = MISSING
     dec_hidden_size: int = MISSING
@@ -55,7 +55,7 @@ class ModelSchema:
 
 
 @dataclass
-class TrainerSchema:
+class TrainerSettings:
     seed: int = MISSING
     device: str = MISSING
     precision: str = MISSING
@@ -83,16 +83,16 @@ class TrainerSchema:
 
 
 @dataclass
-class TrainSchema:
+class TrainSettings:
     """The sections of ``train.py``'s config; ``attention``'s keys depend on its type (checked after composing)."""
 
-    data: DataSchema = field(default_factory=DataSchema)
-    model: ModelSchema = field(default_factory=ModelSchema)
+    data: DataSettings = field(default_factory=DataSettings)
+    model: ModelSettings = field(default_factory=ModelSettings)
     attention: Any = MISSING
-    trainer: TrainerSchema = field(default_factory=TrainerSchema)
+    trainer: TrainerSettings = field(default_factory=TrainerSettings)
 
 
-GROUP_SCHEMAS: dict[str, type] = {"data": DataSchema, "model": ModelSchema, "trainer": TrainerSchema}
+GROUP_SETTINGS: dict[str, type] = {"data": DataSettings, "model": ModelSettings, "trainer": TrainerSettings}
 CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.lr_schedule": ("cosine", "inverse_sqrt", "constant"),
     "trainer.precision": PRECISIONS,
@@ -126,9 +126,9 @@ def validate_config(cfg: DictConfig) -> None:
         cfg: the composed config with groups ``data``, ``model``, ``attention``, ``trainer``.
     """
     sections = {key: value for key, value in cfg.items() if key != "hydra"}
-    if problem := first_unknown_key(sections, TrainSchema):
+    if problem := first_unknown_key(sections, TrainSettings):
         raise ConfigError(problem)
-    for group, schema in GROUP_SCHEMAS.items():
+    for group, schema in GROUP_SETTINGS.items():
         if group not in cfg:
             raise ConfigError(f"config group {group!r} is missing; train.yaml's defaults list selects one")
         if group == "data":
