@@ -364,3 +364,14 @@ def test_a_one_token_limit_still_scores() -> None:
     model = tiny_model()
     src, src_lengths = batch([3])
     assert math.isfinite(beam_search(model, src, src_lengths, 2, 1.0, 1, None, 1)[0][0].score)
+
+
+def test_every_model_the_search_drives_satisfies_its_declared_step_interface() -> None:
+    from nmt.model.ensemble import Ensemble
+    from nmt.model.search import StepModel
+    from nmt.model.seq2seq import SearchModel
+
+    model = tiny_model().model.float()
+    for driven in (model, SearchModel(model), Ensemble([model, model]), tiny_model()):
+        assert isinstance(driven, StepModel), type(driven).__name__
+    assert not isinstance(nn.Linear(2, 2), StepModel)

@@ -1,43 +1,7 @@
-"""Search: turning a trained ``Seq2Seq`` into output token sequences, greedily, by sampling or with a beam.
+"""Search: greedy, sampled and batched beam decoding over any model with the ``StepModel`` interface.
 
-The one concept here is *decoding*: choosing target tokens one step at a time from
-``model.decode_step``. Three plain functions, no state kept between calls:
-
-- ``greedy_search``: the arg-max token at every step (the baseline of Sutskever et al., 2014).
-- ``sample_search``: one sample per sentence, each token drawn from the model's distribution (with a
-  temperature, optionally among the top k tokens), as for sampled back-translation (Edunov et al.,
-  2018); random numbers come from a ``torch.Generator`` the caller seeds, so a run is reproducible.
-- ``beam_search``: batched beam search (Sutskever et al., 2014; Bahdanau et al., 2015) with the GNMT
-  length penalty of Wu et al. (2016, Eq. 14): a finished hypothesis Y scores
-  ``log P(Y|X) / lp(Y)``, ``lp(Y) = ((5 + |Y|) / 6) ** alpha``, |Y| the number of decoding steps
-  it took (EOS included when it ended with EOS). ``alpha = 0`` ranks by raw log-probability.
-
-Beam search runs the whole batch at once on B*K rows of decoder state (K the beam size) and B rows of
-encoder memory (the K hypotheses of a sentence attend to it together): the 2K best candidates per
-sentence from its ``K x V`` extensions, ``index_select`` of the decoder state, and back-pointers kept
-on the device. As in fairseq, an EOS among the first K candidates leaves the beam for a per-sentence
-pool of finished hypotheses, and the K best non-EOS candidates continue. A sentence is done once K
-hypotheses have finished or it reaches its length limit (then its live hypotheses are finished as they
-are); done sentences leave the batch at the next sync point (every step on a CPU, every few on a GPU),
-so the work shrinks as sentences end. The only host syncs are those checks and the final read-back.
-With K=1 this is token for token the greedy search.
-
-The decoder step a search drives: ``model.encode(src, src_lengths) -> (memory, state)`` and
-``model.decode_step(prev_tokens, state, memory) -> (scores [R, V], state, attention [R, S])``, where
-``scores`` are next-token *unnormalised log-probabilities*: a ``Seq2Seq`` returns its logits, an
-``Ensemble`` the members' mean log-probabilities. The search takes their log-softmax, which turns
-logits into log-probabilities and leaves log-probabilities as they are, so both work unchanged.
-
-Length limit per sentence: ``min(max_len, ceil(max_len_ratio * src_len) + 5)`` tokens (EOS not
-counted) when ``max_len_ratio`` is set, else ``max_len``; ``src_len`` is the source length as given in
-``src_lengths`` (EOS included).
-
-Shapes: B batch, K beam size, S source length, T target length, V target vocabulary, L decoder
-layers, H decoder size.
-
-Not done here: checking the options' ranges (``nmt.inference.engine.SearchOptions.checked``, once, on their
-way here), batching and sorting of sentences, (de)tokenisation (``nmt.inference.translate_job``), switching
-the model to eval mode (the caller does that), ensembles (``nmt.model.ensemble``), coverage penalties.
+Shapes: B batch, K beam size, S source length, T target length, V target vocabulary, L decoder layers,
+H decoder size.
 """
 
 from __future__ import annotations
@@ -45,15 +9,39 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.data import BOS_ID, EOS_ID, PAD_ID
-from nmt.model.seq2seq import Seq2Seq
 
 NEG_INF = float("-inf")
+
+
+@runtime_checkable
+class StepModel(Protocol):
+    """The decoder step a search drives; ``Seq2Seq``, ``SearchModel`` and ``Ensemble`` satisfy it.
+
+    ``memory`` and ``state`` are whatever the model keeps (``EncoderMemory`` and ``[L, B, H]`` for one
+    model); the search only reorders them, with ``memory.index_select(rows)``, ``state.index_select(1, rows)``
+    and ``repeat_interleave``.
+    """
+
+    @property
+    def has_attention(self) -> bool:
+        """Whether ``decode_step`` returns real attention weights (False for ``attention=none``)."""
+
+    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[Any, Any]:
+        """Source ids ``[B, S]`` and lengths ``[B]`` -> (memory, initial decoder state)."""
+
+    def decode_step(self, prev_tokens: Tensor, state: Any, memory: Any) -> tuple[Tensor, Any, Tensor]:
+        """Previous tokens ``[R]`` -> (next-token scores ``[R, V]``, new state, attention ``[R, S]``).
+
+        Scores are unnormalised log-probabilities: a model's logits, or an ensemble's mean log-probabilities;
+        the search takes their log-softmax, which leaves log-probabilities as they are.
+        """
 
 
 @dataclass
@@ -102,7 +90,7 @@ def _sync_every(device: torch.device) -> int:
 
 @torch.no_grad()
 def greedy_search(
-    model: Seq2Seq,
+    model: StepModel,
     src: Tensor,
     src_lengths: Tensor,
     max_len: int,
@@ -129,7 +117,7 @@ def greedy_search(
 
 @torch.no_grad()
 def sample_search(
-    model: Seq2Seq,
+    model: StepModel,
     src: Tensor,
     src_lengths: Tensor,
     max_len: int,
@@ -172,7 +160,7 @@ def sample_search(
 
 
 def _token_by_token(
-    model: Seq2Seq,
+    model: StepModel,
     src: Tensor,
     src_lengths: Tensor,
     max_len: int,
@@ -230,7 +218,7 @@ def _hypotheses(steps_tokens: list[Tensor], steps_attn: list[Tensor], out_len: T
 
 @torch.no_grad()
 def beam_search(
-    model: Seq2Seq,
+    model: StepModel,
     src: Tensor,
     src_lengths: Tensor,
     beam_size: int,
@@ -240,7 +228,16 @@ def beam_search(
     n_best: int,
     keep_attention: bool = True,
 ) -> list[list[Hypothesis]]:
-    """Batched beam search with the GNMT length penalty.
+    """Batched beam search with the GNMT length penalty (Wu et al., 2016, Eq. 14).
+
+    A finished hypothesis Y scores ``log P(Y|X) / ((5 + |Y|) / 6) ** alpha``, |Y| the steps it took (EOS
+    included when it ended with EOS). The whole batch runs at once on B*K rows of decoder state and B rows
+    of encoder memory: the 2K best candidates per sentence from its ``K x V`` extensions, ``index_select``
+    of the state, back-pointers kept on the device. As in fairseq, an EOS among the first K candidates
+    leaves the beam for the sentence's pool of finished hypotheses and the K best non-EOS candidates go
+    on. A sentence is done once K hypotheses have finished or it reaches its length limit (its live
+    hypotheses are then finished as they are); done sentences leave the batch at the next sync point
+    (every step on a CPU, every few on a GPU). With K=1 this is token for token the greedy search.
 
     Args:
         model, src, src_lengths, max_len, max_len_ratio, keep_attention: as for ``greedy_search``.
