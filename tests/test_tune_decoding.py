@@ -86,3 +86,37 @@ def test_tuning_on_the_test_split_is_refused(trained_run: tuple[Path, object], t
         tune_decoding.main([str(run_dir), "--split", "test", "--test-split", "test", "--out", str(tmp_path / "x")])
     with pytest.raises(SystemExit):
         tune_decoding.main([str(run_dir), "--beam-sizes", "0", "--out", str(tmp_path / "y")])
+
+
+def test_reranking_weights_are_tuned_on_val_and_the_choice_scored_once(trained_run: tuple[Path, object],
+                                                                       tmp_path: Path) -> None:
+    """The reversal task is its own reverse: the run, relabelled with mirrored languages, is a reverse model."""
+    from nmt.inference.rerank import NoisyChannel, Rerank
+    from nmt.model.checkpoint import load_checkpoint, save_checkpoint
+
+    run_dir, cfg = trained_run
+    state = load_checkpoint(run_dir / "checkpoints" / "best.pt")
+    data = state["config"]["data"]
+    data["src_lang"], data["tgt_lang"] = data["tgt_lang"], data["src_lang"]
+    reverse = save_checkpoint(tmp_path / "reverse" / "checkpoints" / "best.pt", state)
+    report = tune_decoding.main([str(run_dir), "--beam-sizes", "1", "3", "--length-penalties", "1.0",
+                                 "--rerank-checkpoint", str(reverse), "--rerank-weights", "0", "1",
+                                 "--rerank-length-weights", "0", "0.5", "--rerank-n-best", "3",
+                                 "--test-split", "test", "--device", "cpu", "--out", str(tmp_path / "grid")])
+    keys = [tune_decoding.setting_key(row) for row in report["grid"]]
+    assert keys == [(1, 0.0, None, None), (3, 1.0, 0.0, 0.0), (3, 1.0, 0.0, 0.5), (3, 1.0, 1.0, 0.0),
+                    (3, 1.0, 1.0, 0.5)]
+    translator = Translator.from_checkpoint(run_dir, device="cpu", max_input_words=None)
+    channel = NoisyChannel.load(str(reverse), translator)
+    valid = prepare_data(cfg.data).valid
+    for row in report["grid"][1:]:  # each row is the engine's reranked output with those weights
+        rerank = Rerank(channel, row["rerank_weight"], row["rerank_length_weight"], n_best=3)
+        results = translator.translate(valid.src_text, beam_size=3, length_penalty=1.0, rerank=rerank)
+        assert row["bleu"] == pytest.approx(corpus_scores([r.text for r in results], valid.tgt_text)["bleu"])
+    plain = translator.translate(valid.src_text, beam_size=3, length_penalty=1.0, n_best=3)
+    assert report["grid"][1]["bleu"] == pytest.approx(corpus_scores([r.text for r in plain], valid.tgt_text)["bleu"])
+    best, chosen = report["best"], report["test"]["chosen on valid"]
+    assert best == max(report["grid"], key=lambda row: row["bleu"])
+    assert tune_decoding.setting_key(chosen) == tune_decoding.setting_key(best) and "the run's own" in report["test"]
+    markdown = Path(f"{tmp_path / 'grid'}.md").read_text()
+    assert "| beam | α | λ | γ | BLEU |" in markdown and "| 3 | 1 | 1 | 0.5 |" in markdown

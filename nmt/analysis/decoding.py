@@ -25,6 +25,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from nmt.common.metrics import corpus_scores
 from nmt.common.provenance import device_name, provenance
 from nmt.data import prepare_data
 from nmt.inference.engine import SearchOptions, Translator
+from nmt.inference.rerank import NoisyChannel, RerankSettings, combine
 from nmt.model.checkpoint import resolve_checkpoint
 
 
@@ -52,8 +54,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--precision", default="auto", choices=INFERENCE_PRECISIONS,
                    help="auto (bf16 autocast on CUDA, as train.py's final test; fp32 on CPU) | bf16 | fp32")
     p.add_argument("--out", type=Path, help="output path without extension (default: <run_dir>/decoding_grid)")
+    p.add_argument("--rerank-checkpoint", nargs="+", help="reverse-direction model(s): every beam >= 2 setting is "
+                   "also reranked (noisy channel) with each pair of the two weight lists below")
+    p.add_argument("--rerank-weights", type=float, nargs="+", default=[0.0, 0.3, 0.6, 1.0],
+                   help="lambda values, the weight of log P(x|y); 0 with length weight 0 = no reranking")
+    p.add_argument("--rerank-length-weights", type=float, nargs="+", default=[0.0, 0.5, 1.0],
+                   help="gamma values, added per output subword")
+    p.add_argument("--rerank-n-best", type=int, default=RerankSettings.n_best,
+                   help="candidates rescored per sentence (at most the beam size)")
     args = p.parse_args(argv)
     bad = [b for b in args.beam_sizes if b < 1] or [a for a in args.length_penalties if a < 0]
+    bad = bad or ([args.rerank_n_best] if args.rerank_n_best < 1 else [])
     if bad:
         p.error(f"beam sizes must be >= 1 and length penalties >= 0; got {bad}")
     return args
@@ -75,28 +86,78 @@ def score_setting(translator: Translator, src_ids: list[list[int]], refs: list[s
             **corpus_scores(hyps, refs), "seconds": seconds, "sentences_per_s": len(refs) / seconds}
 
 
+def score_reranked(translator: Translator, channel: NoisyChannel, src_ids: list[list[int]], sources: list[str],
+                   refs: list[str], options: SearchOptions, weights: Sequence[tuple[float, float]]
+                   ) -> list[dict[str, Any]]:
+    """One search keeping ``options.n_best`` candidates, the channel scored once, then each (λ, γ) pair's
+    1-best scored: the grid costs one search and one teacher-forced pass per (beam, α), not per weight."""
+    start = time.perf_counter()
+    nbest = translator.translate_ids(src_ids, options, attention=False)
+    todo = [i for i, ids in enumerate(src_ids) if ids]
+    texts = [[translator.tokenizer.decode_tgt(h.tokens) for h in nbest[i]] for i in todo]
+    channel_scores = channel.source_log_probs([sources[i] for i in todo], texts, options.batch_tokens)
+    seconds = time.perf_counter() - start
+    rows = []
+    for weight, length_weight in weights:
+        hyps = [""] * len(src_ids)
+        for i, scores in zip(todo, channel_scores):
+            hyps[i] = translator.tokenizer.decode_tgt(combine(nbest[i], scores, weight, length_weight)[0].tokens)
+        rows.append({"beam_size": options.beam_size, "length_penalty": options.length_penalty,
+                     "rerank_weight": weight, "rerank_length_weight": length_weight, "rerank_n_best": options.n_best,
+                     **corpus_scores(hyps, refs), "seconds": seconds, "sentences_per_s": len(refs) / seconds})
+    return rows
+
+
+def setting_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    """A row's setting: beam, α, and the reranking weights (None without reranking)."""
+    return row["beam_size"], row["length_penalty"], row.get("rerank_weight"), row.get("rerank_length_weight")
+
+
+def setting_label(row: dict[str, Any]) -> str:
+    """``beam 5, α = 1`` (``, λ = 0.3, γ = 0.5`` when reranked)."""
+    label = f"beam {row['beam_size']}, α = {row['length_penalty']:g}"
+    if row.get("rerank_weight") is not None:
+        label += f", λ = {row['rerank_weight']:g}, γ = {row['rerank_length_weight']:g}"
+    return label
+
+
 def render_markdown(report: dict[str, Any]) -> str:
-    """The grid (best in bold), the choice, and the test scores."""
+    """The grid (best in bold), the choice, and the test scores; λ and γ columns when reranking was tuned."""
     best, own = report["best"], report["run_setting"]
+    reranked = bool(report.get("rerank_checkpoint"))
+    rr_head, rr_rule = (" λ | γ |", " ---: | ---: |") if reranked else ("", "")
+
+    def rr_cells(row: dict[str, Any]) -> str:
+        if not reranked:
+            return ""
+        weights = (row.get("rerank_weight"), row.get("rerank_length_weight"))
+        return "".join(f" {'–' if w is None else format(w, 'g')} |" for w in weights)
+
     lines = [
         f"# Decoding settings: {report['run_dir']}", "",
         f"Checkpoint `{report['checkpoint']}`, tuned on `{report['split']}` ({report['sentences']} sentences), "
         f"device {report['device']} ({'bf16 autocast' if report['bf16_autocast'] else 'float32'}), {report['date']}.",
         f"BLEU: `{report['bleu_signature']}`; chrF: `{report['chrf_signature']}`.",
         "Length ratio: output / reference length (13a tokens); below 1 the brevity penalty applies.", "",
-        "| beam | α | BLEU | chrF2 | length ratio | sentences/s |", "| ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"| beam | α |{rr_head} BLEU | chrF2 | length ratio | sentences/s |", "| ---: | ---: |" + rr_rule
+        + " ---: | ---: | ---: | ---: |",
     ]
     for row in report["grid"]:
-        mark = "**" if (row["beam_size"], row["length_penalty"]) == (best["beam_size"], best["length_penalty"]) else ""
-        lines.append(f"| {row['beam_size']} | {row['length_penalty']:g} | {mark}{row['bleu']:.2f}{mark} | "
-                     f"{row['chrf']:.2f} | {row['length_ratio']:.3f} | {row['sentences_per_s']:.1f} |")
-    lines += ["", f"Best on `{report['split']}`: beam {best['beam_size']}, α = {best['length_penalty']:g} "
+        mark = "**" if setting_key(row) == setting_key(best) else ""
+        lines.append(f"| {row['beam_size']} | {row['length_penalty']:g} |{rr_cells(row)} "
+                     f"{mark}{row['bleu']:.2f}{mark} | {row['chrf']:.2f} | {row['length_ratio']:.3f} | "
+                     f"{row['sentences_per_s']:.1f} |")
+    if report.get("rerank_checkpoint"):
+        lines += ["", f"λ, γ: noisy-channel reranking of the {report['rerank_n_best']}-best with "
+                      f"`{report['rerank_checkpoint']}` (score + λ·log P(x|y) + γ·subwords)."]
+    lines += ["", f"Best on `{report['split']}`: {setting_label(best)} "
                   f"(BLEU {best['bleu']:.2f}); the run's own setting: beam {own['beam_size']}, "
                   f"α = {own['length_penalty']:g}."]
     if report["test"]:
         lines += ["", f"Scored once on `{report['test_split']}`:", "",
-                  "| setting | beam | α | BLEU | chrF2 | length ratio |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
-        lines += [f"| {name} | {row['beam_size']} | {row['length_penalty']:g} | {row['bleu']:.2f} | "
+                  f"| setting | beam | α |{rr_head} BLEU | chrF2 | length ratio |",
+                  "| --- | ---: | ---: |" + rr_rule + " ---: | ---: | ---: |"]
+        lines += [f"| {name} | {row['beam_size']} | {row['length_penalty']:g} |{rr_cells(row)} {row['bleu']:.2f} | "
                   f"{row['chrf']:.2f} | {row['length_ratio']:.3f} |" for name, row in report["test"].items()]
     return "\n".join([*lines, "", f"Command: `{report['command']}`", ""])
 
@@ -129,28 +190,43 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # Encoded with the checkpoint's own tokenizer (prepare_data's cache could hold another one), once per split.
     src_ids = {name: translator.encode(list(splits[name].src_text)) for name in (split, args.test_split) if name}
 
-    def run(name: str, beam: int, alpha: float) -> dict[str, Any]:
-        options = SearchOptions(beam_size=beam, length_penalty=alpha, batch_tokens=args.batch_tokens)
-        row = score_setting(translator, src_ids[name], list(splits[name].tgt_text), options)
-        print(f"{name}: beam {beam:2d}  α {alpha:<4g} BLEU {row['bleu']:6.2f}  chrF {row['chrf']:6.2f}  "
-              f"length ratio {row['length_ratio']:.3f}  {row['sentences_per_s']:.1f} sent/s", flush=True)
-        return row
+    channel = NoisyChannel.load([str(c) for c in args.rerank_checkpoint], translator) if args.rerank_checkpoint \
+        else None
+    pairs = [(weight, length) for weight in args.rerank_weights for length in args.rerank_length_weights]
 
-    rows = [run(split, beam, alpha) for beam, alpha in grid(args.beam_sizes, args.length_penalties)]
+    def run(name: str, beam: int, alpha: float, weights: list[tuple[float, float]] | None = None
+            ) -> list[dict[str, Any]]:
+        """The rows of one (beam, α): one plain row, or one per (λ, γ) when reranking (beam >= 2)."""
+        options = SearchOptions(beam_size=beam, length_penalty=alpha, batch_tokens=args.batch_tokens)
+        refs = list(splits[name].tgt_text)
+        if channel is None or beam < 2 or not weights:
+            found = [score_setting(translator, src_ids[name], refs, options)]
+        else:
+            found = score_reranked(translator, channel, src_ids[name], list(splits[name].src_text), refs,
+                                   replace(options, n_best=min(args.rerank_n_best, beam)), weights)
+        for row in found:
+            print(f"{name}: {setting_label(row):<36} BLEU {row['bleu']:6.2f}  chrF {row['chrf']:6.2f}  "
+                  f"length ratio {row['length_ratio']:.3f}  {row['sentences_per_s']:.1f} sent/s", flush=True)
+        return found
+
+    settings = grid(args.beam_sizes, args.length_penalties)
+    rows = [row for beam, alpha in settings for row in run(split, beam, alpha, pairs)]
     best = max(rows, key=lambda row: row["bleu"])
     own = {"beam_size": t["test_beam_size"], "length_penalty": t["length_penalty"]}
     test: dict[str, Any] = {}
     if args.test_split:
-        test["chosen on " + split] = run(args.test_split, best["beam_size"], best["length_penalty"])
-        if (own["beam_size"], own["length_penalty"]) != (best["beam_size"], best["length_penalty"]):
-            test["the run's own"] = run(args.test_split, own["beam_size"], own["length_penalty"])
+        chosen = [(best["rerank_weight"], best["rerank_length_weight"])] if "rerank_weight" in best else None
+        test["chosen on " + split] = run(args.test_split, best["beam_size"], best["length_penalty"], chosen)[0]
+        if chosen or (own["beam_size"], own["length_penalty"]) != (best["beam_size"], best["length_penalty"]):
+            test["the run's own"] = run(args.test_split, own["beam_size"], own["length_penalty"])[0]
     report = {
         "run_dir": str(run_dir), "checkpoint": ", ".join(map(str, checkpoints)), "attention": cfg["attention"]["name"],
         "split": split, "sentences": len(splits[split]), "grid": rows, "best": best, "run_setting": own,
         "test_split": args.test_split, "test": test, "bleu_signature": rows[0]["bleu_signature"],
         "chrf_signature": rows[0]["chrf_signature"], "device": device_name(translator.device),
         "precision": args.precision, "bf16_autocast": uses_bf16(args.precision, translator.device),
-        **provenance("scripts/tune_decoding.py", argv),
+        "rerank_checkpoint": ", ".join(args.rerank_checkpoint) if channel else None,
+        "rerank_n_best": args.rerank_n_best if channel else None, **provenance("scripts/tune_decoding.py", argv),
     }
     markdown = render_markdown(report)
     print(markdown)

@@ -165,5 +165,6 @@ def from_settings(settings: Any, forward: Translator) -> Rerank | None:
 def combine(hyps: list[Hypothesis], channel: list[float], weight: float, length_weight: float
             ) -> list[Hypothesis]:
     """``hyps`` rescored as score + weight·channel + length_weight·|tokens|, best first (ties keep their order)."""
-    rescored = [replace(h, score=h.score + weight * c + length_weight * len(h.tokens)) for h, c in zip(hyps, channel)]
+    rescored = [replace(h, score=h.score + (weight * c if weight else 0.0) + length_weight * len(h.tokens))
+                for h, c in zip(hyps, channel)]
     return sorted(rescored, key=lambda h: -h.score)
