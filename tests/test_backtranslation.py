@@ -359,3 +359,43 @@ def test_forward_translation_writes_a_folder_that_a_mixture_reads(runs: dict[str
     distilled = data.stats["sources"][1]
     assert distilled["tag"] == "<kd>" and distilled["provenance"]["direction"] == "forward"
     assert distilled["pairs"] == distilled["clean"]["kept"] and distilled["clean"]["total"] == 40
+
+
+def test_a_mixture_distils_its_own_training_sources_before_training(runs: dict[str, Path], tmp_path: Path) -> None:
+    """``forward_translate: {checkpoint: [...]}``: the teachers translate data.corpus's training sources, once."""
+    from conftest import TGT, data_config
+
+    from nmt.data import prepare_data
+
+    files = {split: {"src": str(_write_lines(tmp_path / f"{split}.de", SRC * 4)),
+                     "tgt": str(_write_lines(tmp_path / f"{split}.en", TGT * 4))}
+             for split in ("train", "valid", "test")}
+    folder = tmp_path / "kd_en"
+    teachers = [str(runs["de_en"]), str(runs["de_en_b"])]
+    entry = {"synthetic": str(folder), "tag": "<kd>", "forward_translate": {"checkpoint": teachers, "max_len": 6}}
+    cfg = data_config("files", mixture=[{"corpus": "files"}, entry], files=files, cache_dir=str(tmp_path / "cache"))
+    cfg["tokenizer"]["vocab_size"] = 60
+    with pytest.raises(bt.BacktranslationError, match=r"forward-translated first, but its teacher .* train a de->en "):
+        bt.rebuild_synthetic_sources(OmegaConf.create({**cfg, "mixture": [
+            {**entry, "forward_translate": {"checkpoint": str(tmp_path / "untrained")}}]}))
+    [summary] = bt.rebuild_synthetic_sources(OmegaConf.create(cfg))
+    assert summary["status"] == "complete" and bt.rebuild_synthetic_sources(OmegaConf.create(cfg)) == []
+    record = json.loads((folder / "provenance.json").read_text())
+    assert record["direction"] == "forward" and record["input"]["path"] == files["train"]["src"]
+    assert read_lines(folder / "train.de") == SRC * 4
+    engine = Translator.from_checkpoint(teachers, device="cpu", max_input_words=None)
+    assert read_lines(folder / "train.en") == [" ".join(r.text.split()) for r in engine.translate(SRC * 4, max_len=6)]
+    data = prepare_data(cfg)
+    assert data.stats["sources"][1]["tag"] == "<kd>" and data.stats["sources"][1]["pairs"] > 0
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ({"corpus": "files", "forward_translate": {"checkpoint": "r"}}, r"forward_translate goes with synthetic: FOLDER"),
+    ({"synthetic": "f", "backtranslate": {"checkpoint": "r"}, "forward_translate": {"checkpoint": "t"}},
+     r"says both backtranslate and forward_translate"),
+])
+def test_a_mixture_entry_says_one_way_to_make_its_folder(entry: dict, message: str) -> None:
+    from nmt.data.mixture import check_entry
+
+    with pytest.raises(DataError, match=message):
+        check_entry(1, entry)

@@ -31,6 +31,7 @@ from typing import Any
 from nmt.common.settings import unknown_key_message
 from nmt.data.corpora import CORPORA, build_corpus
 from nmt.data.errors import DataError
+from nmt.data.fetch import mirror_folder
 from nmt.data.synthetic import pair_files
 
 KINDS = ("corpus", "src", "synthetic")  # what a source entry names: exactly one of these keys (src goes with tgt)
@@ -54,6 +55,9 @@ class MixtureSourceSettings:
         backtranslate: with ``synthetic``, how to make the folder when it is missing or unfinished:
             backtranslate.py's settings (``{checkpoint: RUN, input: multi30k_task2, lang: en}``); train.py
             runs that job before it prepares the data.
+        forward_translate: with ``synthetic``, the same for a forward translation (distillation): a teacher of
+            this mixture's direction translates ``input`` (default: ``data.corpus``'s training sources,
+            ``lang`` = ``data.src_lang``) into the folder; ``{checkpoint: [TEACHER_A, TEACHER_B]}`` suffices.
     """
 
     corpus: str | None = None
@@ -65,6 +69,7 @@ class MixtureSourceSettings:
     tag: str | None = None
     name: str | None = None
     backtranslate: Any = None
+    forward_translate: Any = None
 
 
 @dataclass(frozen=True)
@@ -138,9 +143,13 @@ def check_entry(index: int, entry: Any) -> MixtureSourceSettings:
         raise DataError(f"{where}.weight={source.weight!r} must be a number > 0 (times per epoch its pairs are "
                         "seen; 0.5 = half of them); drop the source to leave it out.")
     source.weight = weight
-    if source.backtranslate is not None and (source.synthetic is None or not isinstance(source.backtranslate, Mapping)):
-        raise DataError(f"{where}.backtranslate goes with synthetic: FOLDER and holds backtranslate.py's settings, "
-                        "e.g. {checkpoint: runs/best_en-de/seed42, input: multi30k_task2, lang: en}.")
+    for key in ("backtranslate", "forward_translate"):
+        if getattr(source, key) is not None and (source.synthetic is None or not isinstance(getattr(source, key),
+                                                                                              Mapping)):
+            raise DataError(f"{where}.{key} goes with synthetic: FOLDER and holds backtranslate.py's settings, "
+                            "e.g. {checkpoint: runs/best_en-de/seed42, input: multi30k_task2, lang: en}.")
+    if source.backtranslate is not None and source.forward_translate is not None:
+        raise DataError(f"{where} says both backtranslate and forward_translate; a folder is made one way: keep one.")
     if source.tag is not None and (not str(source.tag) or any(c.isspace() for c in str(source.tag))):
         raise DataError(f"{where}.tag={source.tag!r} must be one token without spaces, e.g. <bt>.")
     return source
@@ -169,6 +178,14 @@ def _resolve(index: int, entry: Any, cfg: Mapping[str, Any], cache: Path, mirror
                 raise DataError(f"{where}.{side} = {path} does not exist (resolved to {path.absolute()}).")
         default_name = src.name
     return ResolvedSource(source.name or default_name, src, tgt, source.weight, source.tag, info)
+
+
+def training_source_file(cfg: Mapping[str, Any]) -> Path:
+    """The source-side file of ``data.corpus``'s training split: what a forward translation translates by default."""
+    cache = Path(str(cfg["cache_dir"])).expanduser().resolve()
+    corpus = build_corpus(cfg["corpus"], cache_dir=cache, mirror=mirror_folder(cfg["mirror"]), files=cfg["files"],
+                          settings=cfg)
+    return corpus.split_files(cfg["train_split"], cfg["src_lang"], cfg["tgt_lang"])[0]
 
 
 def corpus_info(corpus: Any) -> dict[str, Any]:

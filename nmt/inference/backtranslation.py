@@ -56,6 +56,7 @@ from nmt.common.progress import format_duration
 from nmt.common.provenance import provenance
 from nmt.data.errors import DataError
 from nmt.data.fetch import mirror_folder, sha256_of
+from nmt.data.mixture import training_source_file
 from nmt.data.monolingual import MONOLINGUAL, resolve_monolingual
 from nmt.data.synthetic import (
     DIRECTIONS,
@@ -440,35 +441,43 @@ def job_config(settings: Mapping[str, Any]) -> DictConfig:
 
 
 def rebuild_synthetic_sources(data_cfg: Any) -> list[dict[str, Any]]:
-    """Back-translate every ``data.mixture`` source whose ``synthetic`` folder is missing or unfinished and
-    that says how (``backtranslate: {checkpoint, input, lang, ...}``, backtranslate.py's settings).
+    """Translate every ``data.mixture`` source whose ``synthetic`` folder is missing or unfinished and that says
+    how: ``backtranslate: {checkpoint, input, lang, ...}`` or ``forward_translate: {checkpoint, ...}``
+    (backtranslate.py's settings; a forward translation's input defaults to the training sources).
 
     Returns:
         The summaries of the jobs that ran (``backtranslate``'s), in mixture order.
     """
     summaries = []
     for entry in (OmegaConf.select(data_cfg, "mixture") or []):
-        if not entry.get("synthetic") or not entry.get("backtranslate"):
+        direction = "back" if entry.get("backtranslate") else "forward" if entry.get("forward_translate") else None
+        if not entry.get("synthetic") or direction is None or is_complete(Path(str(entry["synthetic"]))):
             continue
-        if is_complete(Path(str(entry["synthetic"]))):
-            continue
-        check_reverse_model_exists(entry, data_cfg)
-        log.info("data.mixture: back-translating into %s first (its folder is missing or unfinished)",
+        key = f"{direction}_translate" if direction == "forward" else "backtranslate"
+        settings = {**entry[key], "output": str(entry["synthetic"]), "direction": direction}
+        check_model_exists(entry, key, data_cfg)
+        if direction == "forward":
+            settings.setdefault("lang", data_cfg.src_lang)
+            if "input" not in settings:
+                settings["input"] = str(training_source_file(data_cfg))
+        log.info("data.mixture: %s-translating into %s first (its folder is missing or unfinished)", direction,
                  entry["synthetic"])
-        summaries.append(backtranslate(job_config({**entry["backtranslate"], "output": str(entry["synthetic"])})))
+        summaries.append(backtranslate(job_config(settings)))
     return summaries
 
 
-def check_reverse_model_exists(entry: Any, data_cfg: Any) -> None:
-    """Refuse, before any caption is fetched, a back-translation whose reverse model has no checkpoint yet."""
-    checkpoints = entry["backtranslate"].get("checkpoint")
+def check_model_exists(entry: Any, key: str, data_cfg: Any) -> None:
+    """Refuse, before any text is fetched, a translation whose model (reverse or teacher) has no checkpoint yet."""
+    checkpoints = entry[key].get("checkpoint")
     for checkpoint in [checkpoints] if isinstance(checkpoints, str) else list(checkpoints or []):
         try:
             resolve_checkpoint(str(checkpoint))
         except CheckpointError as error:
-            lang, src = entry["backtranslate"].get("lang"), data_cfg.get("src_lang")
+            src, tgt = data_cfg.get("src_lang"), data_cfg.get("tgt_lang")
+            src, tgt = (entry[key].get("lang"), src) if key == "backtranslate" else (src, tgt)
+            role = "reverse model" if key == "backtranslate" else "teacher"
             raise BacktranslationError(
-                f"data.mixture: {entry['synthetic']} is to be back-translated first, but its reverse model "
-                f"(backtranslate.checkpoint) is not trained: {error}; train a {lang}->{src} model there first "
-                f"(e.g. the recipe: python train.py experiment=multi30k_best data.src_lang={lang} data.tgt_lang={src} "
-                f"hydra.run.dir={checkpoint}) or point backtranslate.checkpoint at one") from error
+                f"data.mixture: {entry['synthetic']} is to be {key.replace('_', '-').replace('back', 'back-')}d "
+                f"first, but its {role} ({key}.checkpoint) is not trained: {error}; train a {src}->{tgt} model there "
+                f"first (e.g. the recipe: python train.py experiment=multi30k_best data.src_lang={src} "
+                f"data.tgt_lang={tgt} hydra.run.dir={checkpoint}) or point {key}.checkpoint at one") from error
