@@ -17,7 +17,8 @@ from omegaconf import DictConfig
 from nmt.common.entry_point import check_keys_or_exit, user_errors
 from nmt.common.settings import ConfigError
 from nmt.inference.engine import USER_ERRORS
-from nmt.serve.server import ServeSettings, serve_main
+from nmt.serve.server import serve_main
+from nmt.serve.settings import ServeSettings
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="serve")

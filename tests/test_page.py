@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from nmt.inference.engine import Translator
-from nmt.serve.server import create_app, serve_in_thread
+from nmt.serve.app import create_app
+from nmt.serve.server import serve_in_thread
 from tests.conftest import save_tiny_checkpoint
 from tests.test_server import serve_settings
 

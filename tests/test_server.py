@@ -26,7 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from omegaconf import DictConfig
 
 from nmt.inference.engine import SearchOptions, Translator
-from nmt.serve.server import create_app, serve_in_thread
+from nmt.serve.app import create_app
+from nmt.serve.server import serve_in_thread
 from tests.conftest import CONFIG_DIR, REPO_ROOT, SRC, TINY_MAX_WORDS, save_tiny_checkpoint
 from tests.test_server_input import hostile_bodies
 
@@ -441,8 +442,8 @@ def test_a_full_queue_answers_503_and_abandoned_requests_are_not_decoded(
 
 def test_the_queue_is_bounded_in_seconds_of_work_too(tiny_run_dir: Path) -> None:
     """With decoding measured at 1 s per sentence, max_queue_wait_s=3 admits 3 waiting sentences, not 4."""
+    from nmt.serve.batcher import MicroBatcher
     from nmt.serve.requests import RequestError
-    from nmt.serve.server import MicroBatcher
 
     async def scenario() -> list[int]:
         batcher = MicroBatcher(Translator.from_checkpoint(tiny_run_dir, device="cpu"), 0.0, 128)
@@ -544,7 +545,7 @@ def test_too_long_sentences_are_truncated_when_asked_and_say_so(tiny_run_dir: Pa
 def test_every_setting_is_checked_before_the_model_loads(override: str, message: str) -> None:
     from nmt.common.settings import ConfigError
     from nmt.inference.engine import TranslationError
-    from nmt.serve.server import check_serve_settings
+    from nmt.serve.settings import check_serve_settings
 
     with pytest.raises((ConfigError, TranslationError)) as caught:
         check_serve_settings(serve_settings(override, "max_beam_size=10"))
@@ -552,7 +553,7 @@ def test_every_setting_is_checked_before_the_model_loads(override: str, message:
 
 
 def test_allowed_hosts_default_to_loopback_names_on_loopback_only() -> None:
-    from nmt.serve.server import LOOPBACK_HOSTS, allowed_hosts
+    from nmt.serve.settings import LOOPBACK_HOSTS, allowed_hosts
 
     assert allowed_hosts(serve_settings()) == LOOPBACK_HOSTS
     assert allowed_hosts(serve_settings("host=0.0.0.0")) is None
@@ -577,7 +578,7 @@ def test_serve_py_refuses_a_bad_port_or_one_in_use_before_loading(tmp_path: Path
 def test_serve_yaml_documents_every_setting() -> None:
     from dataclasses import fields
 
-    from nmt.serve.server import ServeSettings
+    from nmt.serve.settings import ServeSettings
 
     comments = "\n".join(line for line in (CONFIG_DIR / "serve.yaml").read_text(encoding="utf-8").splitlines()
                          if line.startswith("#"))

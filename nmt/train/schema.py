@@ -12,7 +12,7 @@ Where each setting and its default live (each default is written once):
   ``nmt.data.mixture.MixtureSourceSettings``). Code below the entry points (``Seq2Seq``, the data layer)
   receives values and does not restate them.
 - ``translate.py`` and ``serve.py``: their settings dataclasses (``nmt.inference.translate_job.TranslateSettings``,
-  ``nmt.serve.server.ServeSettings``) hold types *and* defaults, because the Python API (``Translator``,
+  ``nmt.serve.settings.ServeSettings``) hold types *and* defaults, because the Python API (``Translator``,
   ``SearchOptions``) shares them; Hydra's ConfigStore gives them to the YAML files, which hold comments.
 - ``backtranslate.py``: like translate.py, its settings (``nmt.inference.backtranslation.BacktranslateSettings``)
   hold types and defaults, taking the search, sampling, device and precision defaults from the engine's

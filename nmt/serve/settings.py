@@ -1,0 +1,134 @@
+"""serve.py's settings, their checks, and which Host headers the server answers."""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+from uvicorn.config import LOG_LEVELS
+
+from nmt.common.settings import ConfigError
+from nmt.inference.engine import EngineSettings, SearchOptions
+from nmt.serve.requests import (
+    TOO_LONG_CHOICES,
+)
+
+LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
+
+
+@dataclass
+class ServeSettings(EngineSettings):
+    """``serve.py``'s settings: the engine's (checkpoint, device, precision, search options) and these.
+
+    The defaults here are the only ones; configs/serve.yaml gets them from Hydra's ConfigStore
+    (``serve_settings``) and comments every key. The search options are every request's defaults; a
+    request may override ``SEARCH_OVERRIDES``.
+    """
+
+    host: str = "127.0.0.1"  # this machine only; put a reverse proxy in front for anything public
+    port: int = 8000
+    allowed_hosts: Any = "auto"  # auto: the loopback names when bound to loopback, else any; or a list
+    max_body_bytes: int = 65536
+    max_sentences: int = 64
+    max_words: int = 200
+    max_subwords: int = 256
+    max_beam_size: int = 10
+    too_long: str = "refuse"  # a sentence over the model's max_input_words: refuse (413) | truncate
+    max_queued_sentences: int = 512
+    max_queue_wait_s: float = 10.0  # and no more than this much work, at the measured seconds per sentence
+    max_connections: int = 1000
+    request_timeout_s: float = 5.0
+    keep_alive_s: int = 5
+    batch_wait_ms: float = 5.0
+    batch_sentences: int = 128
+    slice_subwords: int = 2048  # beam_size x source subwords per slice of a large request
+    shutdown_timeout_s: float = 30.0
+    log_level: str = "info"
+
+
+ConfigStore.instance().store(name="serve_settings", node=ServeSettings)
+
+
+LIMITS = ("max_body_bytes", "max_sentences", "max_words", "max_subwords", "max_beam_size")
+
+
+POSITIVE = (*LIMITS, "batch_sentences", "slice_subwords", "max_queued_sentences", "max_connections", "keep_alive_s")
+
+
+def check_serve_settings(settings: Any) -> SearchOptions:
+    """Check ``ServeSettings`` (or a composed ``serve`` config) before anything loads; binds nothing.
+
+    Returns:
+        The search options every request starts from.
+
+    Raises:
+        ConfigError: the first bad setting (port, host, allowed_hosts, log level, a limit, a timeout).
+        TranslationError: a search option the Translator refuses.
+    """
+    search = SearchOptions.from_settings(settings)
+    for name in POSITIVE:
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name}={value} must be a whole number >= 1")
+    if search.beam_size > settings.max_beam_size:
+        raise ConfigError(f"beam_size={search.beam_size} is over max_beam_size={settings.max_beam_size}; "
+                          "raise max_beam_size or lower beam_size")
+    for name, low in (("batch_wait_ms", 0.0), ("shutdown_timeout_s", 0.0), ("request_timeout_s", 0.1),
+                      ("max_queue_wait_s", 0.1)):
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < math.inf:
+            raise ConfigError(f"{name}={value} must be a finite number >= {low:g}")
+    if isinstance(settings.port, bool) or not isinstance(settings.port, int) or not 0 <= settings.port <= 65535:
+        raise ConfigError(f"port={settings.port} is not a TCP port; choose one from 0 to 65535 (0: any free port)")
+    _check_host(settings.host)
+    if str(settings.log_level).lower() not in LOG_LEVELS:
+        raise ConfigError(f"log_level={settings.log_level} is not a log level; choose one of {', '.join(LOG_LEVELS)}")
+    if settings.too_long not in TOO_LONG_CHOICES:
+        raise ConfigError(f"too_long={settings.too_long} must be one of {', '.join(TOO_LONG_CHOICES)}")
+    allowed_hosts(settings)
+    return search
+
+
+def _check_host(host: Any) -> None:
+    if not isinstance(host, str) or not host:
+        raise ConfigError(f"host={host} must be an address or a name to bind, e.g. 127.0.0.1 or 0.0.0.0")
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as error:
+        raise ConfigError(f"host={host} is not an address this machine can bind ({error}); use 127.0.0.1 "
+                          "(this machine only) or 0.0.0.0 (every interface)") from None
+
+
+def allowed_hosts(settings: Any) -> list[str] | None:
+    """The ``Host`` header values the server answers (None: any), from ``allowed_hosts`` and ``host``.
+
+    ``auto`` allows the loopback names when the server is bound to a loopback address, so that a page on
+    another site whose name was rebound to 127.0.0.1 cannot talk to it; bound elsewhere it allows any
+    (a reverse proxy in front should check). ``*`` allows any; a list allows those names.
+    """
+    value = settings.allowed_hosts
+    value = OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
+    if value == "auto":
+        return LOOPBACK_HOSTS if _is_loopback(settings.host) else None
+    if value == "*" or value == ["*"]:
+        return None
+    if not isinstance(value, list) or not value or not all(isinstance(h, str) and h for h in value):
+        raise ConfigError(f"allowed_hosts={value} must be auto, * or a list of host names, e.g. "
+                          "[translate.example.org,localhost]")
+    if any("*" in h[1:] or (h.startswith("*") and not h.startswith("*.")) for h in value):
+        raise ConfigError(f"allowed_hosts={value}: a wildcard must look like *.example.org")
+    return value
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
