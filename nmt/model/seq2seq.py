@@ -90,7 +90,8 @@ class GateNorm(nn.Module):
     def forward(self, gates: Tensor) -> Tensor:
         """``[B, 3Hd]`` -> ``[B, 3Hd]``, each Hd-wide gate normalised over its own units."""
         per_gate = gates.view(*gates.shape[:-1], 3, -1)  # [B, 3, Hd]
-        normed = F.layer_norm(per_gate, per_gate.shape[-1:]) * self.weight + self.bias
+        # normalised over the gain's width, Hd: a constant where a traced ONNX graph needs one
+        normed = F.layer_norm(per_gate, self.weight.shape[-1:]) * self.weight + self.bias
         return normed.view(gates.shape)
 
 

@@ -1,0 +1,114 @@
+"""The export job behind ``export.py``: load a checkpoint (or an ensemble), write an ONNX folder or a Hub folder."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnxruntime
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
+
+from nmt.common.provenance import command_line, library_versions
+from nmt.data.fetch import sha256_of
+from nmt.export.hub import write_hub_folder_of
+from nmt.export.onnx_folder import write_onnx_folder
+from nmt.export.run_results import recorded_results
+from nmt.inference.engine import USER_ERRORS as ENGINE_USER_ERRORS
+from nmt.inference.engine import SearchOptions, Translator
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("onnx", "hub")
+
+
+class ExportError(ValueError):
+    """A mistake in an export request (bad format, an output folder in the way): one line."""
+
+
+@dataclass
+class ExportSettings(SearchOptions):
+    """What ``export.py`` takes; the search options are the defaults written into an ONNX folder.
+
+    Attributes:
+        checkpoint: a run dir, a ``.pt`` file, or a list of them (an ensemble; ONNX only).
+        output: the folder to write; it must not exist yet, or be empty.
+        format: ``onnx`` (graphs for ``nmt_runtime``) or ``hub`` (a Hugging Face Hub folder).
+        int8: ONNX only: onnxruntime's dynamic int8 quantisation of every graph.
+        max_input_words: input lines are cut to this many words; ``auto`` = the training ``data.clean.max_len``.
+        license: the Hub model card's license (a Hub license id: ``mit``, ``cc-by-4.0``, ``other``, ...).
+    """
+
+    checkpoint: Any = MISSING
+    output: str = MISSING
+    format: str = "onnx"
+    int8: bool = False
+    max_input_words: Any = "auto"
+    license: str = "unknown"
+
+
+ConfigStore.instance().store(name="export_settings", node=ExportSettings)
+
+
+def export_main(cfg: Any) -> Path:
+    """Check the settings, load the model(s) on the CPU in float32, write the folder; returns its path."""
+    for key in ("checkpoint", "output"):
+        if OmegaConf.is_missing(cfg, key) or not cfg[key]:
+            raise ExportError(f"no {key} given; pass checkpoint=RUN_DIR output=FOLDER")
+    if cfg.format not in FORMATS:
+        raise ExportError(f"format={cfg.format} is not valid; use one of {', '.join(FORMATS)}")
+    if cfg.int8 and cfg.format != "onnx":
+        raise ExportError("int8=true quantises ONNX graphs; use it with format=onnx")
+    search = SearchOptions.from_settings(cfg)
+    output = Path(str(cfg.output))
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise ExportError(f"output {output} exists and is not an empty folder; name a new folder")
+    paths = _plain(cfg.checkpoint)
+    paths = [str(p) for p in paths] if isinstance(paths, (list, tuple)) else str(paths)
+    if cfg.format == "hub" and isinstance(paths, list) and len(paths) > 1:
+        raise ExportError("a Hub folder holds one model; export the ensemble with format=onnx, or each member alone")
+    translator = Translator.from_checkpoint(paths, device="cpu", precision="fp32",
+                                            max_input_words=_plain(cfg.max_input_words))
+    partial = output.with_name(f".{output.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)  # what an interrupted export left
+    partial.mkdir(parents=True)
+    try:
+        if cfg.format == "onnx":
+            write_onnx_folder(translator, partial, search, provenance_record(translator), bool(cfg.int8))
+        else:
+            write_hub_folder_of(translator, partial, provenance_record(translator), str(cfg.license))
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    if output.exists():
+        output.rmdir()  # empty, checked above
+    partial.replace(output)  # the folder appears whole or not at all
+    print(f"export.py: wrote {output} ({cfg.format})", file=sys.stderr)
+    return output
+
+
+def provenance_record(translator: Translator) -> dict[str, Any]:
+    """Where the exported models came from and what exported them: checkpoints with sha256 and recorded scores."""
+    sources = [{"checkpoint": str(path), "sha256": sha256_of(path), "results": recorded_results(path)}
+               for path in translator.checkpoints]
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command_line("export.py"),
+        "sources": sources,
+        "versions": {**library_versions(), "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__},
+    }
+
+
+def _plain(value: Any) -> Any:
+    """Plain Python values from an OmegaConf node (a list of checkpoints); others unchanged."""
+    return OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
+
+
+USER_ERRORS: tuple[type[Exception], ...] = (*ENGINE_USER_ERRORS, ExportError)
+"""Errors ``export.py`` reports in one line without a traceback."""

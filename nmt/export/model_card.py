@@ -1,0 +1,82 @@
+"""The model card (``README.md``) of a Hub folder: a YAML header the Hub indexes, then the model in words.
+
+The header follows the Hub's model card metadata: ``language``, ``license``, ``datasets``, ``tags`` and a
+``model-index`` whose metrics (BLEU and chrF, with sacrebleu's signatures) name the test sets they were
+measured on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from nmt.model.attention import attention_class
+
+
+def model_card(config: dict[str, Any], results: dict[str, Any] | None, license_id: str, parameters: int,
+               provenance: dict[str, Any]) -> str:
+    """The card's text, from the training config, the recorded test results (None: unscored) and provenance."""
+    data, attention = config.get("data") or {}, (config.get("attention") or {}).get("name", "?")
+    src, tgt = data.get("src_lang", "?"), data.get("tgt_lang", "?")
+    name = f"nmt-{src}-{tgt}-{attention}"
+    header = {"language": [src, tgt], "license": license_id, "library_name": "nmt", "pipeline_tag": "translation",
+              "tags": ["translation", "gru", "seq2seq", f"attention-{attention}"],
+              "datasets": [data["corpus"]] if data.get("corpus") else [],
+              "model-index": [{"name": name, "results": _index_results(results, data, src, tgt)}]}
+    body = [f"# {name}", "", _description(config, attention, parameters), "", "## Results", "",
+            _results_table(results), "", "## Training config", "", "```yaml",
+            yaml.safe_dump(config, sort_keys=False, allow_unicode=True).rstrip(), "```", "", _how_to_load(name),
+            "", "## Provenance", "", f"Exported {provenance['date']} by `{provenance['command']}` from checkpoint "
+            f"sha256 `{provenance['sources'][0]['sha256']}`."]
+    front = yaml.safe_dump(header, sort_keys=False, allow_unicode=True)
+    return f"---\n{front}---\n\n" + "\n".join(body) + "\n"
+
+
+def _index_results(results: dict[str, Any] | None, data: dict[str, Any], src: str, tgt: str) -> list[dict]:
+    """One model-index entry per test set, with BLEU and chrF and their sacrebleu signatures."""
+    entries = []
+    for test_set, scores in ((results or {}).get("test") or {}).items():
+        metrics = [{"type": kind, "name": label, "value": round(float(scores[kind]), 2),
+                    "args": {"sacrebleu_signature": scores.get(f"{kind}_signature")}}
+                   for kind, label in (("bleu", "BLEU"), ("chrf", "chrF")) if kind in scores]
+        entries.append({"task": {"type": "translation", "name": f"Translation {src}-{tgt}"},
+                        "dataset": {"type": data.get("corpus") or "custom", "name": f"{data.get('corpus')} {test_set}",
+                                    "split": test_set, "args": f"{src}-{tgt}"},
+                        "metrics": metrics})
+    return entries
+
+
+def _description(config: dict[str, Any], attention: str, parameters: int) -> str:
+    model = config.get("model") or {}
+    try:
+        formula = (attention_class(attention).__doc__ or "").strip().splitlines()[0]
+    except ValueError:
+        formula = ""
+    return (f"A GRU encoder-decoder translation model (Bahdanau et al., 2015) trained with the `nmt` toolkit: "
+            f"a bidirectional GRU encoder ({model.get('enc_layers')} layer(s), {model.get('enc_hidden_size')} units "
+            f"per direction), an attentional GRU decoder ({model.get('dec_layers')} layer(s), "
+            f"{model.get('dec_hidden_size')} units), embeddings of {model.get('emb_size')}, {parameters:,} parameters. "
+            f"Attention: `{attention}`. {formula}")
+
+
+def _results_table(results: dict[str, Any] | None) -> str:
+    tests = (results or {}).get("test") or {}
+    if not tests:
+        return "No test scores were recorded for this checkpoint."
+    rows = ["| test set | BLEU | chrF | sacrebleu signature (BLEU) |", "| --- | --- | --- | --- |"]
+    rows += [f"| {name} | {s.get('bleu', float('nan')):.2f} | {s.get('chrf', float('nan')):.2f} | "
+             f"`{s.get('bleu_signature', '')}` |" for name, s in tests.items()]
+    search = f"beam {results.get('beam_size')}, length penalty {results.get('length_penalty')}"
+    return "\n".join(rows) + f"\n\nDecoded with {search}."
+
+
+def _how_to_load(name: str) -> str:
+    return "\n".join([
+        "## How to use", "",
+        "With the `nmt` package installed (this model's toolkit):", "", "```python",
+        "from nmt import Translator", "",
+        f'translator = Translator.from_pretrained("USER/{name}")  # a Hub repo id, or this folder\'s path',
+        'print(translator.translate(["A sentence to translate."], beam_size=5)[0].text)', "```", "",
+        "or `python translate.py checkpoint=FOLDER input=FILE` and `python serve.py checkpoint=FOLDER` with the "
+        "folder downloaded (`hf download USER/REPO --local-dir FOLDER`)."])

@@ -1,0 +1,134 @@
+"""The three ONNX graphs of a model: the encoder, the attention's key preparation, and one decoder step.
+
+A search drives them as it drives a ``SearchModel``: the encoder once per source batch, the preparation
+(``Attention.prepare``, the key projection) once on its output, then the step once per output token. The
+step computes exactly ``SearchModel.decode_step`` (the token-gate table included, as a constant) followed
+by a log-softmax, so a runtime's search needs no PyTorch. Graphs are traced by PyTorch's TorchScript-based
+exporter (``dynamo=False``): the dynamo exporter has written ``nn.GRU`` with the wrong
+``linear_before_reset`` (pytorch#189225) and breaks RNN graphs (pytorch#118740). The parity tests in
+``tests/test_export.py`` are the judge of every graph.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt.data import EOS_ID, PAD_ID
+from nmt.model.seq2seq import EncoderMemory, SearchModel
+
+OPSET = 17  # LayerNormalization (a layer-normalised decoder) is an ONNX op from opset 17 on
+GRAPH_NAMES = ("encoder", "prepare", "step")
+
+
+class EncoderGraph(nn.Module):
+    """src ``[B, S]`` int64, src_lengths ``[B]`` int64 -> enc_out ``[B, S, 2He]``, decoder state ``[L, B, Hd]``."""
+
+    def __init__(self, model: SearchModel) -> None:
+        super().__init__()
+        self.model = model.model
+
+    def forward(self, src: Tensor, src_lengths: Tensor) -> tuple[Tensor, Tensor]:
+        enc_out, enc_last = self.model.encoder(src, src_lengths)  # [B, S, 2He], [B, 2He]
+        return enc_out, self.model.decoder.init_state(enc_last)  # [L, B, Hd]
+
+
+class PrepareGraph(nn.Module):
+    """enc_out ``[B, S, 2He]`` -> prepared keys (``Attention.prepare``, e.g. ``[B, S, H]``)."""
+
+    def __init__(self, model: SearchModel) -> None:
+        super().__init__()
+        self.attention = model.model.decoder.attention
+
+    def forward(self, enc_out: Tensor) -> Tensor:
+        # "* 1.0" keeps an identity preparation (dot attention with equal sizes) a graph with one node
+        return self.attention.prepare(enc_out) * 1.0
+
+
+class StepGraph(nn.Module):
+    """One decoder step over R = G * B rows (G hypotheses per source, in consecutive rows).
+
+    Inputs: prev_tokens ``[R]`` int64, state ``[L, R, Hd]``, enc_out ``[B, S, 2He]``, prepared_keys, src_mask
+    ``[B, S]`` bool. Outputs: log_probs ``[R, V]`` (the model's full distribution) and the new state ``[L, R, Hd]``.
+    """
+
+    def __init__(self, model: SearchModel) -> None:
+        super().__init__()
+        self.search_model = model
+
+    def forward(self, prev_tokens: Tensor, state: Tensor, enc_out: Tensor, prepared_keys: Tensor,
+                src_mask: Tensor) -> tuple[Tensor, Tensor]:
+        memory = EncoderMemory(enc_out, prepared_keys, src_mask, self.search_model.gate_table)
+        logits, new_state, _ = self.search_model.decode_step(prev_tokens, state, memory)  # [R, V], [L, R, Hd]
+        return F.log_softmax(logits.float(), dim=-1), new_state
+
+
+def _example_inputs(model: SearchModel) -> dict[str, tuple[Tensor, ...]]:
+    """Inputs to trace with: 2 sources of lengths 5 and 3, 2 hypotheses each.
+
+    Why these sizes: no traced dimension may be 1 (the tracer would fix it), and G = 2 traces the
+    decoder's path for beam rows (``Decoder._attend``), which with G = 1 computes the same as the greedy path.
+    """
+    src = torch.tensor([[4, 5, 6, 7, EOS_ID], [8, 9, EOS_ID, PAD_ID, PAD_ID]])  # [2, 5]
+    src_lengths = torch.tensor([5, 3])
+    with torch.no_grad():
+        memory, state = model.encode(src, src_lengths)  # state [L, 2, Hd]
+    rows_state = state.repeat_interleave(2, dim=1)  # [L, 4, Hd]
+    prev_tokens = torch.tensor([4, 5, 6, 7])
+    return {"encoder": (src, src_lengths), "prepare": (memory.enc_out,),
+            "step": (prev_tokens, rows_state, memory.enc_out, memory.prepared_keys, memory.src_mask)}
+
+
+_SIGNATURES: dict[str, tuple[list[str], list[str], dict[str, dict[int, str]]]] = {
+    "encoder": (["src", "src_lengths"], ["enc_out", "state"],
+                {"src": {0: "batch", 1: "src_len"}, "src_lengths": {0: "batch"},
+                 "enc_out": {0: "batch", 1: "src_len"}, "state": {1: "batch"}}),
+    "prepare": (["enc_out"], ["prepared_keys"],
+                {"enc_out": {0: "batch", 1: "src_len"}}),
+    "step": (["prev_tokens", "state", "enc_out", "prepared_keys", "src_mask"], ["log_probs", "new_state"],
+             {"prev_tokens": {0: "rows"}, "state": {1: "rows"}, "enc_out": {0: "batch", 1: "src_len"},
+              "src_mask": {0: "batch", 1: "src_len"},
+              "log_probs": {0: "rows"}, "new_state": {1: "rows"}}),
+}
+"""Per graph: input names, output names, and the dynamic axes (the same names across graphs); the prepared
+keys' axes depend on the attention type (``_with_prepared_axes``)."""
+
+
+def _with_prepared_axes(prepared_shape: torch.Size) -> dict[str, tuple[list[str], list[str], dict]]:
+    """``_SIGNATURES`` with the source-length axis of the prepared keys where this attention puts it.
+
+    The example's prepared keys are ``[2, 5, ...]`` for most types but ``[2, 2, 5, hidden]`` for
+    multihead (keys and values stacked); the first axis after the batch of size 5 is the source length.
+    """
+    src_axis = list(prepared_shape).index(5, 1)
+    axes = {0: "batch", src_axis: "src_len"}
+    signatures = {name: (inputs, outputs, dict(dynamic)) for name, (inputs, outputs, dynamic) in _SIGNATURES.items()}
+    signatures["prepare"][2]["prepared_keys"] = axes
+    signatures["step"][2]["prepared_keys"] = axes
+    return signatures
+
+
+def export_graphs(model: SearchModel, folder: Path, prefix: str = "") -> dict[str, str]:
+    """Write the three graphs of ``model`` (float32, CPU, eval mode) as ``<prefix><name>.onnx`` into ``folder``.
+
+    Returns:
+        Graph name -> file name.
+    """
+    modules = {"encoder": EncoderGraph(model), "prepare": PrepareGraph(model), "step": StepGraph(model)}
+    examples = _example_inputs(model)
+    signatures = _with_prepared_axes(examples["step"][3].shape)
+    files = {}
+    # Grad mode on while tracing: under no_grad on a CPU additive attention scores in a Python loop over
+    # row chunks (AdditiveAttention._score_in_chunks), which a trace would unroll for the example's batch.
+    with warnings.catch_warnings(), torch.enable_grad():
+        warnings.simplefilter("ignore")  # tracer warnings about shapes: the parity tests judge the graphs
+        for name in GRAPH_NAMES:
+            inputs, outputs, axes = signatures[name]
+            files[name] = f"{prefix}{name}.onnx"
+            torch.onnx.export(modules[name], examples[name], str(folder / files[name]), dynamo=False,
+                              input_names=inputs, output_names=outputs, dynamic_axes=axes, opset_version=OPSET)
+    return files

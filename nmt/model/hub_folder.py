@@ -1,0 +1,85 @@
+"""The Hugging Face Hub folder of a model: ``model.safetensors``, ``config.json`` and the SentencePiece files.
+
+The folder holds what a checkpoint holds for inference (weights, resolved training config, tokenizer) in
+files that other tools read without this package: safetensors weights (no pickle), a JSON config, and
+standard SentencePiece models (``joint.model``, or ``src.model`` + ``tgt.model``). ``read_hub_folder``
+turns it back into the checkpoint dict that ``nmt.model.checkpoint.load_checkpoint`` returns.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from nmt.common.files import write_json_durably
+from nmt.data import DataError, Tokenizer
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+MODEL_TYPE = "nmt-gru-attention"  # config.json's model_type: what a Hub page and this loader look for
+HUB_FORMAT = 1
+
+
+class HubFolderError(ValueError):
+    """A Hub folder that is incomplete, unreadable or of another format version."""
+
+
+def is_hub_folder(path: str | Path) -> bool:
+    """True for a folder that holds ``model.safetensors`` and ``config.json``."""
+    path = Path(path)
+    return (path / WEIGHTS_FILE).is_file() and (path / CONFIG_FILE).is_file()
+
+
+def write_hub_folder(folder: Path, state: dict[str, Any], extra_config: dict[str, Any]) -> list[Path]:
+    """Write a checkpoint dict's weights, config and tokenizer into ``folder``.
+
+    Args:
+        folder: the output folder (created).
+        state: a checkpoint dict (``config``, ``tokenizer`` as bytes, ``model``), as ``load_checkpoint`` returns.
+        extra_config: more keys for ``config.json`` (languages, provenance).
+
+    Returns:
+        The files written.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    # safetensors refuses tensors that share memory: tied embeddings are written as two copies, and
+    # load_state_dict puts both back into the one tied parameter.
+    weights = {name: tensor.detach().clone().contiguous() for name, tensor in state["model"].items()}
+    save_file(weights, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    tokenizer = Tokenizer.from_state(state["tokenizer"])
+    files = tokenizer.save(folder)
+    config = {"model_type": MODEL_TYPE, "hub_format": HUB_FORMAT, "nmt_version": state.get("nmt_version"),
+              "tokenizer_files": [path.name for path in files], **extra_config, "training_config": state["config"]}
+    write_json_durably(folder / CONFIG_FILE, config)
+    return [folder / WEIGHTS_FILE, folder / CONFIG_FILE, *files]
+
+
+def read_hub_folder(folder: str | Path) -> dict[str, Any]:
+    """The checkpoint dict (``format_version`` left to the caller) of a Hub folder: config, tokenizer, model.
+
+    Raises:
+        HubFolderError: a missing or unreadable file, or a config of another model type or format.
+    """
+    folder = Path(folder)
+    try:
+        config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise HubFolderError(f"cannot read {folder / CONFIG_FILE}: {error}") from None
+    if not isinstance(config, dict) or config.get("model_type") != MODEL_TYPE:
+        raise HubFolderError(f"{folder / CONFIG_FILE} is not the config of an nmt model (model_type "
+                             f"{MODEL_TYPE!r}); write the folder with export.py format=hub")
+    if config.get("hub_format") != HUB_FORMAT:
+        raise HubFolderError(f"{folder} has Hub folder format {config.get('hub_format')}; this nmt reads "
+                             f"format {HUB_FORMAT}")
+    try:
+        tokenizer = Tokenizer.load(folder)
+        weights: dict[str, torch.Tensor] = load_file(str(folder / WEIGHTS_FILE))
+    except (OSError, SafetensorError, DataError) as error:
+        raise HubFolderError(f"cannot read the model in {folder}: {error}") from None
+    return {"nmt_version": config.get("nmt_version"), "config": config["training_config"],
+            "tokenizer": tokenizer.to_state(), "model": weights}

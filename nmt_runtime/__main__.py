@@ -1,0 +1,99 @@
+"""``python -m nmt_runtime FOLDER``: sentences on stdin (UTF-8, one per line), translations on stdout.
+
+A mistake the user can fix (a folder that is not an export, a missing file, invalid UTF-8, a model for
+another language pair, an option out of range) ends in one line on stderr and exit status 2. With
+``--n-best N`` (N > 1) a line holds ``text TAB score`` for each of the N best, as translate.py writes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from nmt_runtime.folder import ExportFolderError
+from nmt_runtime.translator import Translation, Translator
+
+PROGRAM = "nmt_runtime"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, as for every other mistake
+        fail(message)
+
+
+def fail(message: str) -> NoReturn:
+    print(f"{PROGRAM}: error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def _ratio(text: str) -> float | None:
+    return None if text.lower() in ("none", "null") else float(text)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = _Parser(prog=f"python -m {PROGRAM}", description="Translate stdin to stdout with an ONNX export.")
+    parser.add_argument("folder", help="a folder written by export.py")
+    parser.add_argument("--beam-size", type=int, help="1 = greedy (default: the folder's)")
+    parser.add_argument("--length-penalty", type=float, help="GNMT alpha, 0-10")
+    parser.add_argument("--n-best", type=int, help="> 1: 'text TAB score' for each of the n best")
+    parser.add_argument("--max-len", type=int, help="at most this many output subwords")
+    parser.add_argument("--max-len-ratio", type=_ratio, help="and at most ceil(ratio * source subwords) + 5; none")
+    parser.add_argument("--batch-tokens", type=int, help="padded source subwords per batch")
+    parser.add_argument("--src-lang", help="refuse a model that does not translate from this language")
+    parser.add_argument("--tgt-lang", help="refuse a model that does not translate into this language")
+    parser.add_argument("--threads", type=int, help="onnxruntime threads (default: all cores)")
+    return parser.parse_args(argv)
+
+
+def read_lines(data: bytes) -> list[str]:
+    """UTF-8 lines (only ``\\n`` ends one); invalid UTF-8 is refused naming the line."""
+    raw_lines = data.split(b"\n")
+    if raw_lines[-1] == b"":
+        raw_lines.pop()  # the newline at the end of the input ends the last line, it does not start one
+    lines = []
+    for number, raw in enumerate(raw_lines, start=1):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            raise ExportFolderError(f"stdin, line {number}: invalid UTF-8 (byte {raw[error.start]:#04x} at column "
+                                    f"{error.start + 1}); convert the input to UTF-8") from None
+    return lines
+
+
+def format_output(result: Translation, n_best: int) -> str:
+    """translate.py's line: the text, or ``text TAB score`` pairs for ``n_best > 1``; "" for an empty input."""
+    if not result.src_ids:
+        return ""
+    texts = [text.replace("\n", " ").replace("\t", " ") for text, _ in result.nbest]
+    if n_best == 1:
+        return texts[0]
+    return "\t".join(f"{text}\t{score:.4f}" for text, (_, score) in zip(texts, result.nbest))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format=f"{PROGRAM}: %(message)s")
+    options = {name: value for name in ("beam_size", "length_penalty", "n_best", "max_len", "batch_tokens")
+               if (value := getattr(args, name)) is not None}
+    if args.max_len_ratio is not None or "--max-len-ratio" in (argv if argv is not None else sys.argv):
+        options["max_len_ratio"] = args.max_len_ratio
+    try:
+        translator = Translator(args.folder, threads=args.threads)
+        for side, wanted, have in (("source", args.src_lang, translator.src_lang),
+                                   ("target", args.tgt_lang, translator.tgt_lang)):
+            if wanted is not None and wanted != have:
+                raise ExportFolderError(f"{args.folder} translates {translator.src_lang}-{translator.tgt_lang}; "
+                                        f"its {side} language is {have}, not {wanted}")
+        results = translator.translate(read_lines(sys.stdin.buffer.read()), **options)
+    except ExportFolderError as error:
+        fail(str(error))
+    n_best = options.get("n_best", translator.defaults.n_best)
+    sys.stdout.writelines(format_output(result, n_best) + "\n" for result in results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
