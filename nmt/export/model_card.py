@@ -41,7 +41,8 @@ def _index_results(results: dict[str, Any] | None, data: dict[str, Any], src: st
                     "args": {"sacrebleu_signature": scores.get(f"{kind}_signature")}}
                    for kind, label in (("bleu", "BLEU"), ("chrf", "chrF")) if kind in scores]
         entries.append({"task": {"type": "translation", "name": f"Translation {src}-{tgt}"},
-                        "dataset": {"type": data.get("corpus") or "custom", "name": f"{data.get('corpus')} {test_set}",
+                        "dataset": {"type": data.get("corpus") or "custom",
+                                    "name": f"{data['corpus']} {test_set}" if data.get("corpus") else test_set,
                                     "split": test_set, "args": f"{src}-{tgt}"},
                         "metrics": metrics})
     return entries
@@ -50,7 +51,9 @@ def _index_results(results: dict[str, Any] | None, data: dict[str, Any], src: st
 def _description(config: dict[str, Any], attention: str, parameters: int) -> str:
     model = config.get("model") or {}
     try:
-        formula = (attention_class(attention).__doc__ or "").strip().splitlines()[0]
+        # the docstring's first line names the paper and the score; what follows "; " is about the code
+        formula = (attention_class(attention).__doc__ or "").strip().splitlines()[0].split("; ")[0]
+        formula = formula.replace("``", "`").rstrip(".") + "."
     except ValueError:
         formula = ""
     return (f"A GRU encoder-decoder translation model (Bahdanau et al., 2015) trained with the `nmt` toolkit: "
@@ -65,8 +68,10 @@ def _results_table(results: dict[str, Any] | None) -> str:
     if not tests:
         return "No test scores were recorded for this checkpoint."
     rows = ["| test set | BLEU | chrF | sacrebleu signature (BLEU) |", "| --- | --- | --- | --- |"]
-    rows += [f"| {name} | {s.get('bleu', float('nan')):.2f} | {s.get('chrf', float('nan')):.2f} | "
-             f"`{s.get('bleu_signature', '')}` |" for name, s in tests.items()]
+    for name, s in tests.items():
+        signature = str(s.get("bleu_signature", "")).replace("|", "\\|")  # a "|" ends a cell, even in backticks
+        rows.append(f"| {name} | {s.get('bleu', float('nan')):.2f} | {s.get('chrf', float('nan')):.2f} | "
+                    f"`{signature}` |")
     search = f"beam {results.get('beam_size')}, length penalty {results.get('length_penalty')}"
     return "\n".join(rows) + f"\n\nDecoded with {search}."
 

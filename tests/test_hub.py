@@ -1,0 +1,124 @@
+"""Hub folders (``export.py format=hub``): files, model card, and loading by path, by repo id and by the tools."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import SRC, save_tiny_checkpoint
+from omegaconf import OmegaConf
+
+from nmt import Translator
+from nmt.export import ExportSettings, export_main
+from nmt.model.checkpoint import CheckpointError, load_checkpoint
+from tests.test_server import call, serve_settings
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+LINES = [*SRC, "", "Zwei Hunde spielen im Schnee."]
+SCORES = {"bleu": 12.34, "chrf": 40.5, "length_ratio": 1.0, "bleu_signature": "nrefs:1|case:mixed|tok:13a|v:2.6.0",
+          "chrf_signature": "nrefs:1|case:mixed|nc:6|nw:0|v:2.6.0"}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def run_and_hub(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny general-attention run with a results.json, and its Hub folder."""
+    root = tmp_path_factory.mktemp("hub")
+    run = save_tiny_checkpoint(root / "run" / "checkpoints" / "best.pt", "general", seed=3).parent.parent
+    results = {"beam_size": 5, "length_penalty": 1.0, "test": {"test_2016_flickr": SCORES}}
+    (run / "results.json").write_text(json.dumps(results))
+    settings = ExportSettings(checkpoint=str(run), output=str(root / "hub"), format="hub", license="mit")
+    return run, export_main(OmegaConf.structured(settings))
+
+
+def outputs(translator: Translator) -> list[list[tuple[str, float]]]:
+    return [[(c.text, c.score) for c in r.nbest] for options in ({"beam_size": 1}, {"beam_size": 4, "n_best": 2})
+            for r in translator.translate(LINES, **options)]
+
+
+def test_the_folder_holds_weights_config_tokenizer_and_a_model_card(run_and_hub: tuple[Path, Path]) -> None:
+    run, hub = run_and_hub
+    assert sorted(p.name for p in hub.iterdir()) == ["README.md", "config.json", "joint.model", "model.safetensors"]
+    config = json.loads((hub / "config.json").read_text())
+    assert (config["src_lang"], config["tgt_lang"], config["attention"]) == ("de", "en", "general")
+    assert config["training_config"]["model"]["dec_hidden_size"] == 7
+    card = (hub / "README.md").read_text()
+    _, header, body = card.split("---\n", 2)
+    meta = yaml.safe_load(header)
+    assert meta["language"] == ["de", "en"] and meta["license"] == "mit" and meta["pipeline_tag"] == "translation"
+    [result] = meta["model-index"][0]["results"]
+    assert result["dataset"]["split"] == "test_2016_flickr"
+    metrics = {m["type"]: m for m in result["metrics"]}
+    assert metrics["bleu"]["value"] == 12.34 and metrics["chrf"]["value"] == 40.5
+    assert metrics["bleu"]["args"]["sacrebleu_signature"] == SCORES["bleu_signature"]
+    for words in ("Attention: `general`", "Translator.from_pretrained", "## Training config", "12.34",
+                  config["provenance"]["sources"][0]["sha256"]):
+        assert words in body
+
+
+def test_from_pretrained_translates_as_the_checkpoint(run_and_hub: tuple[Path, Path]) -> None:
+    run, hub = run_and_hub
+    expected = outputs(Translator.from_checkpoint(run, device="cpu"))
+    assert outputs(Translator.from_pretrained(hub, device="cpu")) == expected
+    assert Translator.from_checkpoint(hub, device="cpu").info()["attention"] == "general"
+    assert len({texts[0][0] for texts in expected}) > 2  # the sentences translate differently
+
+
+def test_a_repo_id_loads_from_the_local_hub_cache_offline(run_and_hub: tuple[Path, Path], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    run, hub = run_and_hub
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "cache" / "models--someone--tiny-de-en"
+    shutil.copytree(hub, repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    translator = Translator.from_pretrained("someone/tiny-de-en", device="cpu")
+    assert outputs(translator) == outputs(Translator.from_checkpoint(run, device="cpu"))
+    with pytest.raises(CheckpointError, match="someone/missing is neither a local folder nor a Hub repo"):
+        Translator.from_pretrained("someone/missing", device="cpu")
+
+
+def test_translate_py_and_the_server_take_the_folder(run_and_hub: tuple[Path, Path], tmp_path: Path) -> None:
+    from nmt.serve.app import create_app
+    from nmt.serve.server import serve_in_thread
+
+    run, hub = run_and_hub
+    reference = Translator.from_checkpoint(run, device="cpu").translate(LINES, beam_size=5)
+    source = tmp_path / "in.de"
+    source.write_text("".join(line + "\n" for line in LINES), encoding="utf-8")
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "translate.py"), f"checkpoint={hub}", f"input={source}"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:-1] == [r.text for r in reference]
+    settings = serve_settings(f"checkpoint={hub}", "max_len=200")
+    with serve_in_thread(create_app(Translator.from_settings(settings), settings)) as url:
+        status, body = call(f"{url}/v1/translate", {"text": SRC, "beam_size": 5})
+    assert status == 200 and [t["text"] for t in body["translations"]] == [r.text for r in reference[: len(SRC)]]
+
+
+def test_a_broken_folder_is_one_checkpoint_error(run_and_hub: tuple[Path, Path], tmp_path: Path) -> None:
+    _, hub = run_and_hub
+    broken = tmp_path / "broken"
+    shutil.copytree(hub, broken)
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "model_type": "bert"}))
+    with pytest.raises(CheckpointError, match="not the config of an nmt model"):
+        load_checkpoint(broken)
+    (broken / "config.json").write_text(json.dumps(config))
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(CheckpointError, match="cannot read the model"):
+        load_checkpoint(broken)

@@ -1,0 +1,109 @@
+"""``python -m nmt_runtime``: translations on stdout as translate.py writes them, one-line refusals, and no PyTorch."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+from conftest import SRC
+from omegaconf import OmegaConf
+
+from nmt import Translator
+from nmt.export import ExportSettings, export_main
+from nmt.inference.translate_job import format_output
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+LINES = [SRC[0], "", SRC[1], f"  {SRC[2]}  ", SRC[4]]
+# what the runtime imports, and what they import: the whole of the runtime's environment
+RUNTIME_PACKAGES = ("numpy", "numpy.libs", "onnxruntime", "sentencepiece", "sentencepiece.libs", "flatbuffers",
+                    "packaging", "google")
+
+
+@pytest.fixture(scope="module")
+def folder(tiny_run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    output = tmp_path_factory.mktemp("runtime") / "export"
+    settings = ExportSettings(checkpoint=str(tiny_run_dir), output=str(output), beam_size=3)
+    return export_main(OmegaConf.structured(settings))
+
+
+def run_runtime(python: str, folder: Path, stdin: bytes, *options: str, env: dict | None = None
+                ) -> subprocess.CompletedProcess:
+    return subprocess.run([python, "-m", "nmt_runtime", str(folder), "--threads", "1", *options], input=stdin,
+                          capture_output=True, timeout=120, env=env, cwd=REPO_ROOT)
+
+
+def expected_lines(run_dir: Path, n_best: int, **options: object) -> str:
+    results = Translator.from_checkpoint(run_dir, device="cpu").translate(LINES, n_best=n_best, **options)
+    return "".join(format_output(result, n_best) + "\n" for result in results)
+
+
+def test_the_command_writes_what_translate_py_writes(folder: Path, tiny_run_dir: Path) -> None:
+    stdin = "".join(line + "\n" for line in LINES).encode()
+    done = run_runtime(sys.executable, folder, stdin)  # the folder's default beam, 3
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode() == expected_lines(tiny_run_dir, 1, beam_size=3)
+    done = run_runtime(sys.executable, folder, stdin, "--beam-size", "4", "--n-best", "2", "--length-penalty", "0.5")
+    assert done.returncode == 0, done.stderr
+    # n-best lines: text TAB score pairs; the texts are the same, the scores to rounding (their 4th decimal may
+    # differ where float rounding crosses it)
+    got, expected = (text.split("\n") for text in (done.stdout.decode(),
+                                                    expected_lines(tiny_run_dir, 2, beam_size=4, length_penalty=0.5)))
+    assert [line.split("\t")[::2] for line in got] == [line.split("\t")[::2] for line in expected]
+    got_scores, expected_scores = ([float(x) for line in lines for x in line.split("\t")[1::2]]
+                                   for lines in (got, expected))
+    assert got_scores == pytest.approx(expected_scores, abs=2e-4) and len(got_scores) == 8
+
+
+def test_mistakes_are_one_line_and_exit_2(folder: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    (broken / "step.onnx").unlink()
+    (tmp_path / "empty").mkdir()
+    cases = [
+        (tmp_path / "nowhere", b"Hallo\n", (), "is not a folder"),
+        (tmp_path / "empty", b"Hallo\n", (), "is not an ONNX export"),
+        (broken, b"Hallo\n", (), "step.onnx is missing"),
+        (folder, b"Hallo\n\xff\xfe Welt\n", (), "line 2: invalid UTF-8"),
+        (folder, b"Hallo\n", ("--src-lang", "fr"), "translates de-en; its source language is de, not fr"),
+        (folder, b"Hallo\n", ("--tgt-lang", "de"), "its target language is en, not de"),
+        (folder, b"Hallo\n", ("--beam-size", "2", "--n-best", "3"), "n_best (3) cannot exceed beam_size (2)"),
+        (folder, b"Hallo\n", ("--beam-size", "x"), "invalid int value"),
+    ]
+    for path, stdin, options, message in cases:
+        done = run_runtime(sys.executable, path, stdin, *options)
+        stderr = done.stderr.decode()
+        assert done.returncode == 2 and done.stdout == b"", (message, stderr)
+        assert message in stderr and len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr, stderr
+
+
+def _environment_without_torch(root: Path) -> Path:
+    """A virtual environment whose site-packages reach only the runtime and its dependencies; its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True, timeout=120)
+    packages = root / "packages"
+    packages.mkdir()
+    installed = Path(sysconfig.get_paths()["purelib"])
+    for name in RUNTIME_PACKAGES:
+        if (installed / name).exists():
+            (packages / name).symlink_to(installed / name)
+    (packages / "nmt_runtime").symlink_to(REPO_ROOT / "nmt_runtime")
+    [site] = (root / "venv" / "lib").glob("python3*/site-packages")
+    (site / "runtime_packages.pth").write_text(f"{packages}\n")
+    return root / "venv" / "bin" / "python"
+
+
+def test_the_runtime_runs_where_torch_cannot_be_imported(folder: Path, tiny_run_dir: Path, tmp_path: Path) -> None:
+    python = _environment_without_torch(tmp_path)
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    no_torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True, text=True, env=env,
+                              cwd=tmp_path, timeout=60)
+    assert no_torch.returncode == 1 and "No module named 'torch'" in no_torch.stderr
+    stdin = "".join(line + "\n" for line in LINES).encode()
+    done = subprocess.run([str(python), "-m", "nmt_runtime", str(folder), "--beam-size", "1"], input=stdin,
+                          capture_output=True, env=env, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode() == expected_lines(tiny_run_dir, 1, beam_size=1)
