@@ -11,7 +11,11 @@ exporter (``dynamo=False``): the dynamo exporter has written ``nn.GRU`` with the
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -98,6 +102,21 @@ _SIGNATURES: dict[str, tuple[list[str], list[str], dict[str, dict[int, str]]]] =
 keys' axes depend on the attention type (``_with_prepared_axes``)."""
 
 
+@contextlib.contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 to /dev/null: the exporter's C++ shape-inference warnings about ``PackPadded`` (the packed
+    encoder GRU; its graph is right, as the parity tests show) would otherwise be all a user sees of an export."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _with_prepared_axes(prepared_shape: torch.Size) -> dict[str, tuple[list[str], list[str], dict]]:
     """``_SIGNATURES`` with the source-length axis of the prepared keys where this attention puts it.
 
@@ -124,7 +143,7 @@ def export_graphs(model: SearchModel, folder: Path, prefix: str = "") -> dict[st
     files = {}
     # Grad mode on while tracing: under no_grad on a CPU additive attention scores in a Python loop over
     # row chunks (AdditiveAttention._score_in_chunks), which a trace would unroll for the example's batch.
-    with warnings.catch_warnings(), torch.enable_grad():
+    with warnings.catch_warnings(), torch.enable_grad(), _native_stderr_silenced():
         warnings.simplefilter("ignore")  # tracer warnings about shapes: the parity tests judge the graphs
         for name in GRAPH_NAMES:
             inputs, outputs, axes = signatures[name]
