@@ -1,0 +1,386 @@
+"""The chain behind the best models as one resumable command: stages that drive train.py, backtranslate.py and
+tune_decoding.py as subprocesses, skip what is complete, resume what stopped, and end in a table of the systems."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from nmt.common.files import write_json_durably, write_text_durably
+from nmt.common.progress import format_duration
+from nmt.common.provenance import provenance
+from nmt.data.synthetic import is_complete
+
+SETTINGS = ("recipe", "workdir", "parallel", "dry_run", "device")
+DEFAULTS = {"recipe": "bt_best", "workdir": ".", "parallel": 1, "dry_run": False, "device": "auto"}
+
+
+class ChainError(ValueError):
+    """A chain that cannot run as asked: a bad setting or recipe, or a stage that failed (one line)."""
+
+
+@dataclass
+class Stage:
+    """One step of the chain.
+
+    Attributes:
+        name: what it is, for the log (``bt de-en seed1``).
+        kind: its ``eta_minutes`` key (a training's name, ``backtranslate`` or ``tune``).
+        outputs: the paths it makes; ``needs``: the paths it reads (other stages' outputs, or existing).
+        command: its argv, built when it starts (a run with a checkpoint resumes instead of starting over).
+        done: whether its outputs are complete.
+    """
+
+    name: str
+    kind: str
+    outputs: list[Path]
+    needs: list[Path]
+    command: Callable[[], list[str]]
+    done: Callable[[], bool]
+    after: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Chain:
+    """What every stage shares: where it runs, the programs, the recipe, the data overrides."""
+
+    workdir: Path
+    programs: dict[str, list[str]]
+    recipe: DictConfig
+    recipe_name: str
+    data_overrides: list[str]
+    configs: Path
+
+    def path(self, value: str | Path) -> Path:
+        return (self.workdir / str(value)).resolve()
+
+
+def parse_arguments(args: Sequence[str], recipes: Path) -> tuple[dict[str, Any], list[str], DictConfig]:
+    """``key=value`` arguments: the chain's settings, the ``data.*`` overrides (passed to every stage that
+    reads data), and the recipe (``configs/recipe/<recipe>.yaml``, ``defaults: [parent]`` merged first).
+
+    Raises:
+        ChainError: an unknown key (naming the nearest), a malformed argument, or an unknown recipe.
+    """
+    from nmt.common.settings import unknown_key_message
+
+    settings, data = dict(DEFAULTS), []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if not sep:
+            raise ChainError(f"{arg!r} is not key=value; e.g. recipe=bt_best parallel=2 data.mirror=/corpora")
+        if key.startswith("data."):
+            data.append(arg)
+        elif key in SETTINGS:
+            settings[key] = OmegaConf.from_dotlist([arg])[key]
+        else:
+            raise ChainError(unknown_key_message("", key, [*SETTINGS, "data.<key> (train.py's data overrides)"]))
+    if not isinstance(settings["parallel"], int) or isinstance(settings["parallel"], bool) or settings["parallel"] < 1:
+        raise ChainError(f"parallel={settings['parallel']!r} must be a whole number >= 1 (stages run at once)")
+    return settings, data, load_recipe(recipes, str(settings["recipe"]))
+
+
+def load_recipe(recipes: Path, name: str) -> DictConfig:
+    """``recipes/<name>.yaml`` over its ``defaults`` (recipes it inherits from, merged first)."""
+    path = recipes / f"{name}.yaml"
+    if not path.is_file():
+        valid = ", ".join(sorted(p.stem for p in recipes.glob("*.yaml")))
+        raise ChainError(f"recipe={name} is not in {recipes}; valid: {valid}")
+    recipe = OmegaConf.load(path)
+    parents = recipe.pop("defaults", [])
+    base = OmegaConf.merge(*[load_recipe(recipes, str(parent)) for parent in parents]) if parents else {}
+    return OmegaConf.merge(base, recipe)
+
+
+# ------------------------------------------------------------------------------------------------ Stages
+def compose_training(chain: Chain, experiment: str, pair: str) -> DictConfig:
+    """train.py's config for ``experiment`` in ``pair`` with the chain's overrides (checked by Hydra as it composes)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    src, tgt = pair.split("-")
+    overrides = [f"experiment={experiment}", f"data.src_lang={src}", f"data.tgt_lang={tgt}", *chain.data_overrides,
+                 *chain.recipe.train_overrides]
+    try:
+        with initialize_config_dir(config_dir=str(chain.configs), version_base="1.3"):
+            return compose("train", overrides=overrides)
+    except HydraException as error:
+        raise ChainError(f"train.py {' '.join(overrides)}: {str(error).splitlines()[0]}") from None
+
+
+def training_stages(chain: Chain, training: DictConfig, pair: str) -> list[Stage]:
+    """One training's runs in ``pair`` (one per seed), and a back-translation stage per folder its mixture
+    makes with ``backtranslate:`` (run once before the seeds, which then find it complete)."""
+    experiment = training.experiment if isinstance(training.experiment, str) else training.experiment[pair]
+    cfg = compose_training(chain, experiment, pair)
+    stages, needs = [], []
+    for entry in cfg.data.mixture or []:
+        folder = chain.path(entry.synthetic) if entry.get("synthetic") else None
+        if folder is not None and entry.get("backtranslate"):
+            stages.append(backtranslate_stage(chain, entry, folder))
+        if folder is not None and entry.get("forward_translate"):  # train.py makes it: it needs the teachers
+            needs += [chain.path(c) for c in OmegaConf.to_object(entry.forward_translate.checkpoint)]
+        elif folder is not None:
+            needs.append(folder)
+    seeds = list(chain.recipe.seeds)[: training.get("seeds") or None]
+    for seed in seeds:
+        run_dir = chain.path(f"runs/{training.runs}_{pair}/seed{seed}")
+        stages.append(train_stage(chain, f"{training.name} {pair} seed{seed}", training.name, run_dir, needs,
+                                  [f"experiment={experiment}", f"trainer.seed={seed}"], pair))
+    return stages
+
+
+def train_stage(chain: Chain, name: str, kind: str, run_dir: Path, needs: list[Path], overrides: list[str],
+                pair: str) -> Stage:
+    """train.py into ``run_dir``: done when it holds results.json; resumed from its last.pt when it has one."""
+    src, tgt = pair.split("-")
+
+    def command() -> list[str]:
+        if (run_dir / "checkpoints" / "last.pt").is_file():
+            return [*chain.programs["train"], f"trainer.resume={run_dir}"]
+        return [*chain.programs["train"], *overrides, f"data.src_lang={src}", f"data.tgt_lang={tgt}",
+                *chain.data_overrides, *chain.recipe.train_overrides, f"hydra.run.dir={run_dir}"]
+
+    return Stage(name, kind, [run_dir], list(needs), command, lambda: (run_dir / "results.json").is_file())
+
+
+def backtranslate_stage(chain: Chain, entry: DictConfig, folder: Path) -> Stage:
+    """backtranslate.py with a mixture entry's settings; the job resumes itself."""
+    settings = OmegaConf.to_container(entry.backtranslate, resolve=True)
+    checkpoints = settings["checkpoint"] if isinstance(settings["checkpoint"], list) else [settings["checkpoint"]]
+    settings["checkpoint"] = [str(chain.path(c)) for c in checkpoints]
+    mirror = [f"mirror={a.split('=', 1)[1]}" for a in chain.data_overrides if a.startswith("data.mirror=")]
+    cache = [f"cache_dir={a.split('=', 1)[1]}" for a in chain.data_overrides if a.startswith("data.cache_dir=")]
+    args = [f"{k}={'[' + ','.join(v) + ']' if isinstance(v, list) else v}" for k, v in settings.items()]
+    command = [*chain.programs["backtranslate"], *args, f"output={folder}", *mirror, *cache]
+    needs = [Path(c) for c in settings["checkpoint"]]
+    return Stage(f"backtranslate {folder.name}", "backtranslate", [folder], needs, lambda: command,
+                 lambda: is_complete(folder))
+
+
+def tune_stage(chain: Chain, system: DictConfig, pair: str) -> Stage:
+    """tune_decoding.py on val for one system (a run, an ensemble; reranked by the reverse pair's runs)."""
+    seeds = list(chain.recipe.seeds)[: system.get("members") or None]
+    members = [chain.path(f"runs/{system.runs}_{pair}/seed{seed}") for seed in seeds]
+    reverse = "-".join(reversed(pair.split("-")))
+    rerank = [chain.path(f"runs/{system.rerank}_{reverse}/seed{s}") for s in chain.recipe.seeds] \
+        if system.get("rerank") else []
+    out = chain.path(f"runs/systems/{pair}/{system.name.replace(' ', '_')}")
+    grid = chain.recipe.tune
+    command = [*chain.programs["tune"], str(members[0]), "--checkpoint", *map(str, members),
+               "--test-split", str(chain.recipe.test_split), "--out", str(out),
+               "--beam-sizes", *map(str, grid.beam_sizes), "--length-penalties", *map(str, grid.length_penalties)]
+    if rerank:
+        command += ["--rerank-checkpoint", *map(str, rerank), "--rerank-n-best", str(grid.rerank_n_best),
+                    "--rerank-weights", *map(str, grid.rerank_weights),
+                    "--rerank-length-weights", *map(str, grid.rerank_length_weights)]
+    report = Path(f"{out}.json")
+    return Stage(f"tune {pair} {system.name}", "tune", [report], [*members, *rerank], lambda: command,
+                 report.is_file)
+
+
+def plan(chain: Chain) -> list[Stage]:
+    """Every stage in order, each knowing the stages it waits for.
+
+    Raises:
+        ChainError: a stage that needs a path no stage makes and that does not exist.
+    """
+    stages: list[Stage] = []
+    for training in chain.recipe.trainings:
+        for pair in chain.recipe.pairs:
+            stages += [s for s in training_stages(chain, training, pair) if s.name not in {t.name for t in stages}]
+    stages += [tune_stage(chain, system, pair) for system in chain.recipe.systems for pair in chain.recipe.pairs]
+    makers = {path: stage.name for stage in stages for path in stage.outputs}
+    for stage in stages:
+        for need in stage.needs:
+            if need in makers:
+                stage.after.append(makers[need])
+            elif not need.exists():
+                raise ChainError(f"stage '{stage.name}' needs {need}, which no stage of recipe={chain.recipe_name} "
+                                 "makes and which does not exist; check the recipe's seeds and trainings")
+    return stages
+
+
+# ----------------------------------------------------------------------------------------------- Running
+class Clock:
+    """How long each kind of stage takes: this workdir's own times when it has any, else the recipe's guess."""
+
+    def __init__(self, path: Path, guesses: dict[str, float]) -> None:
+        self.path, self.guesses = path, guesses
+        self.times: dict[str, list[float]] = json.loads(path.read_text()) if path.is_file() else {}
+
+    def estimate(self, kind: str) -> float:
+        seen = self.times.get(kind)
+        return sum(seen) / len(seen) if seen else 60.0 * float(self.guesses.get(kind, 0))
+
+    def record(self, kind: str, seconds: float) -> None:
+        self.times.setdefault(kind, []).append(seconds)
+        write_json_durably(self.path, self.times)
+
+
+def run_stages(chain: Chain, stages: list[Stage], parallel: int, clock: Clock) -> None:
+    """Start each stage once the stages it waits for are done, ``parallel`` at a time; skip done ones.
+
+    Raises:
+        ChainError: a stage failed or stopped (after the others running have ended): rerun to resume.
+    """
+    finished = {s.name for s in stages if s.done()}
+    for stage in stages:
+        if stage.name in finished:
+            say(f"skip  {stage.name}: complete")
+    running: dict[str, tuple[Stage, subprocess.Popen, float]] = {}
+    failed: list[str] = []
+    while True:
+        ready = [s for s in stages if s.name not in finished and s.name not in running
+                 and all(a in finished for a in s.after)]
+        while ready and len(running) < parallel and not failed:
+            stage = ready.pop(0)
+            running[stage.name] = (stage, start(chain, stage), time.monotonic())
+            left = eta(stages, finished, running, clock, parallel)
+            say(f"start {stage.name} ({len(finished) + len(running)}/{len(stages)}): about "
+                f"{format_duration(clock.estimate(stage.kind))}; chain ETA {left}")
+        if not running:
+            break
+        time.sleep(0.05)  # stages take minutes; polling costs nothing
+        for name, (stage, process, began) in list(running.items()):
+            if process.poll() is None:
+                continue
+            del running[name]
+            seconds = time.monotonic() - began
+            if process.returncode == 0 and stage.done():
+                finished.add(name)
+                clock.record(stage.kind, seconds)
+                say(f"done  {name} in {format_duration(seconds)}")
+            else:
+                how = f"failed (exit {process.returncode})" if process.returncode else "stopped before it finished"
+                failed.append(f"stage '{name}' {how}; its log: {log_path(chain, stage)}")
+    if failed or len(finished) < len(stages):
+        reason = failed[0] if failed else "a stage's inputs never became complete"
+        raise ChainError(f"{reason}; run the same command again to resume (complete stages are skipped)")
+
+
+def start(chain: Chain, stage: Stage) -> subprocess.Popen:
+    """The stage's command, in the workdir, its output appended to its log."""
+    command = stage.command()
+    log = log_path(chain, stage)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "NMT_CHAIN_STAGE": stage.name}
+    for arg in chain.data_overrides:
+        if arg.startswith("data.mirror="):  # tune_decoding.py reads the run's data through the environment's mirror
+            env["NMT_DATA_MIRROR"] = arg.split("=", 1)[1]
+    with open(log, "a", encoding="utf-8") as handle:
+        handle.write(f"$ {' '.join(command)}\n")
+        handle.flush()
+        say(f"      {' '.join(command)}")
+        return subprocess.Popen(command, cwd=chain.workdir, env=env, stdout=handle, stderr=subprocess.STDOUT)
+
+
+def log_path(chain: Chain, stage: Stage) -> Path:
+    return chain.workdir / "runs" / ".reproduce" / "logs" / (stage.name.replace(" ", "_") + ".log")
+
+
+def eta(stages: list[Stage], finished: set[str], running: dict[str, Any], clock: Clock, parallel: int) -> str:
+    """The time left: the stages still to run, and what is left of the running ones, over ``parallel``."""
+    now = time.monotonic()
+    left = sum(clock.estimate(s.kind) for s in stages if s.name not in finished and s.name not in running)
+    left += sum(max(0.0, clock.estimate(stage.kind) - (now - began)) for stage, _, began in running.values())
+    return format_duration(left / parallel)
+
+
+def say(line: str) -> None:
+    print(f"reproduce.py: {line}", flush=True)
+
+
+# ----------------------------------------------------------------------------------------------- Results
+def summary(chain: Chain, stages: list[Stage]) -> dict[str, Any]:
+    """Each run's val and test BLEU and minutes (results.json), each system's choice on val and test score."""
+    split = str(chain.recipe.test_split)
+    runs, systems = [], []
+    for stage in stages:
+        output = stage.outputs[0]
+        if stage.kind == "tune":
+            report = json.loads(output.read_text(encoding="utf-8"))
+            chosen = next(iter(report["test"].values()))
+            systems.append({"system": stage.name.removeprefix("tune "), "choice": choice(report["best"]),
+                            "val_bleu": report["best"]["bleu"], "test_bleu": chosen["bleu"], "report": str(output)})
+        elif (output / "results.json").is_file():
+            results = json.loads((output / "results.json").read_text(encoding="utf-8"))
+            runs.append({"run": stage.name, "dir": str(output), "val_bleu": results["valid"]["bleu"],
+                         "test_bleu": (results["test"].get(split) or {}).get("bleu"),
+                         "minutes": results.get("wall_seconds", 0) / 60})
+    return {"recipe": chain.recipe_name, "test_split": split, "runs": runs, "systems": systems,
+            **provenance("reproduce.py")}
+
+
+def choice(row: dict[str, Any]) -> str:
+    """``beam 5, α 1`` (``, λ 0.3, γ 0.5`` when reranked)."""
+    text = f"beam {row['beam_size']}, α {row['length_penalty']:g}"
+    if row.get("rerank_weight") is not None:
+        text += f", λ {row['rerank_weight']:g}, γ {row['rerank_length_weight']:g}"
+    return text
+
+
+def render(report: dict[str, Any]) -> str:
+    """The two tables, in markdown."""
+    split = report["test_split"]
+    lines = [f"# recipe={report['recipe']}: {report['date']}", "", f"| run | val BLEU | {split} BLEU | minutes |",
+             "| --- | ---: | ---: | ---: |"]
+    lines += [f"| {r['run']} | {r['val_bleu']:.2f} | {fmt(r['test_bleu'])} | {r['minutes']:.1f} |"
+              for r in report["runs"]]
+    lines += ["", f"| system | chosen on val | val BLEU | {split} BLEU (once) |", "| --- | --- | ---: | ---: |"]
+    lines += [f"| {s['system']} | {s['choice']} | {s['val_bleu']:.2f} | {s['test_bleu']:.2f} |"
+              for s in report["systems"]]
+    return "\n".join([*lines, ""])
+
+
+def fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
+    """Plan the chain of ``args``' recipe, run what is not complete, write the summary; returns it.
+
+    Args:
+        args: ``key=value`` settings (``recipe``, ``workdir``, ``parallel``, ``dry_run``, ``device``) and
+            ``data.*`` overrides.
+        repo: the folder of the commands it drives (train.py, backtranslate.py, scripts/tune_decoding.py)
+            and of configs/.
+
+    Raises:
+        ChainError: a bad setting or recipe, or a stage that failed (rerun to resume).
+    """
+    settings, data, recipe = parse_arguments(args, repo / "configs" / "recipe")
+    python = [sys.executable]
+    programs = {"train": [*python, str(repo / "train.py")], "backtranslate": [*python, str(repo / "backtranslate.py")],
+                "tune": [*python, str(repo / "scripts" / "tune_decoding.py")]}
+    workdir = Path(str(settings["workdir"])).expanduser().resolve()
+    chain = Chain(workdir, programs, recipe, str(settings["recipe"]), data, repo / "configs")
+    stages = plan(chain)
+    if settings["dry_run"]:
+        for stage in stages:
+            say(f"{'complete' if stage.done() else 'to run':8} {stage.name}: {' '.join(stage.command())}")
+        return None
+    device = settings["device"]
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    guesses = OmegaConf.to_container(recipe.eta_minutes[str(device)])
+    clock = Clock(workdir / "runs" / ".reproduce" / "times.json", guesses)
+    run_stages(chain, stages, int(settings["parallel"]), clock)
+    report = summary(chain, stages)
+    out = workdir / "runs" / f"reproduce_{chain.recipe_name}"
+    write_json_durably(f"{out}.json", report)
+    write_text_durably(f"{out}.md", render(report))
+    say(f"wrote {out}.json and {out}.md")
+    print(render(report), flush=True)
+    return report

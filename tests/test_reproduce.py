@@ -1,0 +1,158 @@
+"""reproduce.py's chain (nmt.analysis.reproduce): the plan from the real recipe and experiment configs, and a
+resume after a kill in every stage, driven with stand-ins for train.py, backtranslate.py and tune_decoding.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nmt.analysis import reproduce
+from nmt.analysis.reproduce import ChainError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PROGRAMS = {"train": ["t"], "backtranslate": ["b"], "tune": ["d"]}
+
+# One stand-in for the three commands: it records its call, writes what the real one writes when it ends
+# (results.json, a complete provenance.json, the tune report), and, when it is the stage named in FAKE_KILL,
+# first writes what a real one leaves when killed midway (last.pt, a partial provenance.json) and SIGKILLs itself.
+FAKE = r'''
+import json, os, signal, sys
+from pathlib import Path
+KIND = "{kind}"
+args = sys.argv[1:]
+value = lambda key: next((a.split("=", 1)[1] for a in args if a.startswith(key + "=")), None)
+stage = os.environ["NMT_CHAIN_STAGE"]
+with open("calls.log", "a") as log:
+    log.write(json.dumps([stage, args]) + "\n")
+dying = os.environ.get("FAKE_KILL") == stage
+if KIND == "train":
+    run = Path(value("trainer.resume") or value("hydra.run.dir"))
+    (run / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (run / "checkpoints" / "last.pt").write_text("weights")
+    if dying:
+        os.kill(os.getpid(), signal.SIGKILL)
+    results = {{"valid": {{"bleu": 40.0}}, "test": {{"test_2016_flickr": {{"bleu": 41.0}}}}, "wall_seconds": 60}}
+    (run / "results.json").write_text(json.dumps(results))
+elif KIND == "backtranslate":
+    out = Path(value("output"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "provenance.json").write_text(json.dumps({{"status": "partial"}}))
+    if dying:
+        os.kill(os.getpid(), signal.SIGKILL)
+    (out / "provenance.json").write_text(json.dumps({{"status": "complete"}}))
+else:
+    if dying:
+        os.kill(os.getpid(), signal.SIGKILL)
+    out = Path(args[args.index("--out") + 1])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    row = {{"beam_size": 5, "length_penalty": 1.0, "bleu": 42.0}}
+    if "--rerank-checkpoint" in args:
+        row.update(rerank_weight=0.3, rerank_length_weight=0.5)
+    report = {{"best": row, "test": {{"chosen on valid": {{**row, "bleu": 43.0}}}}}}
+    Path(str(out) + ".json").write_text(json.dumps(report))
+'''
+
+
+@pytest.fixture
+def fake_repo(tmp_path: Path) -> Path:
+    """A folder with the real configs/ and stand-ins for the three commands."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "configs").symlink_to(REPO_ROOT / "configs")
+    for kind, path in (("train", "train.py"), ("backtranslate", "backtranslate.py"),
+                       ("tune", "scripts/tune_decoding.py")):
+        (repo / path).write_text(FAKE.format(kind=kind))
+    return repo
+
+
+def calls(workdir: Path) -> list[tuple[str, list[str]]]:
+    log = workdir / "calls.log"
+    return [tuple(json.loads(line)) for line in log.read_text().splitlines()] if log.is_file() else []
+
+
+def test_the_plan_follows_the_recipe_and_the_experiment_configs(fake_repo: Path, tmp_path: Path) -> None:
+    chain = reproduce.Chain(tmp_path, PROGRAMS,
+                            reproduce.load_recipe(REPO_ROOT / "configs" / "recipe", "bt_best"), "bt_best", [],
+                            REPO_ROOT / "configs")
+    stages = {s.name: s for s in reproduce.plan(chain)}
+    assert len(stages) == 2 + 1 + 4 + 1 + 4 + 2 + 8
+    # the captions of each direction are back-translated by the run its experiment names, once
+    assert stages["backtranslate bt_en"].after == ["base en-de seed42"]
+    assert stages["backtranslate bt_de"].after == ["bt de-en seed42"]  # iterative: by the de-en bt model
+    assert stages["bt en-de seed3"].after == ["backtranslate bt_de"]
+    teachers = [f"bt de-en seed{s}" for s in (42, 1, 2, 3)]
+    assert stages["student de-en seed42"].after == ["backtranslate bt_en", *teachers]
+    assert set(stages["tune de-en ensemble reranked"].after) == {f"bt {p} seed{s}" for p in ("de-en", "en-de")
+                                                                 for s in (42, 1, 2, 3)}
+
+
+def test_the_chain_resumes_after_a_kill_in_every_stage(fake_repo: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    args = ["recipe=bt_best", f"workdir={workdir}", "device=cpu", "data.mirror=/corpora",
+            "data.test_splits=[test_2016_flickr,test_2017_flickr]"]
+    names = [s.name for s in reproduce.plan(reproduce.Chain(
+        workdir, PROGRAMS, reproduce.load_recipe(REPO_ROOT / "configs" / "recipe", "bt_best"), "bt_best",
+        args[-2:], REPO_ROOT / "configs"))]
+    killed = None
+    for name in names:
+        monkeypatch.setenv("FAKE_KILL", name)
+        seen = len(calls(workdir))
+        with pytest.raises(ChainError, match=f"stage '{name}' failed \\(exit -9\\); its log: .*run the same command "
+                                             "again to resume") as raised:
+            reproduce.main(args, fake_repo)
+        assert "\n" not in str(raised.value)
+        ran = [stage for stage, _ in calls(workdir)[seen:]]
+        assert ran == ([killed] if killed else []) + [name]  # what was complete was skipped
+        if killed and killed.split()[0] in ("base", "bt", "student"):  # a killed training resumes from last.pt
+            assert calls(workdir)[seen][1] == [f"trainer.resume={workdir / 'runs'}/" + run_folder(killed)]
+        killed = name
+    monkeypatch.delenv("FAKE_KILL")
+    report = reproduce.main(args, fake_repo)
+    assert [stage for stage, _ in calls(workdir)].count(names[-1]) == 2 and len(report["systems"]) == 8
+    first = calls(workdir)[0][1]  # train.py's data overrides reach every training, and the mirror every job
+    assert "data.mirror=/corpora" in first and "data.test_splits=[test_2016_flickr,test_2017_flickr]" in first
+    assert "mirror=/corpora" in next(a for stage, a in calls(workdir) if stage.startswith("backtranslate"))
+    table = (workdir / "runs" / "reproduce_bt_best.md").read_text()
+    assert "| de-en ensemble reranked | beam 5, α 1, λ 0.3, γ 0.5 | 42.00 | 43.00 |" in table
+    assert reproduce.main(args, fake_repo) is not None and len(calls(workdir)) == len(names) * 2  # all skipped
+
+
+def run_folder(stage: str) -> str:
+    """``bt de-en seed1`` -> ``bt_best_de-en/seed1``."""
+    kind, pair, seed = stage.split()
+    return f"{ {'base': 'best', 'bt': 'bt_best', 'student': 'kd_best'}[kind]}_{pair}/{seed}"
+
+
+def test_stages_that_do_not_wait_for_each_other_run_at_once(fake_repo: Path, tmp_path: Path) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    # each training says how many were running when it started, then takes a while
+    (fake_repo / "train.py").write_text(
+        "import os, time\nfrom pathlib import Path\nPath('running').mkdir(exist_ok=True)\n"
+        "mine = Path('running', str(os.getpid()))\nmine.touch()\n"
+        "open('overlap.log', 'a').write(f\"{len(os.listdir('running'))}\\n\")\ntime.sleep(0.5)\n"
+        + (fake_repo / "train.py").read_text() + "\nmine.unlink()\n")
+    reproduce.main(["recipe=bt_best", f"workdir={workdir}", "device=cpu", "parallel=4"], fake_repo)
+    times = json.loads((workdir / "runs" / ".reproduce" / "times.json").read_text())
+    assert len(times["bt"]) == 8 and len(times["base"]) == 2 and len(times["tune"]) == 8
+    assert max(int(n) for n in (workdir / "overlap.log").read_text().split()) > 1
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["recipe=bt_bets"], "recipe=bt_bets is not in .*; valid: bt_best, tiny"),
+    (["paralel=2"], "unknown config key paralel: did you mean parallel\\?"),
+    (["parallel=0"], "parallel=0 must be a whole number >= 1"),
+    (["data.no_such_key=1"], "train.py experiment=multi30k_best .*data.no_such_key=1: .*no_such_key"),
+])
+def test_a_mistake_is_one_line_and_exit_2(args: list[str], message: str, tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "reproduce.py"), *args, f"workdir={tmp_path}",
+                           "dry_run=true"], capture_output=True, text=True)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("reproduce.py: error: ") and re.search(message, done.stderr), done.stderr
