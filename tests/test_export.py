@@ -17,7 +17,8 @@ from omegaconf import OmegaConf
 from nmt import Translator
 from nmt.data import train_tokenizer
 from nmt.export import ExportError, ExportSettings, export_main
-from nmt.model.checkpoint import save_checkpoint
+from nmt.inference.engine import TranslationError
+from nmt.model.checkpoint import CheckpointError, save_checkpoint
 from nmt.model.seq2seq import SearchModel, Seq2Seq
 from nmt_runtime import Translator as RuntimeTranslator
 from nmt_runtime.folder import ExportedModel, read_manifest
@@ -26,6 +27,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 ATTENTIONS = sorted(path.stem for path in (CONFIG_DIR / "attention").glob("*.yaml"))
 # conftest's sentences, an empty line, one over the models' 9-word input limit, unseen words, a tab
 LINES = [*SRC, "", f"{SRC[0]} {SRC[1]} {SRC[2]}", "Xylophon quietscht zwölfmal!", "Zwei\tHunde", SRC[3].upper()]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)  # tiny models gain nothing from threads, and on shared cores spin-waits cost seconds
 
 
 def tiny_checkpoint(path: Path, attention: str, seed: int = 0, **model: object) -> Path:
@@ -90,7 +96,7 @@ def test_the_runtime_translates_as_the_engine_greedy_and_beam(exported: dict, na
     run, folder = exported[name]
     engine = Translator.from_checkpoint(run, device="cpu")
     runtime = RuntimeTranslator(folder, threads=1)
-    for options in ({"beam_size": 1}, {"beam_size": 5}, {"beam_size": 5, "n_best": 3, "length_penalty": 0.6},
+    for options in ({"beam_size": 1}, {"beam_size": 5, "n_best": 3},
                     {"beam_size": 3, "max_len": 4, "max_len_ratio": None}):
         assert_same(engine.translate(LINES, **options), runtime.translate(LINES, **options))
 
@@ -132,10 +138,10 @@ def test_the_folder_has_dynamic_axes_the_tokenizer_and_provenance(exported: dict
 
 
 def test_an_ensemble_exports_as_several_step_graphs_and_decodes_as_the_engines(exported: dict, tmp_path: Path) -> None:
-    runs = [str(exported["additive"][0]), str(exported["general"][0]), str(exported["none"][0])]
+    runs = [str(exported["general"][0]), str(exported["none"][0])]  # a member without attention too
     folder = export(runs, tmp_path / "ensemble", beam_size=3)
     manifest = read_manifest(folder)
-    assert [m["graphs"]["step"] for m in manifest["members"]] == [f"member{i}.step.onnx" for i in range(3)]
+    assert [m["graphs"]["step"] for m in manifest["members"]] == ["member0.step.onnx", "member1.step.onnx"]
     engine = Translator.from_checkpoint(runs, device="cpu")
     runtime = RuntimeTranslator(folder, threads=1)
     assert runtime.defaults.beam_size == 3
@@ -172,6 +178,10 @@ def test_bad_requests_are_refused_before_anything_is_written(exported: dict, tmp
         export([run, run], tmp_path / "b", format="hub")
     with pytest.raises(ExportError, match="int8"):
         export(run, tmp_path / "c", format="hub", int8=True)
+    with pytest.raises(TranslationError, match="beam_size must be"):
+        export(run, tmp_path / "d", beam_size=0)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        export(str(tmp_path / "missing"), tmp_path / "e")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]
 
 
@@ -182,7 +192,6 @@ def test_export_py_writes_a_folder_and_refuses_in_one_line(exported: dict, tmp_p
     assert done.returncode == 0, done.stderr
     assert read_manifest(tmp_path / "out")["members"][0]["attention"] == "none"
     for bad, message in (([f"checkpoint={tmp_path / 'missing'}", f"output={tmp_path / 'o2'}"], "does not exist"),
-                         ([f"checkpoint={run}", f"output={tmp_path / 'o3'}", "beam_size=0"], "beam_size"),
                          ([f"checkpoint={run}", f"output={tmp_path / 'o4'}", "int9=true"], "int8")):
         done = subprocess.run([sys.executable, str(REPO_ROOT / "export.py"), *bad], capture_output=True, text=True,
                               timeout=120)
