@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from nmt.common import progress as progress_module
-from nmt.common.progress import Progress, RunClock, format_duration, progress_line
+from nmt.common.progress import format_duration
 from nmt.data import text
+from nmt.train import progress as progress_module
+from nmt.train.progress import Progress, RunClock, progress_line
 from nmt.train.run_logger import RunLogger
 
 
@@ -51,7 +52,7 @@ def test_a_bar_on_a_terminal_and_log_lines_otherwise(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="nmt.train.run_logger")
     plain = RunLogger(tmp_path / "plain", total_steps=10)
-    assert plain.bar is None
+    assert plain.display.bar is None
     plain.progress(5, "step 5/10 (50%) | ...", {"loss": "1.000"})
     plain.close()
     assert "step 5/10 (50%) | ..." in caplog.messages
@@ -61,11 +62,11 @@ def test_a_bar_on_a_terminal_and_log_lines_otherwise(
     terminal.isatty = lambda: True  # type: ignore[method-assign]
     monkeypatch.setattr(sys, "stderr", terminal)
     logger = RunLogger(tmp_path / "tty", total_steps=10, initial_step=2)
-    assert logger.bar is not None
+    assert logger.display.bar is not None
     logger.progress(5, "step 5/10 (50%) | ...", {"loss": "1.000"})
-    assert logger.bar.n == 5 and not caplog.messages  # the bar shows it; no log line breaks the bar
+    assert logger.display.bar.n == 5 and not caplog.messages  # the bar shows it; no log line breaks the bar
     logger.end_progress()  # the loop is over: the final summary goes below a closed bar
-    assert logger.bar is None and "5/10" in terminal.getvalue()
+    assert logger.display.bar is None and "5/10" in terminal.getvalue()
     logger.close()
 
 
@@ -78,3 +79,19 @@ def test_reading_a_corpus_shows_a_bar_only_on_a_terminal(tmp_path: Path, monkeyp
     terminal.isatty = lambda: True  # type: ignore[method-assign]
     assert text.read_lines(path) == ["eins", "zwei", "drei"]
     assert "reading train.de" in terminal.getvalue()
+
+
+def test_off_a_terminal_the_display_logs_at_most_every_every_s_and_at_the_end(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from nmt.common import progress as display_module
+    from nmt.common.progress import ProgressDisplay
+
+    now = [0.0]
+    monkeypatch.setattr(display_module.time, "perf_counter", lambda: now[0])
+    caplog.set_level(logging.INFO, logger="nmt.common.progress")
+    display = ProgressDisplay(total=300, unit=" lines", every_s=30)
+    for second, lines in [(1, 100), (2, 100), (40, 50), (41, 50)]:  # too soon, too soon, due, the end
+        now[0] = second
+        display.advance(lines)
+    assert caplog.messages == ["250/300 lines (83%) | 6.2 lines/s | elapsed 40s | ETA 8s",
+                               "300/300 lines (100%) | 7.3 lines/s | elapsed 41s | ETA 0s"]

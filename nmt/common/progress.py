@@ -1,142 +1,16 @@
-"""Where a training run stands and how long it has left: the progress record, the run's clocks, the log line.
-
-``Progress`` is the part of a checkpoint that says where the run is (step, epoch, best score, the
-clock summed over resumes, every validation). ``StepHistory`` is ``train_log.jsonl``, one line per
-optimizer step: the exact loss curve. ``RunClock`` keeps the timings: the loop's wall-clock time
-(validations included), the optimizer steps' time alone, the tokens/s of the last log window
-(validations left out) and the ETA of the planned steps. ``progress_line`` is the line a user reads:
-
-    step 120/1845 (6%) | epoch 0 | loss 3.214 | lr 6.0e-04 | 2,310 tok/s | elapsed 3m12s | ETA 46m05s
-
-Deliberately not here: where the line goes (``nmt.train.run_logger.RunLogger``: a log line, or a tqdm bar
-on a terminal) and when to write it (``nmt.train.trainer``).
-"""
+"""The one progress display of long jobs: a tqdm bar on a terminal, log lines elsewhere (files, CI, nohup)."""
 
 from __future__ import annotations
 
-import json
+import logging
+import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
-from nmt.common.files import write_text_durably
+from tqdm import tqdm
 
-
-@dataclass
-class Progress:
-    """Where a run stands; saved in every checkpoint."""
-
-    step: int = 0  # optimizer steps taken
-    epoch: int = 0  # current epoch (0-based)
-    batches_done: int = 0  # this rank's batches consumed in the current epoch
-    best_bleu: float = -1.0
-    best_step: int = 0
-    bad_validations: int = 0  # validations since the last new best
-    train_seconds: float = 0.0  # optimizer steps only: batch fetching and validation not included
-    wall_seconds: float = 0.0  # the loop's wall-clock time, validations included, summed over resumes
-    target_tokens: int = 0  # real target tokens trained on (this rank)
-    # One entry per validation: step, epoch, train/wall seconds so far, greedy BLEU, chrF, loss.
-    # It answers "how long until the model was this good" (the GPU time-to-BLEU figure).
-    validations: list[dict[str, float]] = field(default_factory=list)
-
-    @property
-    def last_validated_step(self) -> int | None:
-        return int(self.validations[-1]["step"]) if self.validations else None
-
-
-class StepHistory:
-    """``train_log.jsonl``: step, loss per target token, learning rate and gradient norm of every optimizer step.
-
-    Resume tests compare it byte for byte with an uninterrupted run's. A disabled history (DDP ranks
-    other than 0) writes nothing.
-    """
-
-    def __init__(self, path: Path, enabled: bool = True) -> None:
-        self.path = path
-        self.enabled = enabled
-
-    def keep_until(self, step: int) -> None:
-        """Drop the lines after ``step`` (a resumed run's checkpoint): the cut-off run wrote them, then lost them."""
-        if not self.enabled or not self.path.exists():
-            return
-        kept = []
-        for line in self.path.read_text(errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:  # a line torn by a crash or a power cut: the checkpoint says where the run stands
-                continue
-            if isinstance(record, dict) and record.get("step", step + 1) <= step:
-                kept.append(line)
-        write_text_durably(self.path, "".join(line + "\n" for line in kept))
-
-    def append(self, step: int, loss: float, lr: float, grad_norm: float) -> None:
-        if self.enabled:
-            with self.path.open("a") as handle:
-                handle.write(json.dumps({"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm}) + "\n")
-
-
-class RunClock:
-    """The timings of a run, written into its ``Progress`` (``train_seconds``, ``wall_seconds``).
-
-    Args:
-        progress: the run's record; a resumed run's clock goes on from its ``wall_seconds``.
-    """
-
-    def __init__(self, progress: Progress) -> None:
-        self.progress = progress
-        self._started: float | None = None  # perf_counter when the loop started in this process
-        self._wall_before = 0.0  # progress.wall_seconds then (earlier processes of a resumed run)
-        self._step_before = 0  # progress.step then
-        self._window_start = 0.0
-
-    def start(self) -> None:
-        """The loop starts: wall time counts from now, on top of earlier runs'."""
-        self._started = self._window_start = time.perf_counter()
-        self._wall_before, self._step_before = self.progress.wall_seconds, self.progress.step
-
-    def stop(self) -> None:
-        """The loop ended: the final evaluation is timed on its own, not as training wall time."""
-        self.sync_wall_clock()
-        self._started = None
-
-    def sync_wall_clock(self) -> None:
-        """Bring ``progress.wall_seconds`` up to now (no-op while the loop is not running)."""
-        if self._started is not None:
-            self.progress.wall_seconds = self._wall_before + time.perf_counter() - self._started
-
-    @staticmethod
-    def now() -> float:
-        return time.perf_counter()
-
-    def add_step_time(self, step_started: float) -> None:
-        """Count an optimizer step that began at ``step_started`` (``now()``) as training time."""
-        self.progress.train_seconds += time.perf_counter() - step_started
-
-    @contextmanager
-    def outside_window(self) -> Iterator[None]:
-        """Time spent in the block (validation) does not lower the log window's tokens/s."""
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._window_start += time.perf_counter() - started
-
-    def close_window(self, tokens: int) -> float:
-        """Tokens per second since the last window closed; a new window starts now."""
-        now = time.perf_counter()
-        rate = tokens / max(1e-9, now - self._window_start)
-        self._window_start = now
-        return rate
-
-    def eta_seconds(self, total_steps: int) -> float | None:
-        """Seconds until ``total_steps`` at this process's pace so far (validations included); None before a step."""
-        steps = self.progress.step - self._step_before
-        if self._started is None or steps <= 0:
-            return None
-        per_step = (time.perf_counter() - self._started) / steps
-        return per_step * max(0, total_steps - self.progress.step)
+T = TypeVar("T")
 
 
 def format_duration(seconds: float) -> str:
@@ -149,19 +23,84 @@ def format_duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def progress_line(step: int, total_steps: int, epoch: int, loss: float, lr: float, tokens_per_s: float,
-                  elapsed: float, eta: float | None) -> str:
-    """The training log line: where the run stands, how it learns, how fast, and how long it has left.
+class ProgressDisplay:
+    """Where a long job stands, shown the way its output is read.
+
+    On a terminal it is a tqdm bar on stderr; elsewhere a log line at most every ``every_s`` seconds (and
+    at the end), so a log file gets a readable record instead of carriage returns.
 
     Args:
-        step: optimizer steps taken; total_steps: the planned number.
-        epoch: the current epoch (0-based).
-        loss: mean training loss per target token over the log window.
-        lr: the learning rate of the last step.
-        tokens_per_s: target tokens per second over the window (all ranks).
-        elapsed: the run's wall-clock seconds so far; eta: seconds left, None when unknown yet.
+        total: units of work planned (steps, lines, sentences).
+        unit: the unit's name, for the bar and the default line (``" lines"``).
+        desc: what the job is doing (``"translating"``).
+        done: units already done (a resumed job).
+        every_s: the least time between two log lines; 0 logs every update.
+        logger: where the log lines go.
+        bar: True for a bar even off a terminal (a user asked for one), False never; None: on a terminal.
+        enabled: False shows nothing (e.g. every DDP rank but 0).
+        leave: keep the finished bar on the screen.
     """
-    percent = 100 * step // max(1, total_steps)
-    return (f"step {step}/{total_steps} ({percent}%) | epoch {epoch} | loss {loss:.3f} | lr {lr:.1e} | "
-            f"{tokens_per_s:,.0f} tok/s | elapsed {format_duration(elapsed)} | "
-            f"ETA {'?' if eta is None else format_duration(eta)}")
+
+    def __init__(self, total: int, unit: str, desc: str = "", done: int = 0, every_s: float = 30.0,
+                 logger: logging.Logger | None = None, bar: bool | None = None, enabled: bool = True,
+                 leave: bool = True) -> None:
+        self.total, self.unit, self.desc, self.done, self.every_s = total, unit, desc, done, every_s
+        self.logger = logger or logging.getLogger(__name__)
+        self.enabled = enabled
+        self.start, self.start_done = time.perf_counter(), done
+        self.last_log = self.start
+        use_bar = enabled and (sys.stderr.isatty() if bar is None else bar)
+        self.bar = (tqdm(total=total, initial=done, unit=unit, desc=desc or None, file=sys.stderr,
+                         dynamic_ncols=True, leave=leave, mininterval=0.5) if use_bar else None)
+
+    def advance(self, n: int = 1, line: str | Callable[[], str] | None = None,
+                postfix: dict[str, str] | None = None) -> None:
+        """``n`` more units done; off a terminal, log ``line`` (default: ``rate_line``) when it is time."""
+        self.move_to(self.done + n, line, postfix)
+
+    def move_to(self, done: int, line: str | Callable[[], str] | None = None,
+                postfix: dict[str, str] | None = None) -> None:
+        """``done`` units done in all; as ``advance``."""
+        previous, self.done = self.done, done
+        if self.bar is not None:
+            if postfix:
+                self.bar.set_postfix(postfix, refresh=False)
+            self.bar.update(done - previous)
+            return
+        now = time.perf_counter()
+        if self.enabled and (now - self.last_log >= self.every_s or done >= self.total):
+            self.last_log = now
+            text = line() if callable(line) else line
+            self.logger.info(text if text is not None else self.rate_line())
+
+    def rate_line(self) -> str:
+        """``12,000/145,000 lines (8%) | 210.4 lines/s | elapsed 57s | ETA 10m32s``."""
+        elapsed = time.perf_counter() - self.start
+        rate = (self.done - self.start_done) / elapsed if elapsed > 0 else 0.0
+        eta = format_duration((self.total - self.done) / rate) if rate > 0 else "?"
+        unit = self.unit.strip()
+        return (f"{self.done:,}/{self.total:,} {unit} ({100 * self.done // max(1, self.total)}%) | "
+                f"{rate:,.1f} {unit}/s | elapsed {format_duration(elapsed)} | ETA {eta}")
+
+    def message(self, text: str) -> None:
+        """A log line that does not break the bar."""
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stderr)
+            self.logger.debug(text)
+        elif self.enabled:
+            self.logger.info(text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def iterate_with_progress(items: Iterable[T], desc: str, unit: str, total: int | None = None) -> Iterator[T]:
+    """``items`` behind a transient bar on a terminal (a large corpus takes minutes); elsewhere as they are."""
+    if not sys.stderr.isatty():
+        yield from items
+        return
+    with tqdm(items, desc=desc, unit=unit, total=total, unit_scale=True, leave=False, mininterval=0.5,
+              file=sys.stderr) as bar:
+        yield from bar

@@ -40,6 +40,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nmt.common.files import write_bytes_durably
+from nmt.common.progress import iterate_with_progress
 from nmt.common.settings import bad_value_message, first_unknown_key
 from nmt.data.corpora import build_corpus
 from nmt.data.encoded import EncodedSplit, RaggedIds, SplitPart, SplitWriter, open_split, token_dtype
@@ -47,7 +48,7 @@ from nmt.data.errors import DataError
 from nmt.data.fetch import mirror_folder, sha256_of
 from nmt.data.mixture import check_entry, resolve_sources
 from nmt.data.tatoeba import TatoebaSettings
-from nmt.data.text import INVALID_UTF8_MODES, STRICT_UTF8, PairFilter, iter_pairs, terminal_progress
+from nmt.data.text import INVALID_UTF8_MODES, STRICT_UTF8, PairFilter, iter_pairs
 from nmt.data.tokenizer import (
     Tokenizer,
     TokenizerSettings,
@@ -365,7 +366,7 @@ def encode_split(
         for part in parts:
             keep, before = part.new_filter(), writer.rows
             chunks = _chunks(part.encoded_pairs(keep), ENCODE_CHUNK_LINES)
-            for chunk in terminal_progress(chunks, f"encoding {part.name}", unit=" chunks"):
+            for chunk in iterate_with_progress(chunks, f"encoding {part.name}", " chunks"):
                 writer.append(tokenizer.encode_src_batch([s for s, _ in chunk]),
                               tokenizer.encode_tgt_batch([t for _, t in chunk]))
             clean = asdict(keep.report(part.name)) if keep is not None else None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import gzip
 import logging
-import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import IO, TypeVar
 
+from nmt.common.progress import iterate_with_progress
 from nmt.data.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def iter_lines(path: Path, invalid_utf8: str = STRICT_UTF8) -> Iterator[str]:
     """
     try:
         with _open_binary(path) as f:
-            lines = terminal_progress(f, f"reading {path.name}", " lines", unit_scale=True)
+            lines = iterate_with_progress(f, f"reading {path.name}", " lines")
             yield from iter_decoded(lines, str(path), invalid_utf8)
     except (OSError, EOFError, zlib.error) as exc:
         raise DataError(f"cannot read {path}: {exc}. Is the file truncated or not really gzip?") from exc
@@ -99,18 +99,6 @@ def iter_lines(path: Path, invalid_utf8: str = STRICT_UTF8) -> Iterator[str]:
 def read_lines(path: Path, invalid_utf8: str = STRICT_UTF8) -> list[str]:
     """``iter_lines`` as a list."""
     return list(iter_lines(path, invalid_utf8))
-
-
-def terminal_progress(items: Iterable[T], desc: str, unit: str, unit_scale: bool = False) -> Iterable[T]:
-    """``items`` behind a tqdm bar on stderr when stderr is a terminal (a large corpus takes minutes); else as is.
-
-    The bar disappears when done (``leave=False``), so logs and tests see nothing of it.
-    """
-    if not sys.stderr.isatty():
-        return items
-    from tqdm import tqdm
-
-    return tqdm(items, desc=desc, unit=unit, unit_scale=unit_scale, leave=False, mininterval=0.5)
 
 
 def _open_binary(path: Path) -> IO[bytes]:

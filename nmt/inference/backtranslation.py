@@ -37,7 +37,6 @@ from __future__ import annotations
 import gzip
 import logging
 import os
-import sys
 import time
 import zlib
 from collections import Counter
@@ -49,10 +48,9 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from tqdm import tqdm
 
 from nmt.common.device import uses_bf16
-from nmt.common.progress import format_duration
+from nmt.common.progress import ProgressDisplay, format_duration
 from nmt.common.provenance import provenance
 from nmt.data.errors import DataError
 from nmt.data.fetch import mirror_folder, sha256_of
@@ -296,41 +294,6 @@ def job_record(text: InputText, models: list[dict[str, str]], tgt: str, job: dic
                              "empty_translations": 0})
 
 
-# ------------------------------------------------------------------------------------------- Progress
-class ChunkProgress:
-    """Where the job stands: a tqdm bar (with ETA) on a terminal, else a log line every ``every_s`` seconds."""
-
-    def __init__(self, total: int, done: int, every_s: float, desc: str) -> None:
-        self.total, self.done, self.every_s = total, done, every_s
-        self.start_done, self.start = done, time.perf_counter()
-        self.last_log = self.start
-        self.bar = (tqdm(total=total, initial=done, unit=" lines", desc=desc, file=sys.stderr,
-                         dynamic_ncols=True) if sys.stderr.isatty() else None)
-
-    def update(self, n_lines: int) -> None:
-        self.done += n_lines
-        if self.bar is not None:
-            self.bar.update(n_lines)
-            return
-        now = time.perf_counter()
-        if now - self.last_log >= self.every_s or self.done == self.total:
-            self.last_log = now
-            log.info(self.line())
-
-    def line(self) -> str:
-        """``12,000/145,000 lines (8%) | 210.4 lines/s | elapsed 57s | ETA 10m32s``."""
-        elapsed = time.perf_counter() - self.start
-        rate = (self.done - self.start_done) / elapsed if elapsed > 0 else 0.0
-        eta = format_duration((self.total - self.done) / rate) if rate > 0 else "?"
-        return (f"{self.done:,}/{self.total:,} lines ({100 * self.done // max(1, self.total)}%) | "
-                f"{rate:,.1f} lines/s | elapsed {format_duration(elapsed)} | ETA {eta}")
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-# --------------------------------------------------------------------------------------------- The job
 def backtranslate(cfg: DictConfig, argv: list[str] | None = None) -> dict[str, Any]:
     """Back-translate ``cfg.input`` into ``cfg.output`` (the composed ``backtranslate`` config), or resume it.
 
@@ -393,7 +356,7 @@ def run_chunks(translator: Translator, text: InputText, out: Path, record: dict[
     chunk_lines, done = cfg.chunk_lines, record["lines"]["done"]
     sides = {pair["side"]: pair["file"] for pair in record["pairs"].values()}
     synthetic_name, real_name = sides["synthetic"], sides["real"]
-    progress = ChunkProgress(text.lines, done, cfg.log_every_s, f"{cfg.direction}-translating")
+    progress = ProgressDisplay(text.lines, " lines", f"{cfg.direction}-translating", done, cfg.log_every_s, log)
     translated, start = 0, time.perf_counter()
     try:
         with open(out / synthetic_name, "ab") as synthetic_file, open(out / real_name, "ab") as real_file:
@@ -404,7 +367,7 @@ def run_chunks(translator: Translator, text: InputText, out: Path, record: dict[
                          real_name: append_lines(real_file, lines)}
                 commit_chunk(out, record, counts, sizes)
                 translated += counts["translated"]
-                progress.update(len(lines))
+                progress.advance(len(lines))
     except KeyboardInterrupt:
         progress.close()
         log.warning("interrupted: %s holds the first %d of %d lines; run the same command again to go on", out,

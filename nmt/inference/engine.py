@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -33,7 +32,6 @@ from typing import Any, Protocol
 
 import torch
 from omegaconf import MISSING, OmegaConf
-from tqdm import tqdm
 
 from nmt.common.device import (
     DeviceError,
@@ -44,6 +42,7 @@ from nmt.common.device import (
     resolve_device,
     slow_bf16_warning,
 )
+from nmt.common.progress import ProgressDisplay
 from nmt.data import EOS_ID, PAD_ID, DataError, Tokenizer
 from nmt.data.batching import token_batches
 from nmt.inference.alignment import pharaoh_alignment
@@ -430,15 +429,16 @@ class Translator:
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, None)] for _ in src_ids]
         todo = [i for i, ids in enumerate(src_ids) if ids]
         lengths = [len(src_ids[i]) + 1 for i in todo]  # + EOS
-        with tqdm(total=len(src_ids), disable=not progress, file=sys.stderr, unit="sent", desc="translating") as bar, \
-                autocast(self.precision, self.device):
-            bar.update(len(src_ids) - len(todo))
+        display = ProgressDisplay(len(src_ids), " sent", "translating", done=len(src_ids) - len(todo),
+                                  bar=progress, enabled=progress)
+        with autocast(self.precision, self.device):
             for batch in token_batches(lengths, opts.batch_tokens):
                 rows = [todo[k] for k in batch]
                 for i, nbest in zip(rows, self._search([src_ids[i] for i in rows], opts, attention, sampling,
                                                        generator)):
                     results[i] = nbest
-                bar.update(len(rows))
+                display.advance(len(rows))
+        display.close()
         return results
 
     def _search(self, batch_ids: list[Sequence[int]], opts: SearchOptions, attention: bool,

@@ -24,10 +24,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from nmt.common.progress import Progress
 from nmt.common.settings import ConfigError
 from nmt.model.checkpoint import CHECKPOINT_DIR, resolve_checkpoint, upgrade_saved_config
 from nmt.train.distributed import DistInfo, set_rng_state
+from nmt.train.progress import Progress
 
 log = logging.getLogger(__name__)
 

@@ -1,25 +1,16 @@
-"""What a user watches during training: TensorBoard events and terminal progress.
-
-``RunLogger`` writes one TensorBoard event stream in the run dir (``tensorboard --logdir outputs``):
-scalars (``train/*``, ``val/*``), attention heatmaps (``attention/<i>``, source x target subwords),
-sample translations (``samples``), and the hyper-parameters with the final metrics (HParams tab).
-On a terminal it shows a tqdm progress bar; otherwise (logs, CI, nohup) plain periodic log lines.
-
-Deliberately not here: deciding what to log or when (``nmt.train.trainer``), drawing (``nmt.inference.plotting``).
-"""
+"""What a user watches during training: TensorBoard events (scalars, heatmaps, samples, hparams) and progress."""
 
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams
-from tqdm import tqdm
 
+from nmt.common.progress import ProgressDisplay
 from nmt.inference.plotting import attention_figure
 
 log = logging.getLogger(__name__)
@@ -38,9 +29,8 @@ class RunLogger:
     def __init__(self, run_dir: Path, total_steps: int, initial_step: int = 0, enabled: bool = True) -> None:
         self.enabled = enabled
         self.writer = SummaryWriter(log_dir=str(run_dir)) if enabled else None
-        self.bar = None
-        if enabled and sys.stderr.isatty():
-            self.bar = tqdm(total=total_steps, initial=initial_step, unit="step", dynamic_ncols=True)
+        # the trainer decides when a line is due (trainer.log_every), so every update may log
+        self.display = ProgressDisplay(total_steps, " steps", done=initial_step, every_s=0, logger=log, enabled=enabled)
 
     def scalars(self, prefix: str, values: dict[str, float], step: int) -> None:
         """``values`` as ``prefix/name`` scalars at ``step``."""
@@ -51,25 +41,15 @@ class RunLogger:
 
     def progress(self, step: int, line: str, postfix: dict[str, str]) -> None:
         """On a terminal, advance the bar to ``step`` showing ``postfix``; otherwise log ``line``."""
-        if self.bar is not None:
-            self.bar.update(step - self.bar.n)
-            self.bar.set_postfix(postfix, refresh=False)
-        elif self.enabled:
-            log.info(line)
+        self.display.move_to(step, line, postfix)
 
     def end_progress(self) -> None:
         """Close the bar (the loop is over): what follows, the final summary, is printed below it."""
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+        self.display.close()
 
     def message(self, text: str) -> None:
         """A log line that does not break the progress bar."""
-        if self.bar is not None:
-            self.bar.write(text)
-            log.debug(text)
-        elif self.enabled:
-            log.info(text)
+        self.display.message(text)
 
     def attention(self, tag: str, weights: Tensor, src_labels: list[str], tgt_labels: list[str], step: int) -> None:
         """A labelled heatmap of weights ``[T, S]`` (target rows x source columns)."""

@@ -44,7 +44,6 @@ from torch import nn
 from nmt.common.device import DeviceError, autocast, configure_matmul, slow_bf16_warning, uses_bf16
 from nmt.common.files import FolderInUse, folder_lock
 from nmt.common.metrics import corpus_scores
-from nmt.common.progress import Progress, RunClock, StepHistory, progress_line
 from nmt.common.provenance import device_name, host, library_versions
 from nmt.common.settings import ConfigError, to_plain_dict
 from nmt.data import Batch, DataError, EncodedSplit, PreparedData, Tokenizer, build_loader, prepare_data
@@ -76,6 +75,7 @@ from nmt.train.distributed import (
 )
 from nmt.train.final_evaluation import FinishedRun, final_evaluation
 from nmt.train.gpu_monitor import GpuMonitor
+from nmt.train.progress import Progress, RunClock, StepHistory, progress_line
 from nmt.train.resume import restore_run, resume_config, resume_paths
 from nmt.train.run_logger import RunLogger
 from nmt.train.schema import validate_config
