@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from nmt.common.files import write_json_durably, write_text_durably
 from nmt.common.progress import format_duration
 from nmt.common.provenance import provenance
+from nmt.common.settings import unknown_key_message
 from nmt.data.synthetic import is_complete
 
 SETTINGS = ("recipe", "workdir", "parallel", "dry_run", "device")
@@ -71,8 +72,6 @@ def parse_arguments(args: Sequence[str], recipes: Path) -> tuple[dict[str, Any],
     Raises:
         ChainError: an unknown key (naming the nearest), a malformed argument, or an unknown recipe.
     """
-    from nmt.common.settings import unknown_key_message
-
     settings, data = dict(DEFAULTS), []
     for arg in args:
         key, sep, value = arg.partition("=")
@@ -169,23 +168,61 @@ def backtranslate_stage(chain: Chain, entry: DictConfig, folder: Path) -> Stage:
 
 def tune_stage(chain: Chain, system: DictConfig, pair: str) -> Stage:
     """tune_decoding.py on val for one system (a run, an ensemble; reranked by the reverse pair's runs)."""
+    out, members, rerank = system_paths(chain, system, pair)
+    grid = chain.recipe.tune
+    command = tune_command(chain, members, rerank, out, str(chain.recipe.test_split), grid)
+    report = Path(f"{out}.json")
+    return Stage(f"tune {pair} {system.name}", "tune", [report], [*members, *rerank], lambda: command,
+                 report.is_file)
+
+
+def score_stage(chain: Chain, system: DictConfig, pair: str, split: str) -> Stage:
+    """The setting a system's tune stage chose on val, scored once on one more test split (``data.test_splits``)."""
+    tuned, members, rerank = system_paths(chain, system, pair)
+    out = Path(f"{tuned}.{split}")
+
+    def command() -> list[str]:
+        best = json.loads(Path(f"{tuned}.json").read_text(encoding="utf-8"))["best"]
+        chosen = {"beam_sizes": [best["beam_size"]], "length_penalties": [best["length_penalty"]],
+                  "rerank_weights": [best.get("rerank_weight") or 0.0], "rerank_n_best": best.get("rerank_n_best", 1),
+                  "rerank_length_weights": [best.get("rerank_length_weight") or 0.0]}
+        return tune_command(chain, members, rerank if "rerank_weight" in best else [], out, split, chosen)
+
+    report = Path(f"{out}.json")
+    return Stage(f"score {pair} {system.name} {split}", "tune", [report], [Path(f"{tuned}.json")], command,
+                 report.is_file)
+
+
+def system_paths(chain: Chain, system: DictConfig, pair: str) -> tuple[Path, list[Path], list[Path]]:
+    """A system's report path (no extension), its member runs, and its reverse runs (none when not reranked)."""
     seeds = list(chain.recipe.seeds)[: system.get("members") or None]
     members = [chain.path(f"runs/{system.runs}_{pair}/seed{seed}") for seed in seeds]
     reverse = "-".join(reversed(pair.split("-")))
     rerank = [chain.path(f"runs/{system.rerank}_{reverse}/seed{s}") for s in chain.recipe.seeds] \
         if system.get("rerank") else []
-    out = chain.path(f"runs/systems/{pair}/{system.name.replace(' ', '_')}")
-    grid = chain.recipe.tune
-    command = [*chain.programs["tune"], str(members[0]), "--checkpoint", *map(str, members),
-               "--test-split", str(chain.recipe.test_split), "--out", str(out),
-               "--beam-sizes", *map(str, grid.beam_sizes), "--length-penalties", *map(str, grid.length_penalties)]
+    return chain.path(f"runs/systems/{pair}/{system.name.replace(' ', '_')}"), members, rerank
+
+
+def tune_command(chain: Chain, members: list[Path], rerank: list[Path], out: Path, split: str, grid: Any
+                 ) -> list[str]:
+    """scripts/tune_decoding.py's argv for ``members`` (reranked by ``rerank``, if any) over ``grid``."""
+    command = [*chain.programs["tune"], str(members[0]), "--checkpoint", *map(str, members), "--test-split", split,
+               "--out", str(out), "--beam-sizes", *map(str, grid["beam_sizes"]),
+               "--length-penalties", *map(str, grid["length_penalties"])]
     if rerank:
-        command += ["--rerank-checkpoint", *map(str, rerank), "--rerank-n-best", str(grid.rerank_n_best),
-                    "--rerank-weights", *map(str, grid.rerank_weights),
-                    "--rerank-length-weights", *map(str, grid.rerank_length_weights)]
-    report = Path(f"{out}.json")
-    return Stage(f"tune {pair} {system.name}", "tune", [report], [*members, *rerank], lambda: command,
-                 report.is_file)
+        command += ["--rerank-checkpoint", *map(str, rerank), "--rerank-n-best", str(grid["rerank_n_best"]),
+                    "--rerank-weights", *map(str, grid["rerank_weights"]),
+                    "--rerank-length-weights", *map(str, grid["rerank_length_weights"])]
+    return command
+
+
+def extra_test_splits(chain: Chain) -> list[str]:
+    """The test splits of a ``data.test_splits=[...]`` override besides the recipe's ``test_split``."""
+    splits: list[str] = []
+    for arg in chain.data_overrides:
+        if arg.startswith("data.test_splits="):
+            splits = [str(s) for s in OmegaConf.from_dotlist([arg]).data.test_splits or []]
+    return [s for s in splits if s != str(chain.recipe.test_split)]
 
 
 def plan(chain: Chain) -> list[Stage]:
@@ -199,6 +236,8 @@ def plan(chain: Chain) -> list[Stage]:
         for pair in chain.recipe.pairs:
             stages += [s for s in training_stages(chain, training, pair) if s.name not in {t.name for t in stages}]
     stages += [tune_stage(chain, system, pair) for system in chain.recipe.systems for pair in chain.recipe.pairs]
+    stages += [score_stage(chain, system, pair, split) for split in extra_test_splits(chain)
+               for system in chain.recipe.systems for pair in chain.recipe.pairs]
     makers = {path: stage.name for stage in stages for path in stage.outputs}
     for stage in stages:
         for need in stage.needs:
@@ -307,11 +346,16 @@ def summary(chain: Chain, stages: list[Stage]) -> dict[str, Any]:
     runs, systems = [], []
     for stage in stages:
         output = stage.outputs[0]
-        if stage.kind == "tune":
+        if stage.name.startswith("tune "):
             report = json.loads(output.read_text(encoding="utf-8"))
             chosen = next(iter(report["test"].values()))
             systems.append({"system": stage.name.removeprefix("tune "), "choice": choice(report["best"]),
-                            "val_bleu": report["best"]["bleu"], "test_bleu": chosen["bleu"], "report": str(output)})
+                            "val_bleu": report["best"]["bleu"], "test_bleu": chosen["bleu"], "report": str(output),
+                            "more_tests": {}})
+        elif stage.name.startswith("score "):
+            system, split = stage.name.removeprefix("score ").rsplit(" ", 1)
+            chosen = next(iter(json.loads(output.read_text(encoding="utf-8"))["test"].values()))
+            next(s for s in systems if s["system"] == system)["more_tests"][split] = chosen["bleu"]
         elif (output / "results.json").is_file():
             results = json.loads((output / "results.json").read_text(encoding="utf-8"))
             runs.append({"run": stage.name, "dir": str(output), "val_bleu": results["valid"]["bleu"],
@@ -336,9 +380,11 @@ def render(report: dict[str, Any]) -> str:
              "| --- | ---: | ---: | ---: |"]
     lines += [f"| {r['run']} | {r['val_bleu']:.2f} | {fmt(r['test_bleu'])} | {r['minutes']:.1f} |"
               for r in report["runs"]]
-    lines += ["", f"| system | chosen on val | val BLEU | {split} BLEU (once) |", "| --- | --- | ---: | ---: |"]
+    more = list(dict.fromkeys(k for s in report["systems"] for k in s["more_tests"]))
+    lines += ["", f"| system | chosen on val | val BLEU | {' | '.join([split, *more])} BLEU (once) |",
+              "| --- | --- | ---: |" + " ---: |" * (1 + len(more))]
     lines += [f"| {s['system']} | {s['choice']} | {s['val_bleu']:.2f} | {s['test_bleu']:.2f} |"
-              for s in report["systems"]]
+              + "".join(f" {fmt(s['more_tests'].get(k))} |" for k in more) for s in report["systems"]]
     return "\n".join([*lines, ""])
 
 
