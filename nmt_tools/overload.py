@@ -3,7 +3,7 @@
 Two measurements on one ``serve.py`` subprocess on 127.0.0.1 (a free port), each bounded in time:
 
 1. **The worst request** a client can send under the server's limits (read from ``/v1/model``):
-   ``max_sentences`` sentences of ``max_subwords`` subwords each (within ``max_words`` and the model's
+   ``max_sentences`` sentences of ``max_subwords`` subwords each (within ``max_sentence_words`` and the model's
    word limit; words of random consonants, which split into many subwords), at ``beam_size = n_best =
    max_beam_size`` with attention. Reported: its latency, the server's CPU seconds meanwhile
    (``/proc/<pid>/stat``), the answer's size, and the latency of a probe client that sends one short
@@ -75,10 +75,10 @@ def proc_peak_rss_mib(pid: int) -> float:
     raise RuntimeError("no VmHWM in /proc: this benchmark needs Linux")
 
 
-def worst_sentence(tokenizer: Tokenizer, max_subwords: int, max_words: int, rng: random.Random) -> str:
-    """Words of random consonants (many subwords each) up to ``max_subwords`` subwords and ``max_words`` words."""
+def worst_sentence(tokenizer: Tokenizer, max_subwords: int, max_sentence_words: int, rng: random.Random) -> str:
+    """Random-consonant words (many subwords each): up to ``max_subwords`` subwords and ``max_sentence_words`` words."""
     words: list[str] = []
-    while len(words) < max_words:
+    while len(words) < max_sentence_words:
         word = "".join(rng.choice("bcdfghjklmnpqrstvwxz") for _ in range(8))
         if len(tokenizer.encode_src(" ".join([*words, word]))) > max_subwords:
             break
@@ -89,9 +89,9 @@ def worst_sentence(tokenizer: Tokenizer, max_subwords: int, max_words: int, rng:
 def worst_request(url: str, tokenizer: Tokenizer) -> dict[str, Any]:
     """The most expensive body the server's limits let through (see the module docstring)."""
     limits = request(f"{url}/v1/model")["limits"]
-    max_words = min(n for n in (limits["max_words"], limits["max_input_words"]) if n is not None)
+    max_sentence_words = min(n for n in (limits["max_sentence_words"], limits["max_input_words"]) if n is not None)
     rng = random.Random(0)
-    sentences = [worst_sentence(tokenizer, limits["max_subwords"], max_words, rng)
+    sentences = [worst_sentence(tokenizer, limits["max_subwords"], max_sentence_words, rng)
                  for _ in range(limits["max_sentences"])]
     body = {"text": sentences, "beam_size": limits["max_beam_size"], "n_best": limits["max_beam_size"],
             "attention": True}
@@ -219,7 +219,7 @@ def benchmark_overload(args: argparse.Namespace) -> tuple[dict[str, Any], torch.
                   f"{worst['probe_idle']['p50_ms']:.0f} ms)", flush=True)
         if not args.skip_load:
             src_path = Path(args.input) if args.input else mirror_file(src_lang)
-            longest = min(n for n in (report["limits"]["max_words"], report["limits"]["max_input_words"]) if n)
+            longest = min(n for n in (report["limits"]["max_sentence_words"], report["limits"]["max_input_words"]) if n)
             lines = [line for line in read_input_lines(src_path) if 0 < len(line.split()) <= longest]  # admissible
             load = report["load"] = measure_load(url, process.pid, lines, args.clients, args.seconds, args.requests)
             print(f"load: {args.clients} clients, {load['seconds']:.1f} s, {load['requests']} requests: "

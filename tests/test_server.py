@@ -31,7 +31,7 @@ from nmt.serve.server import serve_in_thread
 from tests.conftest import CONFIG_DIR, REPO_ROOT, SRC, TINY_MAX_WORDS, save_tiny_checkpoint
 from tests.test_server_input import hostile_bodies
 
-LIMITS = ["max_body_bytes=2048", "max_sentences=6", "max_words=12", "max_beam_size=5"]
+LIMITS = ["max_body_bytes=2048", "max_sentences=6", "max_sentence_words=12", "max_beam_size=5"]
 SENTENCES = [*SRC, "Ein Mann.", "Hund", "Die Frau spielt Fußball im Park."]
 
 
@@ -140,8 +140,8 @@ def test_health_model_and_page(server: tuple[str, Translator], tiny_run_dir: Pat
     assert status == 200
     assert {k: model[k] for k in ("src_lang", "tgt_lang", "attention", "models")} == {
         "src_lang": "de", "tgt_lang": "en", "attention": "additive", "models": 1}
-    assert model["limits"] == {"max_body_bytes": 2048, "max_sentences": 6, "max_words": 12, "max_subwords": 256,
-                               "max_beam_size": 5, "max_input_words": TINY_MAX_WORDS, "too_long": "refuse",
+    assert model["limits"] == {"max_body_bytes": 2048, "max_sentences": 6, "max_sentence_words": 12,
+                               "max_subwords": 256, "max_beam_size": 5, "max_input_words": TINY_MAX_WORDS, "too_long": "refuse",
                                "max_queued_sentences": 512, "max_queue_wait_s": 10.0}
     assert "checkpoints" not in model and str(tiny_run_dir) not in json.dumps(model)  # no server paths
     assert model["defaults"]["beam_size"] == 5 and model["defaults"]["max_len"] == 8
@@ -174,7 +174,7 @@ BAD_REQUESTS = [
     (b"x" * 3000, 413, "max_body_bytes=2048"),
     (json.dumps({"text": ["Hund"] * 7}).encode(), 413, "7 sentences; the limit is max_sentences=6"),
     (json.dumps({"text": ["Hund", " ".join(["Hund"] * 13)]}).encode(), 413,
-     "sentence 2 has 13 words; the limit is max_words=12"),
+     "sentence 2 has 13 words; the limit is max_sentence_words=12"),
     (b'{"text": ["Hund"', 422, "not valid JSON"),
     (b"\xff\xfe", 422, "not valid UTF-8"),
     (b'["Hund"]', 422, '"text"'),
@@ -285,7 +285,7 @@ def test_serve_py_finishes_in_flight_requests_on_sigterm(tiny_run_dir: Path, tmp
 @pytest.mark.parametrize(("args", "message"), [
     (["checkpoint=/no/such/run"], "/no/such/run"),
     (["beam=3"], "unknown config key beam: did you mean beam_size?"),
-    (["checkpoint=RUN", "max_words=0"], "max_words=0 must be a whole number >= 1"),
+    (["checkpoint=RUN", "max_sentence_words=0"], "max_sentence_words=0 must be a whole number >= 1"),
     ([], "no checkpoint given; pass checkpoint=PATH"),
 ])
 def test_serve_py_user_errors_are_one_line_exit_2(tiny_run_dir: Path, tmp_path: Path, args: list[str],
@@ -517,7 +517,7 @@ def test_slow_clients_are_closed(scripted: tuple[str, ScriptedTranslator]) -> No
 def test_too_long_sentences_are_truncated_when_asked_and_say_so(tiny_run_dir: Path, reference: Translator) -> None:
     long = " ".join(SRC[2].split() * 2)  # 14 words: over the model's 9
     app = create_app(Translator.from_checkpoint(tiny_run_dir, device="cpu"),
-                     serve_settings("too_long=truncate", "max_words=20"))
+                     serve_settings("too_long=truncate", "max_sentence_words=20"))
     with serve_in_thread(app) as url:
         status, answer = call(f"{url}/v1/translate", {"text": [long, SENTENCES[0]]})
     assert status == 200

@@ -19,7 +19,7 @@ from nmt.inference.engine import SearchOptions, Translator
 from nmt.serve.requests import FIELDS, RequestError, TranslateRequest, check_lengths, parse_translate_request
 from tests.conftest import TINY_MAX_WORDS
 
-LIMITS = SimpleNamespace(max_sentences=6, max_words=12, max_beam_size=5)
+LIMITS = SimpleNamespace(max_sentences=6, max_sentence_words=12, max_beam_size=5)
 DEFAULTS = SearchOptions(max_len=8)
 
 # ------------------------------------------------------------------ Hypothesis: bodies a client may send

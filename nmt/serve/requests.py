@@ -1,19 +1,5 @@
-"""What a ``POST /v1/translate`` request may be: its media type, size, JSON, types, options and lengths.
-
-The one concept here is the *request check* of ``nmt.serve.server``: every way a body can be wrong ends in a
-``RequestError`` (an HTTP status and a one-line message for the client) before the request reaches the
-queue, so a hostile or careless client gets a 4xx answer and never a 500:
-
-- 415: a media type other than ``application/json`` (a cross-site ``<form>`` or ``text/plain`` POST);
-- 413: a body over ``max_body_bytes``, too many sentences, a sentence over ``max_words`` or
-  ``max_subwords``, or one over the model's own length limit when ``too_long=refuse``;
-- 422: invalid UTF-8, lone surrogates, invalid JSON, nesting too deep for the parser, numbers that are
-  too large or not finite, unknown fields, wrong types, and search options out of ``OPTION_BOUNDS``.
-
-Sentences are counted in whitespace words (cheap, first) and then in the model's subwords (what the
-search actually costs: one 60,000-letter "word" is one word but thousands of subwords).
-
-Not done here: the search options' ranges (``nmt.inference.engine.SearchOptions`` owns them), HTTP itself.
+"""What a ``POST /v1/translate`` request may be: every way a body can be wrong (media type, size, JSON, types,
+options, lengths) ends in a ``RequestError`` with a 4xx status before the request reaches the queue, never a 500.
 """
 
 from __future__ import annotations
@@ -108,7 +94,7 @@ def parse_translate_request(body: bytes, limits: Any, defaults: SearchOptions) -
 
     Args:
         body: the raw body (already within ``max_body_bytes``).
-        limits: ``ServeSettings`` or a composed ``serve`` config: ``max_sentences``, ``max_words``,
+        limits: ``ServeSettings`` or a composed ``serve`` config: ``max_sentences``, ``max_sentence_words``,
             ``max_beam_size``.
         defaults: the server's search options, which the request's fields override.
 
@@ -133,8 +119,9 @@ def parse_translate_request(body: bytes, limits: Any, defaults: SearchOptions) -
             raise RequestError(422, f"sentence {number} holds a lone surrogate (an unpaired \\ud800-\\udfff "
                                     "escape), which is not text; send valid Unicode")
         words = len(sentence.split())
-        if words > limits.max_words:
-            raise RequestError(413, f"sentence {number} has {words} words; the limit is max_words={limits.max_words}")
+        if words > limits.max_sentence_words:
+            raise RequestError(413, f"sentence {number} has {words} words; the limit is "
+                                    f"max_sentence_words={limits.max_sentence_words}")
     attention = payload.get("attention", False)
     if not isinstance(attention, bool):
         raise RequestError(422, f'"attention" must be true or false, got {_escaped(repr(attention)[:40])}')

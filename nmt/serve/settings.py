@@ -35,7 +35,7 @@ class ServeSettings(EngineSettings):
     allowed_hosts: Any = "auto"  # auto: the loopback names when bound to loopback, else any; or a list
     max_body_bytes: int = 65536
     max_sentences: int = 64
-    max_words: int = 200
+    max_sentence_words: int = 200
     max_subwords: int = 256
     max_beam_size: int = 10
     too_long: str = "refuse"  # a sentence over the model's max_input_words: refuse (413) | truncate
@@ -54,7 +54,7 @@ class ServeSettings(EngineSettings):
 ConfigStore.instance().store(name="serve_settings", node=ServeSettings)
 
 
-LIMITS = ("max_body_bytes", "max_sentences", "max_words", "max_subwords", "max_beam_size")
+LIMITS = ("max_body_bytes", "max_sentences", "max_sentence_words", "max_subwords", "max_beam_size")
 
 
 POSITIVE = (*LIMITS, "batch_sentences", "slice_subwords", "max_queued_sentences", "max_connections", "keep_alive_s")
