@@ -142,7 +142,7 @@ def test_health_model_and_page(server: tuple[str, Translator], tiny_run_dir: Pat
         "src_lang": "de", "tgt_lang": "en", "attention": "additive", "models": 1}
     assert model["limits"] == {"max_body_bytes": 2048, "max_sentences": 6, "max_sentence_words": 12,
                                "max_subwords": 256, "max_beam_size": 5, "max_input_words": TINY_MAX_WORDS,
-                               "too_long": "refuse",                               "max_queued_sentences": 512, "max_queue_wait_s": 10.0}
+                               "too_long": "refuse", "max_queued_sentences": 512, "max_queue_wait_s": 10.0}
     assert "checkpoints" not in model and str(tiny_run_dir) not in json.dumps(model)  # no server paths
     assert model["defaults"]["beam_size"] == 5 and model["defaults"]["max_len"] == 8
     assert model["parameters"] > 0 and model["has_attention"] is True
