@@ -1,27 +1,6 @@
-"""Attention plug-ins: one interface, one shared masked-softmax path, one class per scoring rule.
-
-Every attention type computes ``score(query, key)`` for each source position, turns the scores into
-weights with a masked softmax, and returns the weighted sum of the values (the context vector):
-
-    a = masked_softmax(score(q, K), mask)        c = sum_i a_i v_i
-
-Types (registered by name, selected with ``attention=NAME`` on the command line):
-    additive    Bahdanau et al. (2015)   v^T tanh(W_q q + W_k k)
-    dot         Luong et al. (2015)      q . k            (keys projected to the query size if they differ)
-    scaled_dot  Vaswani et al. (2017)    q . k / sqrt(d)  (same projection rule as dot)
-    general     Luong et al. (2015)      q^T W k
-    multihead   Vaswani et al. (2017)    scaled-dot over h heads of learned q/k/v projections
-    none        no attention: zero-width context (the RNNencdec baseline of Cho et al., 2014)
-
-Shapes: B batch, S source length, T query steps, Dq query size, Dk key size, Dv value size.
-A query is ``[B, Dq]`` (one decoder step) or ``[B, T, Dq]`` (many steps at once).
-
-Adding a type is one subclass with ``@register_attention("name")`` that writes ``score`` (and, if it
-projects the keys, ``prepare``) plus one ``configs/attention/<name>.yaml``. Nothing else changes.
-
-Deliberately not here: the decoder recurrence (``nmt.model.seq2seq``) and any per-batch state. Key
-projections are computed by ``prepare`` once per source batch and passed back in by the caller, so
-beam search can reorder them like any other tensor.
+"""Attention plug-ins, ``a = masked_softmax(score(q, K), mask)`` and ``c = sum_i a_i v_i``: additive (Bahdanau et al.,
+2015), dot and general (Luong et al., 2015), scaled-dot and multihead (Vaswani et al., 2017) and none (Cho et al.,
+2014), one class each, registered by name and selected with ``attention=NAME``.
 """
 
 from __future__ import annotations
@@ -145,6 +124,9 @@ class Attention(nn.Module, metaclass=abc.ABCMeta):
 
     def prepare(self, keys: Tensor) -> PreparedKeys:
         """Work on the keys that does not depend on the query: once per source batch.
+
+        The result is passed back in by the caller, never stored on the module, so beam search can reorder
+        it like any other tensor.
 
         Args:
             keys: ``[B, S, Dk]``.

@@ -1,27 +1,5 @@
-"""Checkpoints: one explicit dict, written atomically, loadable with ``torch.load(weights_only=True)``.
-
-A checkpoint holds everything needed to resume a run exactly and to rebuild the model with no
-other file:
-
-    format_version  int     CHECKPOINT_FORMAT; other versions are refused with a clear message
-    nmt_version     str     the package version that wrote it
-    config          dict    the resolved training config (data, model, attention, trainer)
-    tokenizer       dict    ``Tokenizer.to_state()``; its bytes (SentencePiece models) stored as uint8
-                            tensors, since the weights-only unpickler refuses raw bytes
-    model           dict    the model's state_dict
-    optimizer, scheduler, scaler   state_dicts (training checkpoints only)
-    rng             list    per rank (index = rank): python / torch / cuda RNG states
-    progress        dict    step, epoch, batches done in the epoch, best score, bad validations, ...
-
-Only tensors and plain Python values go in (no pickled classes), so opening a checkpoint from
-elsewhere never runs code. Files are written to ``<name>.tmp``, flushed to disk and renamed, so a
-crash mid-write (or a power cut after it) never leaves a half-written ``last.pt`` or ``best.pt``.
-
-``RunCheckpoints`` keeps a run's ``checkpoints/`` folder: ``last.pt`` and ``best.pt``, and the last
-validation checkpoints for weight averaging (``trainer.average_last``).
-
-Deliberately not here: what to put in ``progress`` (``nmt.train.trainer``), training itself, and resuming
-a run from a checkpoint (``nmt.train.resume``).
+"""Checkpoints: one explicit dict of tensors and plain values (fields: docs/reference/run-files.md), written
+atomically and loaded with ``torch.load(weights_only=True)``, so opening one never runs code.
 """
 
 from __future__ import annotations

@@ -1,21 +1,5 @@
-"""Ensembles: several trained models decoding as one, by averaging their per-step log-probabilities.
-
-The one concept here is *model combination at search time*. ``Ensemble`` has the interface the search
-functions use (``encode``, ``decode_step``, ``has_attention``), so greedy and beam search decode with it
-unchanged. Each model keeps its own encoder memory and decoder state (the models may differ in size and
-attention type); only their outputs meet:
-
-    log p_ens(y_j | y_<j, x) = mean_m log p_m(y_j | y_<j, x)     (a geometric mean of the distributions)
-
-The search normalises this again (its softmax over V), as Nematus and Marian do when they sum the
-models' log-probabilities. The attention reported for a step is the mean of the members' weights
-(members without attention are left out of that mean).
-
-Shapes: R rows (sentences, or sentences x beam), S source length, V target vocabulary, L_m and H_m
-the decoder layers and size of model m.
-
-Not done here: checking that the models share a tokenizer and language pair (``nmt.inference.engine``),
-weighted ensembles, and averaging of weights (checkpoint averaging is in training).
+"""Ensembles: several models decoding as one, ``log p_ens(y_j | y_<j, x) = mean_m log p_m(y_j | y_<j, x)``; each
+keeps its own encoder memory and decoder state, and the search normalises the mean again (as Nematus and Marian do).
 """
 
 from __future__ import annotations

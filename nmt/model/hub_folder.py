@@ -1,9 +1,5 @@
-"""The Hugging Face Hub folder of a model: ``model.safetensors``, ``config.json`` and the SentencePiece files.
-
-The folder holds what a checkpoint holds for inference (weights, resolved training config, tokenizer) in
-files that other tools read without this package: safetensors weights (no pickle), a JSON config, and
-standard SentencePiece models (``joint.model``, or ``src.model`` + ``tgt.model``). ``read_hub_folder``
-turns it back into the checkpoint dict that ``nmt.model.checkpoint.load_checkpoint`` returns.
+"""The Hugging Face Hub folder of a model: ``model.safetensors``, ``config.json`` and the SentencePiece files,
+read back into the dict ``nmt.model.checkpoint.load_checkpoint`` returns.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Search: greedy, sampled and batched beam decoding over any model with the ``StepModel`` interface.
 
-Shapes: B batch, K beam size, S source length, T target length, V target vocabulary, L decoder layers,
-H decoder size.
+Shapes: B batch, K beam size, S source length, T target length, V target vocabulary, L decoder layers.
 """
 
 from __future__ import annotations

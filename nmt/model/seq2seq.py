@@ -1,24 +1,6 @@
-"""The GRU encoder-decoder: a bidirectional encoder and an attentional decoder (Bahdanau et al., 2015).
-
-    h_i = [GRU_fwd(x)_i ; GRU_bwd(x)_i]                      encoder states, [B, S, 2He]
-    s_0 = tanh(W_b [h_fwd_last ; h_bwd_last])                the bridge, one per decoder layer
-    a_j = masked_softmax_i score(s_{j-1}, h_i)               the attention plug-in (nmt.model.attention)
-    c_j = sum_i a_ji h_i
-    s_j = GRU([emb(y_{j-1}) ; c_j], s_{j-1})
-    logits_j = E_out tanh(W_o [s_j ; c_j ; emb(y_{j-1})])   a deep output layer (Pascanu et al., 2014):
-                                                             W_o maps to the embedding size by default, so
-                                                             the output matrix E_out can be tied to the
-                                                             target embeddings (Press & Wolf, 2017)
-
-Shapes: B batch, S source length, T target length, E embedding size, He encoder size per direction,
-Hd decoder size, L decoder layers, C context size (2He, or 0 with attention=none), V vocabulary.
-
-The loop over target steps in ``Decoder.forward`` is the only Python loop in the model. Work that does
-not depend on the recurrence runs once outside it: the attention's key projection (``prepare``), the
-embedding part of the first GRU layer's input gates for all T steps, and the output projection of all
-steps at once on ``[B*T, ...]``.
-
-Deliberately not here: the loss, search (``nmt.model.search``), tokenisation (``nmt.data``).
+"""The GRU encoder-decoder of Bahdanau et al. (2015): a bidirectional encoder, a bridge, and an attentional
+decoder with a deep output layer (Pascanu et al., 2014) whose output matrix can be tied to the target
+embeddings (Press & Wolf, 2017).
 """
 
 from __future__ import annotations
@@ -148,7 +130,13 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Attentional GRU decoder (Bahdanau-style step), teacher-forced ``forward`` and single ``step``.
+    """Attentional GRU decoder, teacher-forced ``forward`` and single ``step``:
+
+        c_j = sum_i masked_softmax_i(score(s_{j-1}, h_i)) h_i      s_j = GRU([emb(y_{j-1}) ; c_j], s_{j-1})
+        logits_j = E_out tanh(W_o [s_j ; c_j ; emb(y_{j-1})])       (the deep output layer)
+
+    The loop over target steps in ``forward`` is the model's only Python loop: the key projection, the first
+    layer's embedding gates and the output projection run once, outside it, on all steps.
 
     Args:
         vocab_size: V.
@@ -160,8 +148,7 @@ class Decoder(nn.Module):
         attention: the plug-in; its ``context_size`` may be 0 (no attention).
         tie_embeddings: share the output matrix with the target embeddings.
         pad_id: padding id.
-        output_hidden_size: O, the width of the deep output layer before the output matrix; None = E
-            (needed to tie). JoeyNMT-style models use an untied, wider one (e.g. 512).
+        output_hidden_size: the deep output layer's width; None = E (needed to tie).
         layer_norm: a layer-normalised first GRU layer (``GateNorm`` on its input and recurrent gates).
     """
 
