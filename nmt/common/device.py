@@ -1,32 +1,5 @@
-"""Where the model runs and in what precision: the device choice and the precision setting, in one place.
-
-Training (``trainer.device``, ``trainer.precision``) and every use of a trained model (the
-``Translator`` engine under ``translate.py``, ``serve.py`` and the scripts) choose both here, with the
-same rules and the same errors.
-
-Device: ``auto`` (CUDA when PyTorch sees a GPU, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``. Under
-``torchrun`` each process takes the GPU of its local rank.
-
-Precision:
-
-    auto   bf16 autocast + TF32 matmuls on CUDA; float32 on the CPU (the default)
-    bf16   bf16 autocast on any device. On a CPU it pays only where the CPU has native bf16
-           instructions (AVX512-BF16 or AMX; not measured here); elsewhere it is emulated and
-           slower than float32
-    fp32   float32 throughout: no autocast, and TF32 off on CUDA
-    int8   decoding only, on the CPU: dynamic int8 quantization of the linear layers and the
-           encoder GRU (weights stored in int8, activations quantized per batch); everything
-           else, the decoder's recurrent matrix included, stays float32
-
-bf16 keeps float32's exponent range, so no loss scaling is needed (the trainer's ``GradScaler`` stays
-disabled). Under autocast the matmuls (``nn.Linear``, ``bmm``, the decoder GRU's input and hidden
-projections) take bf16 operands and accumulate in float32; the decoder's recurrent state then carries
-bf16 values between steps. The encoder's cuDNN GRU runs outside autocast in float32
-(``nmt.model.seq2seq.Encoder``: PyTorch's autocast rule for cuDNN RNNs would cast it to fp16, not bf16). The
-loss (``nmt.model.loss.sequence_loss``) and search (``nmt.model.search``) upcast the logits to float32.
-
-Deliberately not here: fp16 (it needs loss scaling and buys nothing over bf16 on the GPUs this
-project targets), and choosing bf16 on a CPU automatically (its numerics would then depend on the machine).
+"""Where a model runs and in what precision (``auto``, ``bf16``, ``fp32``; ``int8`` for CPU decoding), chosen with
+the same rules and errors by training and by every use of a trained model.
 """
 
 from __future__ import annotations
@@ -91,7 +64,11 @@ def check_inference_precision(precision: str, device: torch.device, key: str = "
 
 
 def uses_bf16(precision: str, device: torch.device) -> bool:
-    """Whether ``precision`` means bf16 autocast on ``device``."""
+    """Whether ``precision`` means bf16 autocast on ``device``.
+
+    ``auto`` is bf16 on CUDA only, so CPU numerics never depend on the machine. bf16 keeps float32's exponent
+    range, so no loss scaling is needed (fp16, which needs it, is not offered).
+    """
     check_precision(precision, choices=INFERENCE_PRECISIONS)
     return precision == "bf16" or (precision == "auto" and device.type == "cuda")
 

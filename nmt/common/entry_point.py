@@ -1,11 +1,5 @@
-"""What ``train.py``, ``translate.py`` and ``serve.py`` share: a user's mistake ends in one line and exit status 2.
-
-Before Hydra composes anything, ``check_keys_or_exit`` walks the command line's keys through the entry
-point's settings schema (``nmt.train.schema.check_command_line_keys``); while the job runs, ``user_errors``
-turns the errors a user can fix (a bad setting, file or checkpoint) into ``PROGRAM: error: MESSAGE`` on
-stderr, folded onto one line, with no traceback.
-
-Not done here: deciding what is a user error (each job's ``USER_ERRORS``), or composing configs.
+"""What the entry points share: a user's mistake (a bad key, setting, file or checkpoint) ends in one line,
+``PROGRAM: error: MESSAGE`` on stderr, with exit status 2 and no traceback.
 """
 
 from __future__ import annotations

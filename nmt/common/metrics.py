@@ -1,14 +1,5 @@
-"""Corpus-level scoring of detokenized translations: sacreBLEU BLEU and chrF.
-
-The one concept here is *how a system output is scored*. Scores are sacreBLEU's (Post, 2018, "A Call
-for Clarity in Reporting BLEU Scores"): BLEU (Papineni et al., 2002) cased with the ``13a`` tokenizer,
-and chrF2 (Popović, 2015), each returned with its signature so a number can always be traced to the
-exact metric that produced it.
-
-Inputs are plain strings (one sentence each), so there is no tensor shape notation here.
-
-Not done here: tokenization or detokenization (``nmt.data``), decoding (``nmt.model.search``), significance
-testing, and the comparison's extra measures (``nmt.analysis.measures``: tutorial-style BLEU, BLEU by length).
+"""Corpus-level scoring of detokenized translations with sacreBLEU (Post, 2018): cased BLEU (Papineni et al.,
+2002) with the ``13a`` tokenizer and chrF2 (Popović, 2015), each with its signature.
 """
 
 from __future__ import annotations

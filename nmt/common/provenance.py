@@ -1,12 +1,5 @@
-"""Where a figure came from: date, command, device, host and library versions, recorded the same way everywhere.
-
-    report = {**provenance("scripts/benchmark.py", argv), "results": ...}
-    device_name(torch.device("cuda"))   # "NVIDIA H100 80GB HBM3"; "cpu" on the CPU
-
-Every analysis command's report (``nmt.analysis``, ``nmt_tools/``; and ``train.py``'s ``results.json``) records these
-fields, so a figure can be traced to the machine and versions that made it and no two files spell the
-device differently. Dates are UTC. This module measures nothing and does not decide what a report
-holds beyond these fields.
+"""Where a figure came from: date (UTC), command, device, host and library versions, recorded the same way by
+every report (``{**provenance("scripts/benchmark.py", argv), "results": ...}``).
 """
 
 from __future__ import annotations

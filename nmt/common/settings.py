@@ -1,7 +1,4 @@
-"""Settings checks every entry point shares: a key walked through its section's dataclass, naming the nearest.
-
-Nothing here knows the model or the data, so any layer can use it.
-"""
+"""Settings checks every entry point shares: a key walked through its section's dataclass, naming the nearest."""
 
 from __future__ import annotations
 

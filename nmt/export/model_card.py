@@ -1,8 +1,5 @@
-"""The model card (``README.md``) of a Hub folder: a YAML header the Hub indexes, then the model in words.
-
-The header follows the Hub's model card metadata: ``language``, ``license``, ``datasets``, ``tags`` and a
-``model-index`` whose metrics (BLEU and chrF, with sacrebleu's signatures) name the test sets they were
-measured on.
+"""The model card (``README.md``) of a Hub folder: the Hub's YAML metadata header (languages, license, datasets,
+a ``model-index`` of BLEU and chrF per test set), then the model in words.
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""The ONNX model folder: each model's three graphs, the SentencePiece models, and ``export.json`` naming them.
-
-    DIR/export.json          format, languages, tokenizer files and source tags, the input word limit, the
-                             search defaults, the members' graphs, int8 or not, provenance
-    DIR/encoder.onnx, prepare.onnx, step.onnx      (an ensemble: member0.encoder.onnx, member1.encoder.onnx, ...)
-    DIR/joint.model          (or src.model + tgt.model) the SentencePiece model(s)
-
-``nmt_runtime`` reads this folder with numpy, onnxruntime and SentencePiece only; an ensemble's members are
-decoded together, their log-probabilities averaged at every step as ``nmt.model.ensemble`` does.
+"""The ONNX model folder: ``export.json``, each member's ``encoder``, ``prepare`` and ``step`` graphs, and the
+SentencePiece models, read by ``nmt_runtime`` with numpy, onnxruntime and SentencePiece only.
 """
 
 from __future__ import annotations

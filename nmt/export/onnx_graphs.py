@@ -1,12 +1,5 @@
-"""The three ONNX graphs of a model: the encoder, the attention's key preparation, and one decoder step.
-
-A search drives them as it drives a ``SearchModel``: the encoder once per source batch, the preparation
-(``Attention.prepare``, the key projection) once on its output, then the step once per output token. The
-step computes exactly ``SearchModel.decode_step`` (the token-gate table included, as a constant) followed
-by a log-softmax, so a runtime's search needs no PyTorch. Graphs are traced by PyTorch's TorchScript-based
-exporter (``dynamo=False``): the dynamo exporter has written ``nn.GRU`` with the wrong
-``linear_before_reset`` (pytorch#189225) and breaks RNN graphs (pytorch#118740). The parity tests in
-``tests/test_export.py`` are the judge of every graph.
+"""The three ONNX graphs of a model: the encoder, the attention's key preparation, and one decoder step
+(``SearchModel.decode_step`` then a log-softmax), so a runtime's search needs no PyTorch.
 """
 
 from __future__ import annotations
@@ -148,6 +141,8 @@ def export_graphs(model: SearchModel, folder: Path, prefix: str = "") -> dict[st
         for name in GRAPH_NAMES:
             inputs, outputs, axes = signatures[name]
             files[name] = f"{prefix}{name}.onnx"
+            # dynamo=False: the dynamo exporter writes nn.GRU with the wrong linear_before_reset
+            # (pytorch#189225) and breaks RNN graphs (pytorch#118740).
             torch.onnx.export(modules[name], examples[name], str(folder / files[name]), dynamo=False,
                               input_names=inputs, output_names=outputs, dynamic_axes=axes, opset_version=OPSET)
     return files
