@@ -1,30 +1,5 @@
-"""Batching: token-budget batches from length buckets, shared across DDP ranks, padded into tensors.
-
-The one concept: turn an ``EncodedSplit`` (subword ids per sentence pair) into a stream of
-``Batch`` es whose padded size stays under a token budget. ``TokenBucketSampler`` decides which
-pairs go together (Marian's "mini-batch-fit": sort by length, i.e. buckets of equal length, then cut
-into batches of at most ``max_tokens`` padded tokens, so each batch holds pairs of near-equal length
-and padding stays small); ``collate_batch`` pads one batch into tensors. For inference and
-evaluation, ``token_batches`` cuts sentences sorted longest first into batches of at most
-``batch_tokens`` padded source tokens (no shuffling, no ranks).
-
-Shapes (batch-first): B pairs in a batch, S source length incl. EOS, T target length incl.
-BOS (``tgt_in``) or EOS (``tgt_out``). Token budget: ``B * max(S, T) <= max_tokens``; a single pair
-longer than the budget still forms its own batch.
-
-Epochs: every pair appears exactly once per epoch. With ``shuffle=True`` the pairs of equal length
-and the order of the batches are shuffled by ``(seed, epoch)``, identically on every rank; rank
-``r`` of ``world_size`` takes batches ``r, r + world_size, ...``. All ranks get the same number of
-batches (DDP's collectives would hang otherwise): when the batch count does not divide by
-``world_size``, the batches with the most pairs are split in two until it does. The sampler's
-``position`` (batches yielded this epoch) can be saved and restored to resume mid-epoch.
-
-Scale: the sampler works on numpy arrays of lengths (the order of the pairs, and each batch's span
-in it), so an epoch of 4.5M pairs is planned in about a second; the ids stay memory-mapped
-(``nmt.data.encoded``) until a batch is collated.
-
-What it does not do: truncate long sentences, read files or tokenize (``nmt.data.prepare``), or
-move batches to the GPU (the training loop calls ``Batch.to``).
+"""Batching: token-budget batches (``B * max(S, T) <= max_tokens``) cut from length-sorted pairs, as Marian's
+"mini-batch-fit" does, shared across DDP ranks, resumable mid-epoch, and padded into tensors.
 """
 
 from __future__ import annotations

@@ -1,20 +1,5 @@
-"""Corpora: the registry of where parallel text comes from.
-
-The one concept: a *corpus* maps a split name (``train``, ``val``, ``test_2016_flickr``) and a
-language direction to two local files, one sentence per line, aligned by line number. Two kinds are
-registered in ``CORPORA``:
-
-- ``multi30k``: Multi30k task 1 (Elliott et al., 2016), fetched into a cache folder from a mirror
-  folder or the official URL, each file sha256-verified against the hashes embedded below.
-- ``files``: the user's own parallel text (WMT, IWSLT, OPUS, ...), a path per split and side.
-
-Other corpora register themselves the same way (``nmt.data.tatoeba``).
-
-Shapes: none; this module deals in files.
-
-What it does not do: fetch and verify files (``nmt.data.fetch``), read or clean them
-(``nmt.data.text``), subwords (``nmt.data.tokenizer``), or caching of anything derived from the text
-(``nmt.data.prepare``).
+"""Corpora: the registry that maps a split name and a language direction to two local files, aligned by line
+(``multi30k``, Elliott et al., 2016; the user's ``files``; others register themselves the same way).
 """
 
 from __future__ import annotations

@@ -1,24 +1,5 @@
-"""Encoded splits: the subword ids of many sentences as one flat token array plus offsets.
-
-The one concept: ``RaggedIds`` holds rows of ids as ``tokens [N_tok]`` and ``offsets [N + 1]`` (row
-``i`` is ``tokens[offsets[i]:offsets[i + 1]]``), in memory or memory-mapped from ``.npy`` files.
-Opening a mapped split of any size takes milliseconds and no memory of its own: its pages are read
-on demand into the page cache, which every process mapping the same files shares (DDP ranks on one
-machine, DataLoader workers). ``EncodedSplit`` pairs a source and a target ``RaggedIds`` with the
-raw lines of a split that is scored. ``SplitWriter`` writes a split chunk by chunk, and
-``open_split`` maps it back, checked against its manifest.
-
-A split on disk, with stem ``S`` (``<cache>/encoded/<split>.<key>``): ``S.src.tokens.npy``,
-``S.src.offsets.npy``, ``S.tgt.tokens.npy``, ``S.tgt.offsets.npy``, and ``S.json``, the manifest:
-pairs, token counts and dtypes, a sha256 per side, and what the caller records (sources, cleaning
-counts). Every file is written under a temporary name and renamed, the manifest last, so a split
-without a manifest was never finished; one whose files do not match their manifest is not used.
-
-Shapes: N pairs, N_tok ids of one side (no BOS/EOS). Tokens are uint16 when the vocabulary fits
-(``token_dtype``), else int32; offsets are int64.
-
-What it does not do: decide whether a split on disk fits the current settings (``nmt.data.prepare``
-names the stems after them), tokenize, or batch.
+"""Encoded splits: the subword ids of many sentences as one flat token array plus offsets, written in chunks to
+``.npy`` files (manifest last) and memory-mapped back, so every process shares one page-cache copy.
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
-"""Fetching: a named file into the cache, from a mirror folder or its public URL, sha256-verified.
-
-The one concept: ``fetch_file`` returns a local, verified copy of a public file. A file already in
-the cache whose hash matches is used as it is; otherwise it is copied from the mirror (a folder laid
-out as ``<mirror>/<corpus>/<name>`` or ``<mirror>/<name>``, for machines without internet) or
-downloaded, into a temporary file that is renamed only after its hash checks out, so an interrupted
-or corrupt download never poses as a good one.
-
-Shapes: none; files.
-
-What it does not do: know which files a corpus has (``nmt.data.corpora``) or read them (``nmt.data.text``).
+"""Fetching: a named file into the cache from a mirror folder or its public URL, renamed into place only after its
+sha256 checks out, so an interrupted or corrupt download never poses as a good one.
 """
 
 from __future__ import annotations

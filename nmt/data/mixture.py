@@ -1,22 +1,5 @@
-"""Mixtures: the training pairs of one run, drawn from several parallel sources with weights and tags.
-
-The one concept: ``data.mixture`` lists the *sources* of the training split. Each is a registered
-corpus's split (``{corpus: tatoeba}``), the user's own files (``{src: a.de, tgt: a.en}``), or the
-folder a back-translation wrote (``{synthetic: runs/bt_en}``), with
-
-- a ``weight``: how many times per epoch its pairs are seen (2 = twice, 0.5 = a different half every
-  epoch), as fairseq, OpenNMT-py and Marian weight their corpus lists;
-- an optional ``tag``: a reserved token put at the start of every source sentence of that source
-  (``<bt>`` for back-translated pairs, Caswell et al., 2019); it becomes one subword of its own.
-
-Without ``data.mixture`` the training split is ``data.corpus``'s ``data.train_split``, once per epoch,
-untagged. Validation and test stay on the named splits of ``data.corpus`` in every case.
-
-This module checks the entries and says where each source's two files are (``resolve_sources``).
-How weights become pairs per epoch is ``nmt.data.batching.weighted_pairs``; cleaning, the tokenizer
-and encoding are ``nmt.data.prepare``.
-
-Shapes: none; files and settings.
+"""Mixtures: the training pairs of one run drawn from several parallel sources (corpus splits, files, synthetic
+folders), each with a ``weight`` (times seen per epoch) and an optional ``tag`` token (Caswell et al., 2019).
 """
 
 from __future__ import annotations

@@ -1,20 +1,5 @@
-"""Monolingual corpora: in-domain text in one language, for back-translation.
-
-The one concept: a *monolingual corpus* is a registered name (``multi30k_task2``) that becomes one
-local text file of one language, one sentence per line, deduplicated: its files are fetched from the
-mirror or their public origin and sha256-verified (``nmt.data.fetch.fetch_file``), then read in
-order; empty lines, lines that are also the training side of the parallel corpus they come with
-(task 1's training split, so that back-translation adds only new sentences), and repeats are dropped.
-The result is cached under ``<cache>/<name>/`` by the input files' hashes and written atomically, with
-a JSON of what was kept and dropped beside it.
-
-``multi30k_task2``: Multi30k task 2 (Elliott et al., 2016), the five English and five German captions
-of each of task 1's 29,000 training images, written independently (not translations of each other).
-Task 2's validation and test captions describe the validation and test images and are never used.
-
-Shapes: none; files and lines.
-
-What it does not do: translate (``nmt.inference.backtranslation``), or pair the lines with anything.
+"""Monolingual corpora for back-translation: a registered name (``multi30k_task2``, Elliott et al., 2016) made one
+verified, deduplicated, cached text file without the lines of the parallel training split.
 """
 
 from __future__ import annotations

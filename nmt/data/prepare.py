@@ -1,27 +1,5 @@
-"""Preparation: from the ``data`` config to encoded, cached splits and their tokenizer.
-
-The one concept: ``prepare_data(data_cfg)`` runs the pipeline once, in this order, and caches
-what is slow so that a second run only maps files (well under a second, whatever the corpus size):
-
-    corpus files (fetched, sha256-verified; ``<cache>/multi30k/``)
-      -> a sha256 per file (``<cache>/hashes/``, remembered by path, size, mtime and inode)
-      -> SentencePiece model(s) (``<cache>/spm/``, keyed by the training files' hashes + settings):
-         one pass to check and clean the training pairs (UTF-8, line counts: errors before the
-         slow part), then SentencePiece pulls the cleaned sentences as a stream
-      -> subword ids per split (``<cache>/encoded/``, keyed by tokenizer + files + settings):
-         encoded in chunks of ``ENCODE_CHUNK_LINES`` pairs on all cores, written as flat arrays
-         (``nmt.data.encoded``) and memory-mapped back
-      -> the raw lines of the splits that are scored (validation, tests); never of the training split
-
-Nothing here holds the training split in memory: the peak memory of a cold preparation is
-SentencePiece's sample (at most ``INPUT_SENTENCE_SIZE`` sentences) plus one chunk.
-
-Shapes: none; splits are ``EncodedSplit`` s of ``RaggedIds``.
-
-What it does not do: batching (``nmt.data.batching.build_loader``), or coordinate DDP ranks. Under
-DDP, let rank 0 prepare first and the others after a barrier: they find everything cached and map
-the same files, so one copy of the data sits in the page cache for all of them. Ranks on other
-machines should compare ``PreparedData.fingerprint``.
+"""Preparation: from the ``data`` config to encoded, cached splits and their tokenizer, streamed so that the training
+split is never held in memory, and cached so that a second run only maps files.
 """
 
 from __future__ import annotations
@@ -210,10 +188,12 @@ def resolve_data_config(data_cfg: Any) -> dict[str, Any]:
 def prepare_data(data_cfg: Any, cache_dir: str | Path | None = None) -> PreparedData:
     """Fetch, verify, check, clean, tokenize and encode the splits named in ``data_cfg``.
 
+    Under DDP, let rank 0 prepare first and the others after a barrier: they find everything cached and map
+    the same files, one page-cache copy for all (ranks on other machines compare ``PreparedData.fingerprint``).
+
     Args:
         data_cfg: the complete ``data`` config group (DictConfig or plain dict, as in configs/data/).
-        cache_dir: overrides ``data_cfg.cache_dir``; relative paths resolve against the working
-            directory.
+        cache_dir: overrides ``data_cfg.cache_dir``; relative paths resolve against the working directory.
 
     Raises:
         DataError: anything wrong with the data or the settings; the message says how to fix it.

@@ -1,7 +1,5 @@
-"""The synthetic-pairs folder: the one format that back- and forward-translation write and a mixture reads.
-
-A folder holds ``train.<lang>`` for each side of the pairs (one line per input line, aligned),
-``provenance.json`` (the record: status, languages, sides, counts, byte sizes, runs) and ``.lock``.
+"""The synthetic-pairs folder: ``train.<lang>`` per side (aligned by line), ``provenance.json`` and ``.lock``, the
+one format that back- and forward-translation write and a mixture reads.
 """
 
 from __future__ import annotations

@@ -1,28 +1,5 @@
-"""Tatoeba German–English: a second real parallel corpus, general-domain and conversational.
-
-The one concept: the ``tatoeba`` corpus (``data=tatoeba``) turns two pinned public files into three
-splits, ``train``, ``dev`` and ``test``, in either direction (``de`` ↔ ``en``):
-
-- training pairs are read from the manythings.org export ``deu-eng.zip`` itself (its ``deu.txt``:
-  ``English<TAB>German``, one pair per line), the 2018-05-13 export, sha256-pinned;
-- ``test`` is the Tatoeba Translation Challenge test set v2021-08-07 for deu-eng (Tiedemann, 2020),
-  the set the OPUS-MT leaderboard scores;
-- every training pair whose German or English side occurs in the test set is dropped (a third of
-  the test pairs are in the export word for word), and the count goes to the log and results.json;
-- ``dev`` is cut from the remaining pairs by English sentence, seeded: all translations of one
-  English sentence fall on the same side, so dev never repeats a training sentence.
-
-The derived splits are written once into ``<cache>/tatoeba/<key>/`` (the key hashes the input files'
-sha256 and the dev settings), atomically, with a ``stats.json`` of what was dropped.
-
-Another export (a newer one has more pairs and extra columns, so another hash) is refused with a
-message that says how to take it anyway: ``data.tatoeba.zip=<path> data.tatoeba.sha256=<its hash>``
-(the first two columns are read), or extract the pairs and use ``data=files``.
-
-Shapes: none; files and lines.
-
-What it does not do: clean the training pairs (``nmt.data.prepare`` does, as for every corpus) or
-filter the test set.
+"""The Tatoeba German–English corpus (``data=tatoeba``): train and dev from a sha256-pinned manythings.org export,
+test the Tatoeba Translation Challenge set v2021-08-07 (Tiedemann, 2020), training pairs seen in test dropped.
 """
 
 from __future__ import annotations

@@ -1,16 +1,5 @@
-"""Text: reading corpus files as stripped lines and aligned pairs, streamed, and cleaning training pairs.
-
-The one concept: a corpus file is read as UTF-8 lines (plain or gzip; errors naming the file and
-line), two aligned files as pairs (``iter_pairs``: line counts checked), so a corpus of millions of
-lines is never held whole; the small splits that are scored are read into lists (``ParallelText``).
-Cleaning (``PairFilter``) drops training pairs that would only hurt (empty side, too long, wild
-length ratio); validation and test data are never filtered, so scores stay comparable with
-published ones on the full sets.
-
-Shapes: none; lines. Sentences are counted in whitespace words.
-
-What it does not do: fetch files (``nmt.data.fetch``) or know which files a corpus has
-(``nmt.data.corpora``).
+"""Text: corpus files streamed as stripped UTF-8 lines and aligned pairs, and the cleaning of training pairs
+(validation and test are never filtered, so scores stay comparable with published ones).
 """
 
 from __future__ import annotations

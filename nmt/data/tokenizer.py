@@ -1,22 +1,5 @@
-"""Subwords: SentencePiece models (Kudo & Richardson, 2018) with fixed special ids, trained and cached.
-
-The one concept: a ``Tokenizer`` turns a sentence into subword ids and back, for the source and the
-target side (one joint model shared by both sides, or one model per side). Every model has the same
-special ids, ``PAD_ID=0, UNK_ID=1, BOS_ID=2, EOS_ID=3``, so the model and the batching code can rely
-on them. A Tokenizer is nothing but its model protos, so it serialises to plain bytes
-(``to_state`` / ``from_state``) and travels inside checkpoints: translation needs no other file.
-
-``train_tokenizer`` trains on the training split only (unigram LM, Kudo 2018, or BPE, Sennrich et
-al., 2016) and caches the model by a hash of the training text and the settings, so a second run
-reuses it. Its two halves, ``load_cached_tokenizer`` and ``train_and_cache``, take any text key and
-a sentence stream instead: ``nmt.data.prepare`` keys by the corpus files' hashes and streams a
-large corpus from disk (SentencePiece samples at most ``INPUT_SENTENCE_SIZE`` sentences of it).
-
-Shapes: none; ids are plain ``list[int]`` without BOS/EOS (batching adds them).
-
-What it does not do: add BOS/EOS, pad, truncate, or lower-case. It does apply SentencePiece's
-default ``nmt_nfkc`` normalisation, so text with unusual Unicode (NBSP, full-width forms, repeated
-spaces) may not round-trip byte for byte.
+"""Subwords: SentencePiece models (Kudo & Richardson, 2018) with fixed ids PAD=0, UNK=1, BOS=2, EOS=3, trained on
+the training split (unigram LM or BPE) and cached by a hash of the text and the settings.
 """
 
 from __future__ import annotations
@@ -96,7 +79,9 @@ class TokenizerSettings:
 
 
 class Tokenizer:
-    """Source and target SentencePiece models behind one interface.
+    """Source and target SentencePiece models behind one interface; it is only its model protos, so it travels
+    inside checkpoints. SentencePiece's ``nmt_nfkc`` normalisation applies, so text with unusual Unicode (NBSP,
+    full-width forms) may not round-trip byte for byte.
 
     Args:
         src_model: the serialised source (or joint) model proto.
