@@ -1,16 +1,6 @@
-"""Attention read as alignment: Pharaoh ``i-j`` word alignments.
-
-The one concept here is *attention as alignment*: Bahdanau et al. (2015, Sec. 5.2.2) read the soft
-alignment ``a_ji`` as a word alignment; taking, for every target word j, the source word i with the
-largest weight gives a hard alignment (as in Koehn & Knowles, 2017, "Six Challenges", Sec. 3.5, who
-also show how far it can drift from a real word alignment). Subword matrices are merged into words
-first (``nmt.inference.words.merge_subword_attention``: source pieces summed, target pieces averaged), so
-indices are 0-based *word* positions in the whitespace-separated source and target.
-
-Shapes: B batch, T target length, S source length (in pieces).
-
-Not done here: symmetrisation, thresholds, multiple links per target word, or scoring against gold
-alignments (AER); how peaked the attention is (``nmt.analysis.measures.attention_sharpness``).
+"""Attention read as alignment (Bahdanau et al., 2015, Sec. 5.2.2): each target word linked to the source word of
+largest weight, as Pharaoh ``i-j`` pairs of 0-based word positions (how far this drifts from a real alignment:
+Koehn & Knowles, 2017, Sec. 3.5).
 """
 
 from __future__ import annotations

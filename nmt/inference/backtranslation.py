@@ -1,35 +1,5 @@
-"""Back-translation: monolingual text becomes synthetic training pairs (Sennrich et al., 2016).
-
-The one concept here is the *back-translation job*: a reverse model (or an ensemble) translates a
-monolingual text in language L, line by line, into its own target language M; the model's outputs and
-the real lines, side by side, are pairs (source = synthetic M, target = real L) that a training
-mixture names as one more source. What it writes into ``output=DIR``:
-
-    DIR/train.<M>         the synthetic side: line i is the translation of input line i
-    DIR/train.<L>         the real side: input line i (stripped), copied
-    DIR/provenance.json   models and their sha256, languages, search options, the input and its sha256
-                          (and the registered corpus' record), line counts, dates, commands, status
-    DIR/.lock             held (flock) while a job writes: a second job on DIR is refused
-
-Both files have exactly one line per input line (a translation's whitespace runs, newlines and tabs
-included, become single spaces). An empty input line, or one of more than ``max_words``
-words (the model never saw such sentences in training), is not translated: its synthetic line stays
-empty, and a mixture drops pairs with an empty side.
-
-Streaming and resuming: the input is read in chunks of ``chunk_lines`` lines, and nothing larger than
-a chunk is held in memory. After each chunk both files are appended to, flushed and fsynced, and then
-``provenance.json`` is rewritten atomically with the lines done and the two files' byte sizes. A run
-started again on the same DIR with the same input, models and options (anything else is refused)
-truncates the files to those sizes and goes on with the next chunk; sampling is seeded per chunk
-(``seed + chunk number``), so a resumed run writes the same bytes as one that was never interrupted. A
-finished DIR is left alone. Before anything is written, the whole input is read once: its sha256, its
-line count (for the ETA) and its UTF-8 are checked, so a bad line stops the job with nothing written.
-
-Shapes: none; lines and files.
-
-Not done here: the search (``nmt.inference.engine.Translator``), fetching registered corpora
-(``nmt.data.monolingual``), and reading the pairs into a mixture (``nmt.data``; tags, weights and
-dropping pairs with an empty side happen there).
+"""Back-translation (Sennrich et al., 2016): a reverse model translates monolingual text line for line into
+synthetic training pairs, streamed in chunks, resumable, and recorded in ``provenance.json``.
 """
 
 from __future__ import annotations
@@ -296,6 +266,10 @@ def job_record(text: InputText, models: list[dict[str, str]], tgt: str, job: dic
 
 def backtranslate(cfg: DictConfig, argv: list[str] | None = None) -> dict[str, Any]:
     """Back-translate ``cfg.input`` into ``cfg.output`` (the composed ``backtranslate`` config), or resume it.
+
+    ``train.<M>`` gets the translation of input line i, ``train.<L>`` the line itself (an empty or over-long line
+    stays untranslated: an empty synthetic line). Each chunk is appended and fsynced before ``provenance.json``
+    records it, so a rerun on the same folder truncates to the last whole chunk and writes the same bytes.
 
     Args:
         cfg: see configs/backtranslate.yaml.

@@ -1,23 +1,5 @@
-"""The inference engine: ``Translator`` turns sentences into translations with one or more trained models.
-
-Every use of a trained model goes through it: validation during training, ``translate.py`` (files and
-stdin, ``nmt.inference.translate_job``),
-``serve.py`` (HTTP, ``nmt.serve.server``), the analysis scripts, and Python users::
-
-    from nmt import Translator
-    translator = Translator.from_checkpoint("outputs/RUN_DIR")            # or a list: an ensemble
-    [result] = translator.translate(["Ein Hund läuft durch den Schnee."], beam_size=5, attention=True)
-    result.text, result.score, result.nbest, result.attention.alignment
-
-It owns what those uses share: loading checkpoints (and checking that an ensemble's members fit
-together), the device and precision setup (``nmt.common.device``), the search options (greedy, beam or
-sampling) and their checks (one place, one error type), the cleaning and encoding of input lines as in
-training, length-sorted token-budget batching, and turning subword attention into words and Pharaoh
-alignments.
-
-Shapes: B sentences in a batch, S source length (subwords, EOS included), T output length.
-
-Not done here: the search itself (``nmt.model.search``), files, stdin, HTTP and plots (the layers above).
+"""The inference engine: ``Translator`` turns sentences into translations with one or more trained models, for
+validation, ``translate.py``, ``serve.py``, the analysis scripts and Python users alike.
 """
 
 from __future__ import annotations
@@ -213,7 +195,8 @@ class Translation:
 
     Attributes:
         text: the best translation, detokenized ("" for an empty input).
-        score: its search score (log-probability, length-normalised under beam search).
+        score: its search score (log-probability, length-normalised under beam search; with ``rerank``,
+            the reranked score).
         nbest: up to ``n_best`` candidates, best first (the first is ``text``).
         attention: word attention of the best translation, when asked for and the model attends.
         src_ids: the source subword ids the model read (no EOS; [] for an empty input).

@@ -1,15 +1,5 @@
-"""Attention heatmaps: one labelled source x target image per translated sentence.
-
-The one concept here is *showing an attention matrix*, as in Bahdanau et al. (2015, Fig. 3): rows are
-target tokens, columns are source tokens, cell brightness is the weight ``a_ji``; a subword matrix is
-merged into words first by ``nmt.inference.words``.
-
-Shapes: T target length, S source length.
-
-Not done here: merging subwords into words (``nmt.inference.words``), choosing which sentences to plot
-(``nmt.inference.translate_job``), alignments (``nmt.inference.alignment``),
-and anything that touches pyplot's global figure registry: figures are built with the object API on
-the Agg canvas, so nothing leaks between calls and no display is needed.
+"""Attention heatmaps, as in Bahdanau et al. (2015, Fig. 3): one labelled target x source image per sentence,
+built with matplotlib's object API on the Agg canvas (no pyplot state, no display).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Noisy-channel reranking of an n-best list: log P(y|x) + λ·log P(x|y) + γ·|y| (Yee et al., 2019).
-
-The reverse-direction model(s) score the source x given each candidate y, teacher-forced and batched:
-one extra forward pass of each reverse model over the n-best candidates of every sentence.
+"""Noisy-channel reranking of an n-best list: log P(y|x) + λ·log P(x|y) + γ·|y| (Yee et al., 2019), the reverse
+model(s) scoring the source given each candidate in one teacher-forced, batched pass.
 """
 
 from __future__ import annotations

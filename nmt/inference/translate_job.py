@@ -1,18 +1,5 @@
-"""The translate job behind ``translate.py``: a file (or stdin) in, a file (or stdout) out, line for line.
-
-A thin layer over the engine (``nmt.inference.engine.Translator``, which cleans, encodes, batches and
-searches): read lines, translate them, and write exactly one output line per input line, in order.
-Optionally it scores the output against a reference (sacreBLEU BLEU and chrF, ``nmt.common.metrics``),
-writes one attention heatmap per sentence (``nmt.inference.plotting``) and Pharaoh word alignments.
-
-Streams: stdout carries translations only; scores, warnings and the progress bar go to stderr. With
-stdin and stdout both left at ``-`` and stdin a terminal, it prompts for one sentence at a time.
-
-Output format: the 1-best translation per line; with ``n_best > 1`` the line holds the n hypotheses
-and their scores tab-separated (``hyp_1 TAB score_1 TAB hyp_2 TAB score_2 ...``), so line i of the
-output still belongs to line i of the input. An empty input line gives an empty output line.
-
-Not done here: anything the engine does (search options, batching, device and precision, ensembles).
+"""The translate job behind ``translate.py``: a file (or stdin) in, a file (or stdout) out, one line per input
+line; optionally scored against a reference, with heatmaps and Pharaoh alignments.
 """
 
 from __future__ import annotations

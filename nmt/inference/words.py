@@ -1,16 +1,5 @@
-"""Words from subwords: grouping SentencePiece pieces into the words of a sentence, and an attention matrix with them.
-
-The one concept here is *the word a piece belongs to*. SentencePiece marks a word start with ``▁``
-(U+2581); target words are those of the detokenized output (where ``<unk>`` decodes to ``⁇``, a word of
-its own), source words those of the input line. ``merge_subword_attention`` turns a subword attention
-matrix into a word one, as Bahdanau et al. (2015, Fig. 3) show it: a target word's row is the *average*
-of its pieces' rows (each row is a distribution, so the average still sums to 1), and a source word's
-column is the *sum* of its pieces' columns (the attention mass that fell anywhere on that word). The
-engine's attention in words, the alignments and the heatmaps all use it.
-
-Shapes: T target length, S source length (in pieces), Tw / Sw the same in words.
-
-Not done here: drawing (``nmt.inference.plotting``) or alignments (``nmt.inference.alignment``).
+"""Words from subwords: the word each SentencePiece piece belongs to, and a subword attention matrix merged into
+words (Bahdanau et al., 2015, Fig. 3): target rows averaged, source columns summed.
 """
 
 from __future__ import annotations
