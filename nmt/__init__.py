@@ -1,7 +1,5 @@
-"""nmt: attention-based GRU encoder-decoder translation models to train, compare, inspect and use.
-
-``from nmt import Translator`` loads a trained run for use from Python. The layout is described in
-docs/architecture.md.
+"""nmt: attention-based GRU encoder-decoder translation models to train, compare, inspect and use
+(``from nmt import Translator``).
 """
 
 from nmt.common.version import __version__

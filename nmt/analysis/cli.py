@@ -1,10 +1,5 @@
-"""The frame every analysis command shares: its parser, the corpus mirror it reads, its report files, its errors.
-
-A report is a JSON-ready dict that opens with ``nmt.common.provenance.provenance`` and is written as
-``<out>.json`` (and ``<out>.md`` where a table is the point) under a path the user names, or into the
-run dir the command analyses; never into the repository's ``docs/`` by default.
-
-Not done here: measuring or scoring anything.
+"""The frame every analysis command shares: its parser, the corpus mirror it reads, its report files (a JSON-ready
+dict opening with ``provenance``, never written into ``docs/`` by default) and its errors.
 """
 
 from __future__ import annotations

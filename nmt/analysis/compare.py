@@ -1,22 +1,5 @@
-"""Compare trained runs (typically one per attention type) on a test split: tables and plots.
-
-    python scripts/compare_runs.py --sweep-dir multirun/2026-11-21/10-00-00      # writes into the sweep dir
-    python scripts/compare_runs.py outputs/A outputs/B --out docs/results/attention_comparison
-    python scripts/compare_runs.py outputs/C --from-report docs/results/attention_comparison.json --out OUT
-
-Per run dir (one with ``results.json``): test BLEU and chrF (cased sacreBLEU, with signatures),
-validation BLEU, size, training time and device; BLEU per source-length bucket (Bahdanau et al., 2015,
-Fig. 2); tutorial-style BLEU in a table of its own; and, for runs with a checkpoint, how peaked the
-attention is (``nmt.analysis.measures``). Scores are recomputed from ``<run>/translations/<split>.<tgt>``;
-a run without that file is translated now with its best checkpoint and the file is saved. Run it from
-the folder ``train.py`` ran in (``data.cache_dir`` is relative to it). ``--from-report`` takes the rows
-of an earlier comparison's ``.json`` as recorded there, so a new run can join them.
-
-Writes ``<out>.md`` (printed too), ``<out>.json``, ``<out>.png`` (scores) and ``<out>_length.png``;
-``<out>`` defaults to ``attention_comparison`` in the sweep dir, or in the run dirs' common folder
-(the run dir itself for one run). Details: docs/benchmarking.md.
-
-Not done here: training, significance tests, or any timing (``scripts/benchmark.py``).
+"""Compare trained runs (typically one per attention type) on a test split: cased sacreBLEU BLEU and chrF, BLEU per
+source length (Bahdanau et al., 2015, Fig. 2), attention sharpness, as tables and plots (``scripts/compare_runs.py``).
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
-"""Choose beam size and length penalty on the validation split: BLEU, chrF and length per setting.
-
-    python scripts/tune_decoding.py outputs/RUN                       # val; beams 1 5 10, α 0 0.6 1 1.4
-    python scripts/tune_decoding.py outputs/RUN --beam-sizes 5 --length-penalties 0 0.5 1 1.5 2
-    python scripts/tune_decoding.py outputs/RUN --test-split test_2016_flickr --out runs/decoding
-    python scripts/tune_decoding.py outputs/RUN_A --checkpoint outputs/RUN_A outputs/RUN_B   # an ensemble
-
-Every (beam, GNMT α) setting (greedy once: α does not change it) translates the tuning split (default:
-the run's validation split) with the run's best checkpoint (or ``--checkpoint``: several make one
-ensemble; the first member's config sets the splits and limits); each is scored with
-cased sacreBLEU BLEU and chrF, the length ratio (output / reference 13a tokens: below 1 the brevity
-penalty bites) and the speed. The best is the highest BLEU. With ``--test-split``, the best and the
-run's own setting (``trainer.test_beam_size``, ``trainer.length_penalty``) are scored once on that
-split: choosing on test would overstate the gain. The run's training config sets the length limits.
-
-Writes ``<out>.md`` (printed too) and ``<out>.json``; ``<out>`` defaults to ``<run_dir>/decoding_grid``.
-
-Not done here: training, checkpoint averaging, or timings worth quoting (``scripts/benchmark.py
-translate`` repeats and takes medians; this times each setting once).
+"""Choose beam size and GNMT length penalty α on the validation split: BLEU, chrF, length ratio and speed per
+setting; with ``--test-split`` the best and the run's own setting are scored once on test
+(``scripts/tune_decoding.py``).
 """
 
 from __future__ import annotations

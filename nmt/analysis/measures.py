@@ -1,14 +1,5 @@
-"""What the run comparison measures beyond corpus BLEU: tutorial-style BLEU, BLEU by length, attention sharpness.
-
-``tutorial_bleu`` is the lowercased, tokenized BLEU that popular PyTorch tutorials report, labelled as
-such, so their numbers can be compared without passing them off as sacreBLEU. ``bleu_by_length``
-buckets sentences by source length in words, the analysis of Bahdanau et al. (2015, Fig. 2) and Luong
-et al. (2015, Fig. 6). ``attention_sharpness`` measures how close the soft alignment ``a_ji`` is to a
-hard one, teacher-forced on reference translations: the entropy of each target token's attention,
-normalised by that of the uniform distribution over its source (0 = all weight on one piece, 1 =
-spread evenly), and the largest weight. Shapes: B batch, T target length, S source length (pieces).
-
-Not done here: the scores that are reported (``nmt.common.metrics.corpus_scores``), decoding, significance.
+"""What the run comparison measures beyond corpus BLEU: tutorial-style BLEU (labelled as such), BLEU by source length
+(Bahdanau et al., 2015, Fig. 2; Luong et al., 2015, Fig. 6) and attention sharpness.
 """
 
 from __future__ import annotations

@@ -1,15 +1,5 @@
-"""Several training processes as one run: the process group, per-rank seeds and RNG states, and collectives.
-
-``torchrun --nproc_per_node=N train.py`` starts N processes (ranks). Each joins the process group
-(NCCL on GPU, gloo on CPU) and takes its local rank's GPU; rank 0 prepares data, validates and
-writes everything. Every helper here also works in a single process (``WORLD_SIZE`` unset), where
-it does nothing or returns its input, so the training loop has no ``world_size > 1`` branches.
-
-Collectives must be called by every rank at the same point of the loop; each helper that is one
-says so. Flags travel as one-element tensors ``[1]`` on the training device.
-
-Deliberately not here: DistributedDataParallel's gradient averaging (PyTorch), the data share of
-each rank (``nmt.data.batching``), and what rank 0 writes (``nmt.train.trainer``).
+"""Several training processes as one run (``torchrun``): the process group, per-rank seeds and RNG states, and
+collectives. Every helper also works in a single process, so the training loop has no ``world_size > 1`` branches.
 """
 
 from __future__ import annotations

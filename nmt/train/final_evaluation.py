@@ -1,19 +1,5 @@
-"""The end of a training run: the best weights scored on every split, ``results.json``, the printed summary.
-
-After the loop, rank 0 loads ``checkpoints/best.pt`` and scores it with beam search
-(``trainer.test_beam_size``, ``trainer.length_penalty``) on the validation split and every test split;
-with ``trainer.average_last=N`` the average of the last N validation checkpoints' weights is scored too
-(under ``averaged``). ``results.json`` gets those scores with sacrebleu's signatures plus the run's
-summary (steps, clock, tokens/s, device, versions, every validation); the best checkpoint's test
-translations go to ``translations/<split>.<tgt_lang>``; the terminal gets a short summary.
-
-It reads the run it reports on from a small value (``FinishedRun``: the model, the splits, the
-checkpoints, the run's own decode and loss, the config and the run's summary, which the trainer
-makes) and changes only the model's weights (restored to the best checkpoint's at the end).
-
-Deliberately not here: decoding and teacher-forced loss (``Trainer.decode``,
-``Trainer.teacher_forced_loss``, shared with validation), what the run's summary holds
-(``Trainer.summary``), scoring (``nmt.common.metrics``), and DDP (the caller runs this on rank 0 alone).
+"""The end of a training run, on rank 0: the best (and averaged) weights scored with beam search on every split,
+``results.json``, the test translations and the printed summary.
 """
 
 from __future__ import annotations

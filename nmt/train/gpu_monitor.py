@@ -1,13 +1,5 @@
-"""How busy the GPU is while something runs: ``nvidia-smi`` sampled in the background.
-
-    with GpuMonitor.for_device(device) as monitor:   # None-safe: on CPU the monitor records nothing
-        train_for_a_while()
-    monitor.summary()   # {"utilisation_percent_median": 93.0, ..., "samples": 150} or {"available": False, ...}
-
-Why ``nvidia-smi`` and not ``torch.cuda.utilization``: the latter needs the optional ``pynvml``
-package, and reads one instant; ``nvidia-smi --loop-ms`` reports the driver's own utilisation (the
-share of time a kernel was running) at a fixed interval for as long as the work runs, with no extra
-dependency. The figure is per GPU, so other processes on the same GPU count too.
+"""How busy the GPU is while something runs: ``nvidia-smi --loop-ms`` sampled in the background (the driver's
+utilisation over time, with no ``pynvml`` dependency; other processes on the GPU count too).
 """
 
 from __future__ import annotations

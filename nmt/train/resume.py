@@ -1,17 +1,5 @@
-"""Resuming a run: which checkpoint and run dir ``trainer.resume`` means, the config the resumed run uses,
-and the checkpoint's state put back into the run's objects.
-
-The one concept here is *continuing a run exactly where it stopped*:
-
-- ``resume_overrides``: ``train.py trainer.resume=RUN`` makes Hydra write into RUN alone;
-- ``resume_paths``: a run dir resumes from ``checkpoints/last.pt``, a checkpoint file from itself;
-- ``resume_config``: the checkpoint's config with this invocation's trainer settings on top; a
-  command line that changes the model, attention or data is refused (``refuse_changed_run``);
-- ``restore_run``: weights, optimizer, scheduler, scaler, progress and every rank's RNG state, with
-  the resumed run's own ``lr``, ``betas`` and ``weight_decay`` put in force.
-
-What a checkpoint holds and how it is written is ``nmt.model.checkpoint``; dropping the log lines a cut-off
-run wrote after its checkpoint is ``nmt.common.progress.StepHistory.keep_until``.
+"""Resuming a run exactly where it stopped: which checkpoint ``trainer.resume`` means, the config the resumed run
+uses (the checkpoint's, with this invocation's trainer settings on top), and the state put back.
 """
 
 from __future__ import annotations

@@ -1,30 +1,5 @@
-"""Settings checking for every entry point (``train.py``, ``translate.py``, ``serve.py``, ``backtranslate.py``):
-fail before any work starts, naming the bad key and the valid choices; the training config's schema.
-
-Where each setting and its default live (each default is written once):
-
-- training: the keys and types of each section are the dataclasses here (``data``'s is
-  ``nmt.data.prepare.DataSettings``); the values, with a comment on every key, are the YAML files of
-  ``configs/``. A group's variants inherit from its first file and state only what differs
-  (``model/small.yaml`` from ``model/default.yaml``, ``data/tatoeba.yaml`` from ``data/multi30k.yaml``);
-  a nested settings block that only some runs use keeps its defaults in its dataclass
-  (``data.tatoeba``: ``nmt.data.tatoeba.TatoebaSettings``; ``data.mixture`` entries:
-  ``nmt.data.mixture.MixtureSourceSettings``). Code below the entry points (``Seq2Seq``, the data layer)
-  receives values and does not restate them.
-- ``translate.py`` and ``serve.py``: their settings dataclasses (``nmt.inference.translate_job.TranslateSettings``,
-  ``nmt.serve.settings.ServeSettings``) hold types *and* defaults, because the Python API (``Translator``,
-  ``SearchOptions``) shares them; Hydra's ConfigStore gives them to the YAML files, which hold comments.
-- ``backtranslate.py``: like translate.py, its settings (``nmt.inference.backtranslation.BacktranslateSettings``)
-  hold types and defaults, taking the search, sampling, device and precision defaults from the engine's
-  dataclasses (``SearchOptions``, ``SamplingOptions``, ``EngineSettings``); the YAML file holds comments.
-
-Checks: a command-line key is walked through the entry point's schema before Hydra composes anything
-(``check_command_line_keys``: the nearest valid key, no composing, no reading of Hydra's messages); a
-composed training config is checked for keys in YAML files, types (OmegaConf against the same
-dataclasses), the attention type's own options and values with a fixed set of choices.
-
-Deliberately not here: composing the config (Hydra does it in the entry points) and a resumed run's
-config (``nmt.train.resume``).
+"""Settings checks for every entry point, before any work starts, naming the bad key and the valid choices; and the
+training config's schema (keys and types here, values with comments in ``configs/``, each default written once).
 """
 
 from __future__ import annotations

@@ -1,26 +1,5 @@
-"""The training job behind ``python train.py``: setup, then the loop, validation and checkpoints.
-
-The loop reads top to bottom, one optimizer step per batch (``Trainer._loop``):
-    validate + checkpoint when due -> stop when planned, signalled or early-stopped
-    -> this step's learning rate -> forward (bf16 autocast as ``trainer.precision`` says)
-    -> label-smoothed cross-entropy per target token -> backward -> clip -> AdamW step -> log
-
-Validation reports teacher-forced loss and perplexity (labelled as such), and BLEU / chrF from
-sacrebleu on decoded, detokenized output against the raw references. The best checkpoint and early
-stopping follow validation BLEU. At the end ``nmt.train.final_evaluation`` scores the best checkpoint on
-every test split (beam search) and writes ``results.json`` in the run dir.
-
-Learning-rate schedule (documented choice): linear warmup for ``warmup_steps``, then cosine decay to
-``min_lr_ratio * lr`` at the planned last step (default), or inverse square root, or constant.
-
-Runs resume exactly: a checkpoint holds weights, optimizer, scheduler, scaler, RNG states, the step,
-the epoch and how many of the epoch's batches were consumed (the sampler continues its shuffled order
-from there). Multi-GPU: ``torchrun --nproc_per_node=N train.py`` (DistributedDataParallel; rank 0 alone
-writes logs and checkpoints; the process group and collectives are ``nmt.train.distributed``'s).
-
-Deliberately not here: the model (``nmt.model.seq2seq``), search (``nmt.model.search``), scoring
-(``nmt.common.metrics``), the checkpoint format and folder (``nmt.model.checkpoint``), the clocks and the log
-line (``nmt.common.progress``), the final test and report (``nmt.train.final_evaluation``).
+"""The training job behind ``python train.py``: setup, then a loop that reads top to bottom (validate and checkpoint
+when due, learning rate, forward, backward, clip, AdamW step, log), resumable exactly and multi-GPU under torchrun.
 """
 
 from __future__ import annotations
