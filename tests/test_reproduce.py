@@ -161,3 +161,14 @@ def test_a_mistake_is_one_line_and_exit_2(args: list[str], message: str, tmp_pat
                            "dry_run=true"], capture_output=True, text=True)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert done.stderr.startswith("reproduce.py: error: ") and re.search(message, done.stderr), done.stderr
+
+
+def test_a_dry_run_shows_every_stage_and_runs_nothing(fake_repo: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    args = ["recipe=tiny", f"workdir={workdir}", "dry_run=true", "data.test_splits=[test_2016_flickr,test_2017]"]
+    assert reproduce.main(args, fake_repo) is None and calls(workdir) == []
+    shown = capsys.readouterr().out.splitlines()
+    assert len(shown) == 22 + 8 and all(line.startswith("reproduce.py: to run ") for line in shown)
+    assert "trainer.max_steps=20" in shown[0] and any("score de-en single test_2017: built from " in s for s in shown)

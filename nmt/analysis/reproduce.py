@@ -335,6 +335,16 @@ def eta(stages: list[Stage], finished: set[str], running: dict[str, Any], clock:
     return format_duration(left / parallel)
 
 
+def show_plan(stages: list[Stage]) -> None:
+    """Each stage, complete or to run, with its command (or what it is built from, when that is not made yet)."""
+    for stage in stages:
+        try:
+            command = " ".join(stage.command())
+        except FileNotFoundError:  # a score stage reads the choice its tune stage has not made yet
+            command = f"built from {', '.join(map(str, stage.needs))} once it exists"
+        say(f"{'complete' if stage.done() else 'to run':8} {stage.name}: {command}")
+
+
 def say(line: str) -> None:
     print(f"reproduce.py: {line}", flush=True)
 
@@ -412,8 +422,7 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
     chain = Chain(workdir, programs, recipe, str(settings["recipe"]), data, repo / "configs")
     stages = plan(chain)
     if settings["dry_run"]:
-        for stage in stages:
-            say(f"{'complete' if stage.done() else 'to run':8} {stage.name}: {' '.join(stage.command())}")
+        show_plan(stages)
         return None
     device = settings["device"]
     if device == "auto":
