@@ -108,7 +108,6 @@ BAD = [
     (b'{"text": "Hund", "\\ud800": 1}', 422, "unknown field '\\ud800'"),
     ('{"text": "Hund"}'.encode("utf-16"), 422, "not valid UTF-8 (byte 0)"),
     (b"\xef\xbb\xbf" + b'{"text": "Hund"}', 422, "not valid JSON"),  # a UTF-8 BOM is not JSON
-    (b"[" * 5000 + b"]" * 5000, 422, "nested too deeply"),
     (b'{"text": "Hund", "beam_size": 1e999}', 422, "1e999 is out of range (not finite)"),
     (b'{"text": "Hund", "length_penalty": -Infinity}', 422, "-Infinity is not a JSON number"),
     (b'{"text": "Hund", "length_penalty": 1e308}', 422, "length_penalty must be a number from 0 to 10, got 1e+308"),
@@ -129,6 +128,15 @@ def test_each_malformed_body_names_its_problem(tokenizer: Tokenizer, body: bytes
     with pytest.raises(RequestError) as caught:
         check(body, tokenizer)
     assert caught.value.status == status and message in str(caught.value), str(caught.value)
+
+
+def test_a_deeply_nested_body_is_a_422_on_every_python(tokenizer: Tokenizer) -> None:
+    # Before 3.13, Python's JSON parser overflows its stack on 5,000 levels (RecursionError); 3.13's parses them,
+    # and the body is then not a translate request. Either way the answer is one 422 that names the problem.
+    with pytest.raises(RequestError) as caught:
+        check(b"[" * 5000 + b"]" * 5000, tokenizer)
+    assert caught.value.status == 422
+    assert any(problem in str(caught.value) for problem in ("nested too deeply", 'a JSON object with "text"'))
 
 
 def test_subwords_not_only_words_are_limited(tokenizer: Tokenizer) -> None:
