@@ -13,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from nmt.common.device import autocast
-from nmt.data.batching import collate_batch, token_batches
+from nmt.data.batching import Batch, collate_batch, token_batches
 from nmt.inference.engine import SearchOptions, TranslationError, Translator
 from nmt.model.search import Hypothesis
 
@@ -91,7 +91,7 @@ class NoisyChannel:
             scores[owner].append(flat[k])
         return scores
 
-    def _batch_scores(self, batch: Any) -> torch.Tensor:
+    def _batch_scores(self, batch: Batch) -> torch.Tensor:
         """Teacher-forced log P(tgt_out | src) per row ``[R]``, the mean over the reverse models."""
         total = torch.zeros(batch.size, device=batch.src.device)
         with autocast(self.reverse.precision, self.reverse.device):
