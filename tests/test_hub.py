@@ -70,7 +70,8 @@ def test_from_pretrained_translates_as_the_checkpoint(run_and_hub: tuple[Path, P
     run, hub = run_and_hub
     expected = outputs(Translator.from_checkpoint(run, device="cpu"))
     assert outputs(Translator.from_pretrained(hub, device="cpu")) == expected
-    assert Translator.from_checkpoint(hub, device="cpu").info()["attention"] == "general"
+    info = Translator.from_checkpoint(hub, device="cpu").info()
+    assert info["attention"] == "general" and info["bleu"] == {"test_2016_flickr": 12.34}
     assert len({texts[0][0] for texts in expected}) > 2  # the sentences translate differently
 
 

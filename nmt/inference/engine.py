@@ -31,6 +31,8 @@ from nmt.inference.alignment import pharaoh_alignment
 from nmt.inference.words import merge_subword_attention
 from nmt.model.checkpoint import CheckpointError, load_for_inference, resolve_checkpoint
 from nmt.model.ensemble import Ensemble
+from nmt.model.hub_folder import CONFIG_FILE as HUB_CONFIG_FILE
+from nmt.model.hub_folder import WEIGHTS_FILE as HUB_WEIGHTS_FILE
 from nmt.model.search import Hypothesis, beam_search, greedy_search, sample_search
 from nmt.model.seq2seq import SearchModel, Seq2Seq, count_parameters
 
@@ -560,9 +562,11 @@ def _recorded_bleu(checkpoints: Sequence[Path]) -> dict[str, float] | None:
     """Test BLEU per test set from the run dir's results.json (a single model's; None for ensembles or when absent)."""
     if len(checkpoints) != 1:
         return None
-    results = checkpoints[0].parent.parent / "results.json"  # RUN_DIR/checkpoints/best.pt
+    hub = checkpoints[0].name == HUB_WEIGHTS_FILE  # a Hub folder's config.json carries its run's results
+    results = checkpoints[0].parent / HUB_CONFIG_FILE if hub else checkpoints[0].parent.parent / "results.json"
     try:
-        test = json.loads(results.read_text(encoding="utf-8")).get("test")
+        recorded = json.loads(results.read_text(encoding="utf-8"))
+        test = ((recorded.get("results") or {}) if hub else recorded).get("test")
     except (OSError, ValueError, AttributeError):
         return None
     if not isinstance(test, dict):
