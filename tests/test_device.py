@@ -151,3 +151,16 @@ def test_a_single_process_on_plain_cuda_does_not_pin_a_gpu(monkeypatch: pytest.M
     device = dist_module.choose_device(name, info)
     assert device == torch.device(set_to or name)
     assert pinned == ([torch.device(set_to)] if set_to else [])
+
+
+@pytest.mark.parametrize(("finished", "calls"), [(True, ["barrier", "destroy"]), (False, ["destroy"])])
+def test_ranks_leave_the_group_together_after_a_finished_run(monkeypatch: pytest.MonkeyPatch, finished: bool,
+                                                             calls: list[str]) -> None:
+    seen: list[str] = []
+    monkeypatch.setattr(dist_module.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist_module.dist, "barrier", lambda: seen.append("barrier"))
+    monkeypatch.setattr(dist_module.dist, "destroy_process_group", lambda: seen.append("destroy"))
+    dist_module.shutdown(dist_module.DistInfo(rank=1, world_size=2, local_rank=1), finished)
+    assert seen == calls
+    dist_module.shutdown(dist_module.DistInfo(), finished)  # one process: nothing to leave
+    assert seen == calls

@@ -52,10 +52,19 @@ def setup_distributed(device_name: str) -> DistInfo:
     return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def shutdown(info: DistInfo) -> None:
-    """Leave the process group (no-op in a single process)."""
-    if info.distributed and dist.is_initialized():
-        dist.destroy_process_group()
+def shutdown(info: DistInfo, finished: bool) -> None:
+    """Leave the process group (no-op in a single process).
+
+    After a run that finished, every rank first waits for the others (rank 0 may still be scoring the
+    test sets): a rank that tore down its Gloo group while a peer still used it could die in the C++
+    threads' teardown ("terminate called without an active exception", SIGABRT) and fail the whole job.
+    After an error there is no barrier: the other ranks may never reach it.
+    """
+    if not (info.distributed and dist.is_initialized()):
+        return
+    if finished:
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def choose_device(name: str, info: DistInfo) -> torch.device:

@@ -548,16 +548,19 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     run_dir = Path(run_dir) if run_dir is not None else run_dir_from_hydra()
     run_dir.mkdir(parents=True, exist_ok=True)
     info = setup_distributed(cfg.trainer.device)
+    finished = False
     try:
         with lock_run_dir(run_dir, info.is_main):
             trainer = Trainer(cfg, run_dir, info, resume_state)
             if info.is_main:
                 OmegaConf.save(OmegaConf.create(to_plain_dict(cfg)), run_dir / "config.yaml")
-            return trainer.fit()
+            results = trainer.fit()
+            finished = True
+            return results
     except torch.cuda.OutOfMemoryError as error:
         raise TrainingError(
             f"CUDA out of memory: lower data.max_tokens (now {cfg.data.max_tokens}) or "
             f"data.valid_max_tokens (now {cfg.data.valid_max_tokens}), or use a smaller model=..."
         ) from error
     finally:
-        shutdown(info)
+        shutdown(info, finished)
