@@ -49,11 +49,10 @@ class Hypothesis:
 
     Attributes:
         tokens: target ids, without BOS and EOS.
-        score: sum of token log-probabilities, EOS included when emitted (greedy), or that sum
-            divided by the GNMT length penalty (beam).
-        attention: ``[T_hyp, S_src]`` on the CPU: row j is the attention used to emit ``tokens[j]``,
-            over the real source positions (EOS included, padding excluded); None when the model
-            has no attention or the search was asked not to keep it.
+        score: summed token log-probabilities (EOS included when emitted), divided by the GNMT length
+            penalty in beam search.
+        attention: ``[T_hyp, S_src]`` on the CPU, row j the attention that emitted ``tokens[j]`` over the real
+            source positions (EOS included); None without attention or when not kept.
     """
 
     tokens: list[int]
@@ -99,13 +98,12 @@ def greedy_search(
     """Decode a batch by taking the most probable token at every step.
 
     Args:
-        model: the model, already in eval mode.
+        model: the model, in eval mode.
         src: ``[B, S]`` source ids (EOS-terminated, right-padded).
         src_lengths: ``[B]`` real lengths, EOS included.
         max_len: at most this many output tokens per sentence.
         max_len_ratio: if set, also at most ``ceil(ratio * src_len) + 5``.
-        keep_attention: record each step's attention in the hypotheses (False saves the copies when
-            nobody reads them).
+        keep_attention: record each step's attention (False saves the copies when nobody reads them).
 
     Returns:
         One hypothesis per row of ``src``, in order.
@@ -126,20 +124,17 @@ def sample_search(
     generator: torch.Generator,
     keep_attention: bool = True,
 ) -> list[Hypothesis]:
-    """Decode a batch by drawing every token from the model's distribution: one sample per sentence.
+    """Decode a batch by drawing every token from ``softmax(log p / temperature)``: one sample per sentence.
 
-    The draw at each step is from ``softmax(log p / temperature)``, restricted to the ``top_k`` most
-    probable tokens when ``top_k > 0`` (Edunov et al., 2018 sample back-translations this way, with or
-    without the restriction). ``top_k = 1`` is the greedy search. The hypothesis' score is the sum of
-    the drawn tokens' log-probabilities under the model (not the tempered or restricted distribution),
-    so scores compare with greedy's.
+    With ``top_k > 0`` the draw is among the ``top_k`` most probable tokens (Edunov et al., 2018 sample
+    back-translations both ways); ``top_k = 1`` is greedy. The score sums the drawn tokens' log-probabilities
+    under the model itself, so scores compare with greedy's.
 
     Args:
-        model, src, src_lengths, max_len, max_len_ratio, keep_attention: as for ``greedy_search``.
         temperature: > 0; below 1 sharpens the distribution, above 1 flattens it.
         top_k: draw among this many most probable tokens; 0 = the whole vocabulary.
-        generator: the random numbers, on ``src``'s device: the same generator state, batch and model
-            give the same samples.
+        generator: on ``src``'s device: the same state, batch and model give the same samples.
+        Others: as for ``greedy_search``.
 
     Returns:
         One hypothesis per row of ``src``, in order.
@@ -227,25 +222,18 @@ def beam_search(
     n_best: int,
     keep_attention: bool = True,
 ) -> list[list[Hypothesis]]:
-    """Batched beam search with the GNMT length penalty (Wu et al., 2016, Eq. 14).
-
-    A finished hypothesis Y scores ``log P(Y|X) / ((5 + |Y|) / 6) ** alpha``, |Y| the steps it took (EOS
-    included when it ended with EOS). The whole batch runs at once on B*K rows of decoder state and B rows
-    of encoder memory: the 2K best candidates per sentence from its ``K x V`` extensions, ``index_select``
-    of the state, back-pointers kept on the device. As in fairseq, an EOS among the first K candidates
-    leaves the beam for the sentence's pool of finished hypotheses and the K best non-EOS candidates go
-    on. A sentence is done once K hypotheses have finished or it reaches its length limit (its live
-    hypotheses are then finished as they are); done sentences leave the batch at the next sync point
-    (every step on a CPU, every few on a GPU). With K=1 this is token for token the greedy search.
+    """Batched beam search with the GNMT length penalty (Wu et al., 2016, Eq. 14): a finished Y scores
+    ``log P(Y|X) / ((5 + |Y|) / 6) ** alpha``, |Y| counting EOS. All B*K hypotheses step at once; as in fairseq,
+    an EOS among the first K of the 2K best candidates goes to the sentence's pool and the K best non-EOS go on.
+    A sentence is done with K finished or at its length limit (live ones finish as they are) and leaves the
+    batch at the next sync point. K=1 is token for token the greedy search. Returns, for each row of ``src``,
+    up to ``n_best`` hypotheses, best first.
 
     Args:
-        model, src, src_lengths, max_len, max_len_ratio, keep_attention: as for ``greedy_search``.
-        beam_size: K, hypotheses kept per sentence (1 = greedy).
-        length_penalty: alpha of the GNMT length penalty (0 = none).
-        n_best: hypotheses returned per sentence (at most ``beam_size``).
-
-    Returns:
-        For each row of ``src``, up to ``n_best`` hypotheses, best (highest score) first.
+        beam_size: K, hypotheses kept per sentence.
+        length_penalty: alpha (0 = none).
+        n_best: hypotheses returned per sentence (at most K).
+        Others: as for ``greedy_search``.
     """
     device, batch, k = src.device, src.shape[0], beam_size
     limits = length_limits(src_lengths, max_len, max_len_ratio)
@@ -401,18 +389,14 @@ class _History:
 def _best_candidates(logits: Tensor, beam_score: Tensor, blocked: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The 2K best extensions of each sentence's beam: scores, the slot each extends, and its token.
 
-    A candidate scores ``beam_score[slot] + log p(token)``. Since the slot's score is the same for all
-    its tokens, a sentence's 2K best are among the 2K best tokens of each of its K rows, and a row's
-    best tokens by probability are its best by logit. So the 2K best logits of each row are found
-    first (``_row_top_k``), and only they become log-probabilities, ``logit - log Σ exp(logits)``;
-    the full ``[A*K, V]`` work is one block-wise top-k and one in-place exponential for the
-    normaliser, with no softmax written out (measured faster on a CPU; see docs/results.md).
+    A candidate scores ``beam_score[slot] + log p(token)``; the slot's score is shared by its tokens, so a
+    sentence's 2K best are among each row's 2K best logits (``_row_top_k``), and only those become
+    log-probabilities: no ``[A*K, V]`` softmax is written out (faster on a CPU; docs/results/speed.md).
 
     Args:
-        logits: ``[A*K, V]``, overwritten (this step's own tensor; nothing reads it afterwards).
+        logits: ``[A*K, V]``, overwritten (nothing reads it afterwards).
         beam_score: ``[A, K]`` summed log-probs (-inf for an empty slot).
-        blocked: token ids that are never output; they still count in the normaliser, so the
-            log-probabilities are those of the model's full distribution.
+        blocked: token ids never output; they still count in the normaliser (the model's full distribution).
 
     Returns:
         scores, slots and tokens, each ``[A, 2K]`` (``[A, min(2K, K*V)]``), best first.
@@ -451,12 +435,9 @@ TOP_K_BLOCK = 64  # vocabulary entries per block in _row_top_k (measured fastest
 def _row_top_k(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """``values.topk(k, dim=1)`` for ``[N, V]``, with the full-width work reduced to one ``amax``.
 
-    Why: a row's k largest entries lie in the k blocks of ``TOP_K_BLOCK`` entries with the largest
-    maxima (each entry at least the k-th largest lies in a block whose maximum is too, and there are
-    at most k such blocks), so a top-k over the block maxima and one over those k blocks find them.
-    On a CPU that is about 2x faster than ``topk`` over the whole 8k vocabulary (measured), which was
-    an eighth of a beam-5 step. The same values, largest first; among exactly equal values the columns
-    picked may differ.
+    A row's k largest entries lie in the k blocks of ``TOP_K_BLOCK`` with the largest maxima, so a top-k over
+    block maxima and one inside those blocks find them: about 2x faster on a CPU than ``topk`` over an 8k
+    vocabulary. Among exactly equal values the columns picked may differ.
 
     Returns:
         values and column indices, ``[N, k]`` each, largest first.

@@ -34,17 +34,9 @@ class EncoderMemory:
 def gru_cell(
     input_gates: Tensor, state: Tensor, weight_hh: Tensor, bias_hh: Tensor, hidden_norm: GateNorm | None = None
 ) -> Tensor:
-    """One GRU step from precomputed input gates (same equations and gate order as ``nn.GRUCell``).
-
-    Args:
-        input_gates: ``W_ih x + b_ih``, ``[B, 3Hd]`` in gate order (reset, update, new).
-        state: ``[B, Hd]``.
-        weight_hh: ``[3Hd, Hd]``.
-        bias_hh: ``[3Hd]``.
-        hidden_norm: layer normalisation of ``W_hh h + b_hh``, per gate (a layer-normalised GRU).
-
-    Returns:
-        The next state ``[B, Hd]``.
+    """One GRU step from input gates ``W_ih x + b_ih`` ``[B, 3Hd]`` (reset, update, new; ``nn.GRUCell``'s equations and
+    order), state ``[B, Hd]``, ``weight_hh`` ``[3Hd, Hd]``, ``bias_hh`` ``[3Hd]`` -> next state ``[B, Hd]``;
+    ``hidden_norm`` normalises ``W_hh h + b_hh`` per gate.
     """
     hidden_gates = F.linear(state, weight_hh, bias_hh)  # [B, 3Hd]
     if hidden_norm is not None:
@@ -78,16 +70,7 @@ class GateNorm(nn.Module):
 
 
 class Encoder(nn.Module):
-    """Embeddings -> dropout -> bidirectional GRU over packed sequences.
-
-    Args:
-        vocab_size: source vocabulary size.
-        emb_size: E.
-        hidden_size: He, per direction.
-        num_layers: stacked bidirectional layers.
-        dropout: on embeddings and between layers.
-        pad_id: padding id (its embedding stays zero).
-    """
+    """Embeddings -> dropout -> bidirectional GRU (He per direction) over packed sequences."""
 
     def __init__(
         self, vocab_size: int, emb_size: int, hidden_size: int, num_layers: int, dropout: float, pad_id: int
@@ -106,15 +89,9 @@ class Encoder(nn.Module):
         self.output_size = 2 * hidden_size
 
     def forward(self, src: Tensor, src_lengths: Tensor) -> tuple[Tensor, Tensor]:
-        """Encode a padded batch.
-
-        Args:
-            src: ``[B, S]`` token ids, right-padded.
-            src_lengths: ``[B]`` real lengths (any order: packing sorts and unsorts).
-
-        Returns:
-            enc_out ``[B, S, 2He]`` (zeros at padding) and the top layer's last states
-            ``[B, 2He]`` = [forward after the last real token ; backward after the first].
+        """src ``[B, S]`` right-padded, src_lengths ``[B]`` (any order: packing sorts and unsorts) -> enc_out
+        ``[B, S, 2He]`` (zeros at padding) and the top layer's last states ``[B, 2He]`` = [forward after the last
+        real token ; backward after the first].
         """
         embedded = self.dropout(self.embedding(src))  # [B, S, E]
         packed = pack_padded_sequence(embedded, src_lengths.cpu(), batch_first=True, enforce_sorted=False)
@@ -235,15 +212,8 @@ class Decoder(nn.Module):
         return context.reshape(query.shape[0], -1), weights.reshape(query.shape[0], -1)
 
     def forward(self, tgt_in: Tensor, state: Tensor, memory: EncoderMemory) -> tuple[Tensor, Tensor]:
-        """Teacher-forced decoding of a whole target batch.
-
-        Args:
-            tgt_in: ``[B, T]`` previous tokens (BOS + target).
-            state: ``[L, B, Hd]`` initial state (from ``init_state``).
-            memory: the encoded source.
-
-        Returns:
-            logits ``[B, T, V]`` and attention weights ``[B, T, S]``.
+        """Teacher-forced decoding: tgt_in ``[B, T]`` (BOS + target), state ``[L, B, Hd]`` (``init_state``) -> logits
+        ``[B, T, V]`` and attention weights ``[B, T, S]``.
         """
         embedded = self.dropout(self.embedding(tgt_in))  # [B, T, E]
         # Once for all steps, then unbound: indexing [:, step] instead would make each step's backward
@@ -269,24 +239,14 @@ class Decoder(nn.Module):
     def compile_step(self, backend: str = "inductor") -> None:
         """Train with the per-step body compiled by ``torch.compile`` (dynamic shapes: batches vary).
 
-        Why it stays: on a GPU the step is launch-bound (a dozen small kernels per target token), the case
-        where fusing the step pays (the guide's speed notes; not measured here, no GPU). Measured on a
-        2-core CPU it is 6% slower than eager (docs/results.md), so nothing calls it by default;
-        ``benchmark.py train --compile-step`` measures it on the hardware at hand.
+        Kept for GPUs, where the step is launch-bound (a dozen small kernels per token); on a 2-core CPU it is 6%
+        slower than eager, so nothing calls it by default (``benchmark.py train --compile-step`` measures it).
         """
         self._forward_step = torch.compile(self._forward_step, dynamic=True, backend=backend)
 
     def step(self, prev_tokens: Tensor, state: Tensor, memory: EncoderMemory) -> tuple[Tensor, Tensor, Tensor]:
-        """One decoding step for search.
-
-        Args:
-            prev_tokens: ``[B]`` the previous output tokens (BOS at the start).
-            state: ``[L, B, Hd]``.
-            memory: the encoded source, rows aligned with ``prev_tokens``; or ``B / G`` rows when
-                each source has G consecutive rows here (beam search's hypotheses).
-
-        Returns:
-            logits ``[B, V]``, the new state ``[L, B, Hd]`` and attention weights ``[B, S]``.
+        """One search step: prev_tokens ``[B]`` (BOS first), state ``[L, B, Hd]`` -> logits ``[B, V]``, state, weights
+        ``[B, S]``. ``memory`` has B rows, or B / G when each source has G consecutive rows (beam hypotheses).
         """
         embedded = self.dropout(self.embedding(prev_tokens))  # [B, E]
         context, weights = self._attend(state[-1], memory)  # [B, C], [B, S]
@@ -298,11 +258,10 @@ class Decoder(nn.Module):
         return self._logits(state[-1], context, embedded), state, weights
 
     def gate_table(self) -> Tensor:
-        """``emb_gates`` of every target token, ``[V, 3Hd]`` (eval mode: no dropout on the embeddings).
+        """``emb_gates`` of every target token, ``[V, 3Hd]`` (eval mode: no dropout).
 
-        Why: without gradients the previous token alone decides its input gates, so a search step can
-        look them up in this table instead of a ``[B, E] x [E, 3Hd]`` matmul (measured ~5% of a CPU beam
-        step). ``SearchModel`` derives it once, where the weights are known to be fixed.
+        Without gradients the previous token alone decides its input gates, so a search step looks them up here
+        instead of a ``[B, E] x [E, 3Hd]`` matmul (~5% of a CPU beam step); ``SearchModel`` derives it once.
         """
         return self.emb_gates(self.embedding.weight)
 
@@ -310,22 +269,8 @@ class Decoder(nn.Module):
 class Seq2Seq(nn.Module):
     """Encoder + attentional decoder. ``forward`` is teacher-forced; search uses ``encode`` + ``decode_step``.
 
-    Args:
-        src_vocab_size: source vocabulary size.
-        tgt_vocab_size: V.
-        attention: the attention plug-in, built for query size Hd and key size 2He.
-        emb_size: E, for both sides.
-        enc_hidden_size: He, per direction.
-        dec_hidden_size: Hd.
-        enc_layers: bidirectional encoder layers.
-        dec_layers: L.
-        dropout: dropout probability throughout.
-        tie_embeddings: tie the decoder's output matrix to its embeddings.
-        pad_id: padding id of both vocabularies.
-        output_hidden_size: the deep output layer's width; None = emb_size.
-        layer_norm: layer normalisation in the decoder's first GRU layer.
-
-    The sizes have no defaults here: their one home is configs/model/default.yaml (``from_config``).
+    Sizes as in ``Decoder`` (E, He per direction, Hd, L decoder layers); they have no defaults here: their one home
+    is configs/model/default.yaml (``from_config``). ``attention`` is built for query size Hd and key size 2He.
     """
 
     def __init__(
@@ -375,10 +320,8 @@ class Seq2Seq(nn.Module):
     def from_config(
         cls, model_cfg: Any, attention_cfg: Any, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = 0
     ) -> Seq2Seq:
-        """Build from the ``model`` and ``attention`` config groups (DictConfig or plain dicts).
-
-        ``attention_cfg`` holds ``name``, an optional ``hidden_size`` (default: the decoder size) and
-        the type's own options (``dropout``, ``heads``, ...).
+        """Build from the ``model`` and ``attention`` config groups; ``attention_cfg`` holds ``name``, an optional
+        ``hidden_size`` (default: the decoder size) and the type's own options.
         """
         options = dict(attention_cfg)
         name = options.pop("name")
@@ -393,14 +336,7 @@ class Seq2Seq(nn.Module):
         return cls(src_vocab_size, tgt_vocab_size, attention, pad_id=pad_id, **dict(model_cfg))
 
     def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[EncoderMemory, Tensor]:
-        """Encode a source batch.
-
-        Args:
-            src: ``[B, S]`` ids (+EOS, right-padded); src_lengths ``[B]``.
-
-        Returns:
-            The memory the decoder attends to and the decoder's initial state ``[L, B, Hd]``.
-        """
+        """src ``[B, S]`` (+EOS, right-padded), src_lengths ``[B]`` -> the memory, initial state ``[L, B, Hd]``."""
         enc_out, enc_last = self.encoder(src, src_lengths)  # [B, S, 2He], [B, 2He]
         src_mask = torch.arange(src.shape[1], device=src.device)[None, :] < src_lengths.to(src.device)[:, None]
         memory = EncoderMemory(enc_out, self.decoder.attention.prepare(enc_out), src_mask)
@@ -425,11 +361,8 @@ def count_parameters(model: nn.Module) -> int:
 
 
 class SearchModel(nn.Module):
-    """A trained ``Seq2Seq`` in eval mode whose weights no longer change, as the search drives it.
-
-    The decoder's gate table (``Decoder.gate_table``) is derived once here, where the weights are known,
-    and reaches every step in the encoder memory. Build a new one after the weights change (the trainer's
-    validation builds one per validation, through its ``Translator``).
+    """A trained ``Seq2Seq`` in eval mode, with the decoder's gate table (``Decoder.gate_table``) derived once and
+    passed to every step in the memory; build a new one after the weights change.
     """
 
     def __init__(self, model: Seq2Seq) -> None:
