@@ -30,19 +30,9 @@ log = logging.getLogger(__name__)
 def pack_batches(
     order: Sequence[int], src_lengths: Sequence[int], tgt_lengths: Sequence[int], max_tokens: int
 ) -> list[list[int]]:
-    """Cut ``order`` greedily into consecutive batches with ``B * max(S, T) <= max_tokens``.
-
-    Works for any order, one pair at a time; for a length-sorted order the sampler uses
-    ``cut_sorted``, which makes the same cuts one batch at a time.
-
-    Args:
-        order: pair indices, already sorted by length so neighbours pad little.
-        src_lengths: per pair, source length incl. EOS.
-        tgt_lengths: per pair, target length incl. BOS/EOS.
-        max_tokens: the padded-token budget of one batch.
-
-    Returns:
-        Batches of pair indices, in ``order``'s order; a pair over the budget forms its own batch.
+    """Cut ``order`` (pair indices, length-sorted so neighbours pad little) greedily into consecutive batches with
+    ``B * max(S, T) <= max_tokens``, one pair at a time; a pair over the budget forms its own batch. Lengths
+    count EOS (source) and BOS/EOS (target). The sampler uses ``cut_sorted``, which makes the same cuts.
     """
     batches: list[list[int]] = []
     current: list[int] = []
@@ -70,7 +60,6 @@ def cut_sorted(widths: np.ndarray, max_tokens: int) -> np.ndarray:
 
     Returns:
         ``[num_batches + 1]`` int64 bounds: batch ``k`` holds positions ``bounds[k]:bounds[k + 1]``.
-        A test checks that these are ``pack_batches``' batches.
     """
     n = len(widths)
     bounds, start = [0], 0
@@ -103,16 +92,8 @@ def cut_sorted(widths: np.ndarray, max_tokens: int) -> np.ndarray:
 def split_until_divisible(bounds: np.ndarray, world_size: int, name: str = "split") -> np.ndarray:
     """Split the batches with the most pairs in two until the batch count divides by ``world_size``.
 
-    The halves stay next to each other (length-sorted order is kept). Halving a batch only lowers
-    its padded size, so the token budget still holds, and no pair is lost or repeated.
-
-    Args:
-        bounds: ``[num_batches + 1]`` batch bounds (``cut_sorted``).
-        world_size: the number of ranks that share the batches.
-        name: the split's name, for messages.
-
-    Returns:
-        The new bounds.
+    Every DDP rank must get the same number of batches (collectives would hang otherwise). The halves stay
+    adjacent and only get smaller, so order and budget hold and no pair is lost or repeated.
 
     Raises:
         DataError: impossible (fewer pairs than ranks, or only single-pair batches left).
@@ -132,20 +113,11 @@ def split_until_divisible(bounds: np.ndarray, world_size: int, name: str = "spli
 
 
 def weighted_pairs(parts: Sequence[SplitPart], widths: np.ndarray, generator: torch.Generator) -> np.ndarray:
-    """The pairs one epoch of a mixture sees: each source's pairs ``weight`` times, by index into the split.
+    """The pairs one epoch of a mixture sees, ``[M]`` indices into the split: each source's pairs ``weight`` times.
 
-    A whole weight repeats all of a source's pairs; the fraction of a weight draws that share of them
-    anew every epoch, stratified by width: the same number of pairs of each width every epoch, so
-    every epoch cuts into the same number of batches (the learning-rate schedule and resume count on
-    it). Which pairs of a width are drawn changes with ``generator``.
-
-    Args:
-        parts: the split's sources in order (``EncodedSplit.parts``), with their pair counts and weights.
-        widths: ``[N]`` each pair's ``max(S, T)``.
-        generator: the epoch's random draws.
-
-    Returns:
-        ``[M]`` pair indices, M = sum of ``round(weight * pairs)`` over the sources.
+    A whole weight repeats all of a source's pairs; a fraction draws that share anew every epoch
+    (``generator``), stratified by width (``[N]`` ``max(S, T)``), so every epoch cuts into the same number of
+    batches: the learning-rate schedule and resume count on it.
     """
     chosen, start = [], 0
     for part in parts:
@@ -183,30 +155,23 @@ def _epoch_generator(seed: int, epoch: int, purpose: str = "batches") -> torch.G
 class TokenBucketSampler(Sampler[list[int]]):
     """Yields this rank's batches (lists of pair indices) of one epoch under a token budget.
 
+    The batch count is the same every epoch (only which equal-length pairs share a batch, and the batch order,
+    change). An epoch's plan is numpy arrays, ready in about a second for millions of pairs.
+
     Args:
-        src_lengths: ``[N]`` per pair, source length incl. EOS.
-        tgt_lengths: ``[N]`` per pair, target length incl. BOS/EOS.
+        src_lengths: ``[N]`` source lengths incl. EOS.
+        tgt_lengths: ``[N]`` target lengths incl. BOS/EOS.
         max_tokens: padded-token budget per batch, ``B * max(S, T)``.
-        shuffle: shuffle by ``(seed, epoch)`` (training); else length-sorted batches, longest
-            first, in a fixed order (validation/test: the biggest batch comes first, so running
-            out of memory shows at once).
-        seed: the shuffling seed; the same on every rank.
+        shuffle: shuffle by ``(seed, epoch)``, the same on every rank (training); else length-sorted batches,
+            longest first, so running out of memory shows at once.
         rank: this process's rank in ``[0, world_size)``.
-        world_size: number of DDP ranks sharing the epoch.
         name: the split's name, for messages.
-        parts: the split's sources with their weights (``EncodedSplit.parts``); with ``shuffle``, an
-            epoch sees each source's pairs ``weight`` times (``weighted_pairs``). Empty: every pair once.
+        parts: the split's sources with their weights (``EncodedSplit.parts``); with ``shuffle``, an epoch
+            sees each source's pairs ``weight`` times. Empty: every pair once.
 
-    The batch count is the same every epoch: the sorted sequence of lengths does not change, only
-    which of the pairs with equal lengths share a batch, and the order of the batches.
-
-    An epoch's plan is numpy arrays (the order of the pairs and each batch's span in it), ready in
-    about a second for millions of pairs; a batch becomes a list only when it is yielded.
-
-    A loop that stops early resumes at the next batch when iterated again; finishing an epoch
-    moves to the next one (``set_epoch`` sets both explicitly). ``position`` counts batches
-    *yielded*: with ``num_workers > 0`` the DataLoader prefetches, so resume from your own count of
-    consumed batches (``set_epoch(epoch, start=consumed)``).
+    A loop that stops early resumes at the next batch when iterated again. ``position`` counts batches
+    *yielded*: with ``num_workers > 0`` the DataLoader prefetches, so resume from your own count of consumed
+    batches (``set_epoch(epoch, start=consumed)``).
     """
 
     def __init__(
@@ -414,14 +379,10 @@ def build_loader(
     """A DataLoader of ``Batch`` es over ``split``; ``loader.batch_sampler`` is its ``TokenBucketSampler``.
 
     Args:
-        split: the encoded pairs.
         max_tokens: padded-token budget per batch, ``B * max(S, T)``.
         shuffle: True for training (seeded, per-epoch order); False for validation/test.
-        seed: shuffling seed, the same on every rank.
-        rank: this process's DDP rank.
-        world_size: number of DDP ranks; each gets a disjoint, equally long share of every epoch.
-        pin_memory: page-locked batches for fast ``Batch.to(cuda, non_blocking=True)``; ignored
-            without CUDA.
+        world_size: DDP ranks; each gets a disjoint, equally long share of every epoch.
+        pin_memory: page-locked batches for ``Batch.to(cuda, non_blocking=True)``; ignored without CUDA.
         num_workers: DataLoader worker processes (0 = collate in the main process).
     """
     sampler = TokenBucketSampler.from_split(
@@ -440,17 +401,9 @@ def build_loader(
 
 
 def token_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
-    """Group sentence indices into batches of at most ``batch_tokens`` padded source tokens.
-
-    Sentences are sorted longest first (an out-of-memory error, if any, comes at once, and
-    neighbours pad little); a sentence over the budget forms its own batch.
-
-    Args:
-        lengths: source lengths (EOS included) per sentence.
-        batch_tokens: ``B * S`` budget per batch.
-
-    Returns:
-        Batches of sentence indices.
+    """Group sentence indices into batches of at most ``batch_tokens`` padded source tokens (``B * S``; lengths
+    include EOS), longest first: an out-of-memory error comes at once, and neighbours pad little. A sentence
+    over the budget forms its own batch.
     """
     longest_first = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     return pack_batches(longest_first, lengths, lengths, batch_tokens)  # no targets: source lengths on both sides

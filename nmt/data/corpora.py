@@ -96,7 +96,6 @@ class Multi30k(Corpus):
         mirror: a folder holding ``multi30k/<file>`` or ``<file>``, tried before the network.
         url_template: the download URL with a ``{name}`` field (tests point it elsewhere).
         sha256: known hashes by file name.
-        timeout: network timeout in seconds.
     """
 
     name = "multi30k"

@@ -117,20 +117,15 @@ class SplitPart(NamedTuple):
 
 @dataclass
 class EncodedSplit:
-    """One split as subword ids (no BOS/EOS) and, for a split that is scored, the raw lines they came from.
-
-    It is a map-style dataset: ``split[i]`` is ``(i, src_ids, tgt_ids)`` with plain ``list[int]`` ids.
+    """One split as subword ids (no BOS/EOS), a map-style dataset: ``split[i]`` is ``(i, src_ids, tgt_ids)``.
 
     Attributes:
         name: the split name (``train``, ``val``, ``test_2016_flickr``, ...).
         src_ids: source ids per pair (lists of id lists are turned into ``RaggedIds``).
         tgt_ids: target ids per pair.
-        src_text: the source lines (stripped), e.g. for writing translations next to their input;
-            None for the training split, whose text is never held in memory.
-        tgt_text: the target lines (stripped): the references sacrebleu scores against; None for
-            the training split.
-        parts: a training split's sources in order (their pair counts add up to the split's) with
-            their weights; empty: one source, seen once per epoch.
+        src_text: the source lines (stripped); None for the training split, whose text is never held in memory.
+        tgt_text: the target lines (stripped), the references sacrebleu scores against; None for training.
+        parts: a training split's sources in order with their weights; empty: one source, seen once per epoch.
     """
 
     name: str
@@ -235,14 +230,9 @@ def _write_header(file: IO[bytes], dtype: np.dtype, count: int) -> None:
 
 
 class SplitWriter:
-    """Writes a split's ids at ``stem`` in chunks; nothing appears under the final names before ``commit``.
-
-    Use it as a context manager: leaving without ``commit`` (an error, Ctrl-C) removes the
-    temporary files, and a crash leaves only hidden ``.*.tmp`` files that nothing reads.
-
-    Args:
-        stem: the path prefix of the split's files (its folder is created).
-        dtype: the token dtype (``token_dtype``).
+    """Writes a split's ids at ``stem`` (a path prefix) in chunks; nothing appears under the final names before
+    ``commit``. As a context manager, leaving without ``commit`` removes the temporary files, and a crash leaves
+    only hidden ``.*.tmp`` files that nothing reads.
     """
 
     def __init__(self, stem: Path, dtype: np.dtype) -> None:
@@ -288,12 +278,8 @@ class SplitWriter:
 
 
 def open_split(stem: Path) -> tuple[RaggedIds, RaggedIds, dict[str, Any]] | None:
-    """Memory-map the split written at ``stem``: ``(src_ids, tgt_ids, manifest)``.
-
-    Returns:
-        None when there is no manifest (never written, or interrupted), or, with a warning, when a
-        file is missing or does not match the manifest (size, dtype, shape, offsets): the caller
-        writes the split again.
+    """Memory-map the split written at ``stem``: ``(src_ids, tgt_ids, manifest)``; None (the caller writes it again)
+    without a manifest, or, with a warning, when a file is missing or does not match it.
     """
     if not manifest_path(stem).is_file():
         return None

@@ -44,11 +44,8 @@ def download_url(url: str, dest: Path, timeout: float = DOWNLOAD_TIMEOUT_S) -> N
 
 
 def mirror_folder(configured: str | Path | None) -> Path | None:
-    """The mirror folder to look in: ``data.mirror`` when it is a folder here, else ``$NMT_DATA_MIRROR``
-    when that is one, else None (with a warning naming a mirror that is not a folder).
-
-    A run's saved config holds the mirror of the machine it trained on; where that folder is missing
-    here, the environment's stands in, so that decoding the run needs no edited config.
+    """``data.mirror`` when it is a folder here, else ``$NMT_DATA_MIRROR`` when that is one, else None (warning
+    about a mirror that is not a folder): a run trained elsewhere then decodes here with no edited config.
     """
     path = Path(str(configured)).expanduser() if configured else None
     if path is not None and path.is_dir():
@@ -81,22 +78,17 @@ def fetch_file(
 ) -> Path:
     """Return ``dest_dir/name``, verified, fetching it from the mirror or ``url`` when needed.
 
-    A file already in ``dest_dir`` whose hash matches is used as is (no fetch). A fetched file is
-    written to a temporary file next to its destination and renamed only after its hash checks out,
-    so an interrupted or corrupt download never poses as a good one.
+    A file already in ``dest_dir`` whose hash matches is used as is; a fetched one is renamed into place only
+    after its hash checks out.
 
     Args:
         name: file name, the same in the cache, the mirror and the URL (``train.de.gz``).
-        url: where to download it from when the mirror does not have it.
-        dest_dir: the cache folder for this corpus (created if missing).
-        sha256: the known hex sha256, or None when unknown (then the file is not verified).
-        corpus: the corpus name, used for the ``<mirror>/<corpus>/<name>`` layout and messages.
-        mirror: a folder tried before the network.
+        sha256: the known hex sha256, or None (then the file is not verified).
+        corpus: the corpus name, for the ``<mirror>/<corpus>/<name>`` layout and messages.
         timeout: network timeout in seconds.
 
     Raises:
-        DataError: the hash does not match (the bad copy is removed), or the file could not be had
-            from the mirror or the network.
+        DataError: the hash does not match (the bad copy is removed), or the file could not be had.
     """
     dest = dest_dir / name
     if dest.is_file():

@@ -22,25 +22,21 @@ KINDS = ("corpus", "src", "synthetic")  # what a source entry names: exactly one
 
 @dataclass
 class MixtureSourceSettings:
-    """One entry of ``data.mixture``; this dataclass is the one home of its defaults.
+    """One entry of ``data.mixture``; this dataclass is the one home of its defaults. Exactly one kind is given:
+    ``corpus`` (+ ``split``), ``src`` + ``tgt``, or ``synthetic``.
 
     Attributes:
-        corpus: a registered parallel corpus (``multi30k``, ``tatoeba``), in ``data.src_lang`` →
-            ``data.tgt_lang``...
-        split: ...and which of its splits.
-        src: or the user's source file (plain or ``.gz``)...
-        tgt: ...and its target file, aligned by line.
-        synthetic: or a back-translation output folder (``train.<src_lang>``, ``train.<tgt_lang>``,
-            provenance.json).
+        corpus: a registered parallel corpus (``multi30k``, ``tatoeba``), in ``data.src_lang`` → ``data.tgt_lang``.
+        split: which of the corpus's splits.
+        src: the user's source file (plain or ``.gz``); tgt: its target file, aligned by line.
+        synthetic: a back-translation output folder (``train.<src_lang>``, ``train.<tgt_lang>``, provenance.json).
         weight: times per epoch its pairs are seen; fractional weights draw a new subset every epoch.
         tag: a reserved token (no spaces, e.g. ``<bt>``) put before each of its source sentences.
         name: its label in logs and results.json (default: the corpus, folder or file name).
-        backtranslate: with ``synthetic``, how to make the folder when it is missing or unfinished:
-            backtranslate.py's settings (``{checkpoint: RUN, input: multi30k_task2, lang: en}``); train.py
-            runs that job before it prepares the data.
-        forward_translate: with ``synthetic``, the same for a forward translation (distillation): a teacher of
-            this mixture's direction translates ``input`` (default: ``data.corpus``'s training sources,
-            ``lang`` = ``data.src_lang``) into the folder; ``{checkpoint: [TEACHER_A, TEACHER_B]}`` suffices.
+        backtranslate: with ``synthetic``, backtranslate.py's settings to make a missing or unfinished folder
+            (``{checkpoint: RUN, input: multi30k_task2, lang: en}``); train.py runs that job first.
+        forward_translate: the same for a forward translation (distillation): teachers of this direction
+            translate ``input`` (default: ``data.corpus``'s training sources); ``{checkpoint: [A, B]}`` suffices.
     """
 
     corpus: str | None = None
@@ -61,11 +57,10 @@ class ResolvedSource:
 
     Attributes:
         name: its label (unique in the mixture).
-        src_path: the source-side file.
-        tgt_path: the target-side file, aligned by line.
+        src_path: the source-side file; tgt_path: the target-side file, aligned by line.
         weight: times per epoch its pairs are seen.
         tag: the reserved token before each source sentence, or None.
-        info: what it is, for results.json (the corpus's own statistics, a back-translation's provenance).
+        info: what it is, for results.json (the corpus's statistics, a back-translation's provenance).
     """
 
     name: str

@@ -98,9 +98,7 @@ class SplitSource:
     """Where a split's pairs come from and how they are read: what its caches are keyed by.
 
     Attributes:
-        name: the split name.
-        src_path: the source file (plain or ``.gz``).
-        tgt_path: the target file, aligned by line.
+        src_path: the source file (plain or ``.gz``); tgt_path: the target file, aligned by line.
         sha256: the two files' sha256.
         invalid_utf8: ``error`` or ``replace``.
         clean: the training split's ``data.clean`` limits; None for a split that is never cleaned.
@@ -149,13 +147,11 @@ def _to_plain(cfg: Any) -> dict[str, Any]:
 
 
 def resolve_data_config(data_cfg: Any) -> dict[str, Any]:
-    """Check a complete ``data`` section (as in configs/data/*.yaml) and return it as plain values.
-
-    The one check of the data settings: train.py's config check calls it too.
+    """Check a complete ``data`` section (as in configs/data/*.yaml) and return it as plain values; train.py's
+    config check calls it too.
 
     Raises:
-        DataError: an unknown key (naming the nearest valid one), a wrong type, a missing key or an
-            invalid value.
+        DataError: an unknown key (naming the nearest valid one), a wrong type, a missing key or a bad value.
     """
     given = _to_plain(data_cfg)
     if problem := first_unknown_key(given, DataSettings, "data."):
@@ -249,12 +245,11 @@ def source_records(parts: list[SplitSource], manifests: list[dict[str, Any]]) ->
 def split_sources(
     cfg: dict[str, Any], cache: Path, seconds: dict[str, float]
 ) -> tuple[list[SplitSource], dict[str, SplitSource]]:
-    """The training sources and each scored split, fetched and verified (``seconds["fetch_verify"]``),
-    then hashed (``seconds["hash"]``).
+    """The training sources and each scored split, fetched, verified and hashed (timed in ``seconds``).
 
     Returns:
-        ``(training sources, {scored split name: source})``: the mixture's sources (or the one training
-        split), and the validation and test splits of ``data.corpus``.
+        ``(training sources, {scored split name: source})``: the mixture's sources (or the one training split),
+        and the validation and test splits of ``data.corpus``.
     """
     start = time.perf_counter()
     mirror = mirror_folder(cfg["mirror"])
@@ -300,10 +295,8 @@ def file_sha256(path: Path, memo_dir: Path) -> str:
 def prepare_tokenizer(train: list[SplitSource], settings: TokenizerSettings, spm_dir: Path) -> Tokenizer:
     """The subword model(s) for the training sources: cached when their files and the settings are unchanged.
 
-    Otherwise one pass checks and cleans the training pairs (a bad line or a line-count mismatch
-    fails here, before the slow part), then SentencePiece trains on the cleaned sentences of every
-    source, streamed from disk again for each model (joint: all source sentences, then all target
-    sentences), and SentencePiece samples them as usual. The sources' tags become pieces of their own.
+    Otherwise one pass checks and cleans the training pairs (a bad line fails here, before the slow part), then
+    SentencePiece trains on the cleaned sentences, streamed from disk again for each model. Tags become pieces.
     """
     tags = sorted({source.tag for source in train if source.tag is not None})
     key = tokenizer_key(settings, json.dumps([[s.identity() for s in train], tags], sort_keys=True))
@@ -328,12 +321,9 @@ def prepare_tokenizer(train: list[SplitSource], settings: TokenizerSettings, spm
 def encode_split(
     name: str, parts: list[SplitSource], tokenizer: Tokenizer, encoded_dir: Path
 ) -> tuple[RaggedIds, RaggedIds, dict[str, Any], bool]:
-    """A split's ids (its sources' pairs one source after the other), memory-mapped from ``encoded_dir``;
-    encoded in chunks and written first when not there.
-
-    Returns:
-        ``(src_ids, tgt_ids, manifest, cache_hit)``; ``manifest["parts"]`` holds each source's pair count
-        and cleaning counts.
+    """A split's ids (its sources one after the other), memory-mapped from ``encoded_dir``, encoded in chunks and
+    written first when not there. Returns ``(src_ids, tgt_ids, manifest, cache_hit)``; ``manifest["parts"]``
+    holds each source's pair and cleaning counts.
     """
     key_source = json.dumps({"tokenizer": tokenizer.fingerprint, "sources": [p.identity() for p in parts]},
                             sort_keys=True)

@@ -38,7 +38,7 @@ def new_record(direction: str, real_lang: str, synthetic_lang: str, first_run: d
         direction: ``back`` (the model's output is the pairs' source) or ``forward`` (it is their target).
         real_lang: the language of the input lines, copied as they are.
         synthetic_lang: the language the model writes.
-        first_run: ``nmt.common.provenance.provenance``'s record of the run that starts the folder.
+        first_run: the ``provenance`` record of the run that starts the folder.
         **about: what the job records besides (``input``, ``models``, ``job``: what a resume must match).
     """
     real = {"lang": real_lang, "file": pair_file(real_lang), "side": "real"}
@@ -106,10 +106,8 @@ def writing(out: Path, owner: str) -> Iterator[None]:
 
 def prepare_output(out: Path, record: dict[str, Any]) -> dict[str, Any] | None:
     """The record to go on from, with the files ready to append to; None when ``out`` holds this job finished.
-
-    A new (or empty) folder gets ``record``; the files are created by the first append. A folder of this
-    job, cut off, gets its files truncated to the sizes its record holds (after the last whole chunk).
-    Call it inside ``writing``.
+    Call it inside ``writing``. A folder of this job, cut off, has its files truncated to the sizes recorded
+    after the last whole chunk.
 
     Raises:
         SyntheticFolderError: another job's folder, or files shorter than recorded.

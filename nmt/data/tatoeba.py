@@ -45,9 +45,9 @@ class TatoebaSettings:
     Attributes:
         dev_size: pairs in the dev split (at least; whole English sentences are moved).
         dev_seed: the seed of the dev cut.
-        zip: a local export to read instead of the pinned one (null: the pinned export, from the
-            mirror's ``tatoeba/`` folder or its public origin).
-        sha256: the export's expected sha256; set it to another export's hash to accept that export.
+        zip: a local export to read instead of the pinned one (null: the pinned export, from the mirror's
+            ``tatoeba/`` folder or its public origin).
+        sha256: the export's expected sha256; another export's hash accepts that export.
     """
 
     dev_size: int = 2000
@@ -58,12 +58,8 @@ class TatoebaSettings:
 
 @register_corpus
 class Tatoeba(Corpus):
-    """Tatoeba German–English: ``train`` and ``dev`` from the pinned export, ``test`` the Challenge set.
-
-    Args:
-        cache_dir: the data cache; files go to ``cache_dir/tatoeba/``.
-        mirror: a folder holding ``tatoeba/<file>`` or ``<file>``, tried before the network.
-        settings: the ``data.tatoeba`` settings.
+    """Tatoeba German–English: ``train`` and ``dev`` from the pinned export, ``test`` the Challenge set; files go to
+    ``cache_dir/tatoeba/``, ``mirror`` (holding ``tatoeba/<file>`` or ``<file>``) is tried before the network.
     """
 
     name = "tatoeba"

@@ -29,10 +29,8 @@ def iter_decoded(
     """Decode byte lines as UTF-8 and strip them, one at a time, naming the first bad line.
 
     Args:
-        raw_lines: the lines as bytes (a binary file object iterates this way).
-        name: the file's name for messages.
-        invalid_utf8: ``error`` raises on the first bad line; ``replace`` substitutes U+FFFD and,
-            once the lines are done, logs one warning with the count and the first bad line.
+        invalid_utf8: ``error`` raises on the first bad line; ``replace`` substitutes U+FFFD and, once the
+            lines are done, logs one warning with the count and the first bad line.
         fix: how to switch to ``replace`` in the caller's terms, for the error message.
 
     Raises:
@@ -69,10 +67,8 @@ def decode_lines(
 
 
 def iter_lines(path: Path, invalid_utf8: str = STRICT_UTF8) -> Iterator[str]:
-    """The stripped lines of a plain or gzip text file (``.gz`` by name or by magic bytes), streamed.
-
-    Only ``\\n`` ends a line (not the Unicode separators ``str.splitlines`` knows), so the line
-    numbers of the two sides of a corpus stay aligned.
+    """The stripped lines of a plain or gzip file (by name or magic bytes), streamed. Only ``\\n`` ends a line (not
+    the separators ``str.splitlines`` knows), so the two sides of a corpus stay aligned.
 
     Raises:
         DataError: invalid UTF-8 (``error`` mode, naming the line), or a corrupt gzip file.

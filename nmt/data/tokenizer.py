@@ -45,12 +45,11 @@ class TokenizerSettings:
     """How to train the subword model(s): the keys and types of ``data.tokenizer`` (values: configs/data/*.yaml).
 
     Attributes:
-        model_type: ``unigram`` or ``bpe`` (subwords), or ``word`` (whole words; no subwords).
-        vocab_size: pieces per model, the 4 special ids included. A soft limit: a corpus too small
-            to fill it gets a smaller vocabulary (logged) instead of an error.
-        joint: one model shared by source and target (trained on both sides) or one per side.
-        character_coverage: fraction of characters covered by the vocabulary (1.0 for Latin
-            scripts; ~0.9995 for CJK).
+        model_type: ``unigram`` or ``bpe`` (subwords), or ``word`` (whole words).
+        vocab_size: pieces per model, the 4 special ids included; a corpus too small to fill it gets a smaller
+            vocabulary (logged), not an error.
+        joint: one model shared by source and target, or one per side.
+        character_coverage: fraction of characters the vocabulary covers (1.0 for Latin scripts; ~0.9995 for CJK).
     """
 
     model_type: str
@@ -196,10 +195,7 @@ class Tokenizer:
         return cls(state["src_model"], state["tgt_model"])
 
     def save(self, directory: str | Path) -> list[Path]:
-        """Write the model file(s) (``joint.model`` or ``src.model`` + ``tgt.model``) into a folder.
-
-        The files are standard SentencePiece models, usable by ``spm_encode`` and other toolkits.
-        """
+        """Write ``joint.model`` (or ``src.model`` + ``tgt.model``), standard SentencePiece models, into a folder."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         if self.joint:
@@ -334,17 +330,13 @@ def train_and_cache(
     pairs: int,
     tags: Sequence[str] = (),
 ) -> Tokenizer:
-    """Train the model(s) and cache them under ``key`` (no caching when ``cache_dir`` is None).
+    """Train the model(s) and cache them under ``key`` (from ``tokenizer_key``; no caching when ``cache_dir`` is None).
 
     Args:
-        key: from ``tokenizer_key``.
-        settings: model type, vocabulary size, joint or separate, character coverage.
-        cache_dir: where models are kept.
-        sentences: the training sentences of one model, ``"joint"`` (all source sentences, then all
-            target sentences), ``"src"`` or ``"tgt"``; called once per model, so it may stream.
+        sentences: the training sentences of one model, ``"joint"`` (all source sentences, then all target
+            sentences), ``"src"`` or ``"tgt"``; called once per model, so it may stream.
         pairs: the number of training pairs, for the log.
-        tags: reserved source tags (a mixture's), each made one piece of the source (or joint) model;
-            they must be part of ``key``.
+        tags: reserved source tags, each one piece of the source (or joint) model; they must be part of ``key``.
     """
     start = time.perf_counter()
     names = ("joint",) if settings.joint else ("src", "tgt")
@@ -381,15 +373,12 @@ def train_tokenizer(
 ) -> Tokenizer:
     """Train (or reuse from ``cache_dir``) the subword model(s) on training sentences in memory.
 
-    The cache key is a hash of the training text and the settings, so changing either trains a new
-    model and an unchanged run reuses the old one.
+    The cache key hashes the training text and the settings: changing either trains a new model.
 
     Args:
         src_texts: training source sentences (the cleaned training split, never validation/test).
         tgt_texts: training target sentences, aligned with ``src_texts``.
-        settings: model type, vocabulary size, joint or separate, character coverage.
-        cache_dir: where models are kept (``<cache_dir>/<key>.{joint,src,tgt}.model``); None
-            trains without caching.
+        cache_dir: where models are kept (``<cache_dir>/<key>.{joint,src,tgt}.model``); None = no caching.
         tags: reserved source tags, each one piece (``Tokenizer.tags``).
     """
     key = tokenizer_key(settings, text_hash(src_texts, tgt_texts) + (json.dumps(sorted(tags)) if tags else ""))
