@@ -20,19 +20,12 @@ def _real_words(pieces: Sequence[str], unk_is_word: bool) -> list[int]:
 
 
 def pharaoh_alignment(weights: Tensor | np.ndarray, src_pieces: Sequence[str], tgt_pieces: Sequence[str]) -> str:
-    """Hard word alignment from attention: for each target word, the source word it attends to most.
-
-    Special pieces (a source ``</s>`` column) are merged as words of their own and then left out,
-    so indices count real words only and no target word is linked to EOS.
-
-    Args:
-        weights: Attention ``[T, S]`` over the pieces.
-        src_pieces: The S source pieces.
-        tgt_pieces: The T target pieces.
+    """Hard word alignment from attention ``[T, S]`` over pieces: each target word linked to the source word it
+    attends to most. Special pieces (``</s>``) are left out, so no target word links to EOS.
 
     Returns:
-        Space-separated ``i-j`` pairs (source word i, target word j, both 0-based), sorted by
-        ``(i, j)``; an empty string when either side has no words.
+        ``i-j`` pairs (source word i, target word j, 0-based), space-separated and sorted; "" when a side has
+        no words.
     """
     merged, _, _ = merge_subword_attention(weights, src_pieces, tgt_pieces)
     src_keep = _real_words(src_pieces, unk_is_word=False)

@@ -268,21 +268,19 @@ def backtranslate(cfg: DictConfig, argv: list[str] | None = None) -> dict[str, A
     """Back-translate ``cfg.input`` into ``cfg.output`` (the composed ``backtranslate`` config), or resume it.
 
     ``train.<M>`` gets the translation of input line i, ``train.<L>`` the line itself (an empty or over-long line
-    stays untranslated: an empty synthetic line). Each chunk is appended and fsynced before ``provenance.json``
-    records it, so a rerun on the same folder truncates to the last whole chunk and writes the same bytes.
+    gets an empty synthetic line). Each chunk is appended and fsynced before ``provenance.json`` records it, so a
+    rerun on the same folder truncates to the last whole chunk and writes the same bytes.
 
     Args:
-        cfg: see configs/backtranslate.yaml.
-        argv: the command-line arguments to record; None (a call from Python): every setting of ``cfg``
-            as ``key=value``, the command that reproduces the job.
+        argv: the command line to record; None (from Python): every setting of ``cfg`` as ``key=value``.
 
     Returns:
-        ``{"output", "status", "lines", "done", "translated", "seconds", "sentences_per_s", "max_input_words"}``:
-        seconds and sentences/s (translated lines per second) count this run's chunks only.
+        ``{"output", "status", "lines", "done", "translated", "seconds", "sentences_per_s", "max_input_words"}``;
+        seconds and sentences/s count this run's chunks only.
 
     Raises:
-        BacktranslationError, TranslationError, CheckpointError, DataError: the user's mistakes, reported
-            in one line by ``backtranslate.py``; nothing is written before they are ruled out.
+        BacktranslationError, TranslationError, CheckpointError, DataError: the user's mistakes, reported in one
+            line by ``backtranslate.py``; nothing is written before they are ruled out.
     """
     search, sampling = check_settings(cfg)
     text = open_input(cfg)
@@ -365,8 +363,7 @@ def commit_chunk(out: Path, record: dict[str, Any], counts: Counter[str], sizes:
 
 # ------------------------------------------------------------------------------- For training mixtures
 def job_config(settings: Mapping[str, Any]) -> DictConfig:
-    """A job's config from Python: ``BacktranslateSettings``' defaults (as backtranslate.py's) with
-    ``settings`` on top, checked against their types.
+    """A job's config from Python: ``BacktranslateSettings``' defaults with ``settings`` on top, type-checked.
 
     Raises:
         BacktranslationError: an unknown key or a value of the wrong type.
@@ -378,12 +375,9 @@ def job_config(settings: Mapping[str, Any]) -> DictConfig:
 
 
 def rebuild_synthetic_sources(data_cfg: Any) -> list[dict[str, Any]]:
-    """Translate every ``data.mixture`` source whose ``synthetic`` folder is missing or unfinished and that says
-    how: ``backtranslate: {checkpoint, input, lang, ...}`` or ``forward_translate: {checkpoint, ...}``
-    (backtranslate.py's settings; a forward translation's input defaults to the training sources).
-
-    Returns:
-        The summaries of the jobs that ran (``backtranslate``'s), in mixture order.
+    """Translate every ``data.mixture`` source whose ``synthetic`` folder is missing or unfinished and that says how
+    (``backtranslate: {checkpoint, input, lang, ...}`` or ``forward_translate: {checkpoint, ...}``; a forward
+    translation's input defaults to the training sources). Returns the jobs' summaries, in mixture order.
     """
     summaries = []
     for entry in (OmegaConf.select(data_cfg, "mixture") or []):

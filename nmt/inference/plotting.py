@@ -35,19 +35,11 @@ def _escape(label: str) -> str:
 
 def attention_figure(weights: Tensor | np.ndarray, src_labels: Sequence[str], tgt_labels: Sequence[str],
                      title: str | None = None) -> Figure:
-    """Draw an attention heatmap with the source along x (top) and the target along y.
-
-    Args:
-        weights: Attention ``[T, S]``.
-        src_labels: S column labels.
-        tgt_labels: T row labels.
-        title: Optional title above the plot.
-
-    Returns:
-        A Figure on an Agg canvas, not registered with pyplot (nothing to close).
+    """An attention heatmap ``[T, S]``, source along x (top), target along y, on an Agg canvas not registered with
+    pyplot (nothing to close).
 
     Raises:
-        ValueError: When the labels do not match the matrix.
+        ValueError: the labels do not match the matrix.
     """
     array = as_array(weights, tgt_labels, src_labels, "labels")
     n_tgt, n_src = array.shape

@@ -36,11 +36,7 @@ class RerankSettings:
 
 
 class NoisyChannel:
-    """Reverse models that score a source sentence given each of its candidate translations.
-
-    Args:
-        reverse: a Translator of the reverse direction (its models, tokenizer, device and precision).
-    """
+    """Reverse models (a Translator of the reverse direction) that score a source given each candidate translation."""
 
     def __init__(self, reverse: Translator) -> None:
         self.reverse = reverse
@@ -66,16 +62,9 @@ class NoisyChannel:
     @torch.inference_mode()
     def source_log_probs(self, sources: Sequence[str], candidates: Sequence[Sequence[str]],
                          batch_tokens: int = SearchOptions.batch_tokens) -> list[list[float]]:
-        """log P(x|y): the reverse models' summed token log-probabilities of each source (EOS included)
-        given each of its candidates; an ensemble's members are averaged per token, as in its search.
-
-        Args:
-            sources: B source sentences x.
-            candidates: per source, its candidate translations y.
-            batch_tokens: padded tokens per teacher-forced batch, ``R * max(S, T)``.
-
-        Returns:
-            Per source, one score per candidate, in order.
+        """log P(x|y): the reverse models' summed token log-probabilities of each source (EOS included) given each of
+        its candidates (an ensemble averaged per token, as in its search); per source, one score per candidate.
+        ``batch_tokens`` bounds each teacher-forced batch, ``R * max(S, T)``.
         """
         x_ids = self.reverse.tokenizer.encode_tgt_batch(list(sources))
         owners = [i for i, cands in enumerate(candidates) for _ in cands]
@@ -124,13 +113,8 @@ class Rerank:
 
     def rerank(self, sources: Sequence[str], nbest: list[list[Hypothesis]], texts: list[list[str]]
                ) -> list[list[Hypothesis]]:
-        """Each n-best list reordered by the combined score, which becomes each hypothesis' score.
-
-        Args:
-            sources: the source sentences, as the forward model read them.
-            nbest: per source, its hypotheses best first (search scores: log P(y|x), length-normalised
-                as the search ranked them).
-            texts: their detokenized texts, for the reverse models.
+        """Each n-best list (search scores log P(y|x), best first) reordered by the combined score, which becomes each
+        hypothesis' score; ``texts`` are the candidates detokenized, for the reverse models.
         """
         # weight 0 costs nothing (and an -inf log-probability times 0 cannot turn a score into NaN)
         channel = self.channel.source_log_probs(sources, texts) if self.weight else [[0.0] * len(t) for t in texts]

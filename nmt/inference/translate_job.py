@@ -33,14 +33,12 @@ PROGRESS_MIN_LINES = 300  # a bar for short inputs is only noise
 
 # ----------------------------------------------------------------------------------------- Lines in
 def read_input_lines(path: str | Path, invalid_utf8: str = STRICT_UTF8) -> list[str]:
-    """The stripped lines of a file, a ``.gz`` file, or stdin (``-``), as in training.
-
-    Only ``\\n`` ends a line, so the output stays aligned with the input line by line.
+    """The stripped lines of a file, a ``.gz`` file, or stdin (``-``), as in training; only ``\\n`` ends a line, so
+    the output stays aligned with the input.
 
     Args:
-        path: a file or ``-`` for stdin.
-        invalid_utf8: ``error`` stops at the first invalid line, naming it; ``replace`` substitutes
-            U+FFFD and logs one warning with the count and the first bad line.
+        invalid_utf8: ``error`` stops at the first invalid line, naming it; ``replace`` substitutes U+FFFD and
+            logs one warning with the count and the first bad line.
 
     Raises:
         TranslationError: missing file, invalid UTF-8 (``error`` mode) or an unknown mode.
@@ -113,12 +111,8 @@ def _open_output(path: str) -> AbstractContextManager[IO[str]]:
 
 
 def check_writable(path: str, key: str, folder: bool = False) -> None:
-    """Refuse, before any decoding, an output that cannot be written: a folder given for a file (or the
-    reverse), a path under a file, or a place without write permission.
-
-    Args:
-        path: the file (or, with ``folder``, the folder) to be written; created with its parents if missing.
-        key: the setting that named it, for the message.
+    """Refuse, before any decoding, an output ``path`` (a file, or with ``folder`` a folder; created with its parents
+    if missing) that cannot be written: a folder for a file or the reverse, a path under a file, no permission.
 
     Raises:
         TranslationError: one line naming ``key`` and what to change.
@@ -181,16 +175,13 @@ def _write_attention(cfg: DictConfig, translator: Translator, lines: list[str], 
 
 
 def translate_main(cfg: DictConfig) -> dict[str, Any]:
-    """Translate ``cfg.input`` to ``cfg.output`` with ``cfg.checkpoint`` (the composed ``translate`` config; see
-    configs/translate.yaml).
+    """Translate ``cfg.input`` to ``cfg.output`` with ``cfg.checkpoint`` (see configs/translate.yaml).
 
     Returns:
-        ``{"lines", "seconds", "sentences_per_s"}``, plus ``corpus_scores`` keys (``bleu``, ``chrf``,
-        signatures) when ``cfg.reference`` is given.
+        ``{"lines", "seconds", "sentences_per_s"}``, plus ``corpus_scores``' keys when ``cfg.reference`` is given.
 
     Raises:
-        TranslationError, CheckpointError, DataError: user mistakes, reported in one line by
-            ``translate.py`` (see ``nmt.inference.engine.USER_ERRORS``).
+        TranslationError, CheckpointError, DataError: user mistakes, reported in one line by ``translate.py``.
     """
     options = SearchOptions.from_settings(cfg)
     if cfg.rerank.checkpoint:

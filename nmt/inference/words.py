@@ -29,21 +29,12 @@ def as_array(weights: Tensor | np.ndarray, tgt: Sequence[str], src: Sequence[str
 
 
 def word_groups(pieces: Sequence[str], unk_is_word: bool = False) -> tuple[list[list[int]], list[str]]:
-    """Group SentencePiece pieces into words.
+    """Group the SentencePiece pieces of one sentence into words: ``(piece indices per word, word texts)``.
 
-    A piece opens a new word when it starts with ``▁``, is the first piece, stands alone, or follows
-    a piece that stands alone. Special pieces (``</s>``) stand alone, and so does ``<unk>`` when
-    ``unk_is_word``: SentencePiece decodes it to `` ⁇ `` with spaces around, so in *decoded* text it
-    is a word of its own (in the source it stands for real characters and stays inside its word). A
-    bare ``▁`` piece has no text: it joins the next word (or the previous one, before a special).
-
-    Args:
-        pieces: Subword pieces of one sentence, in order.
-        unk_is_word: Treat ``<unk>`` as a word of its own (target side).
-
-    Returns:
-        ``(groups, words)``: the piece indices of each word, and each word's text (pieces joined,
-        ``▁`` removed).
+    A piece opens a word when it starts with ``▁``, is first, stands alone, or follows one that does. Specials
+    (``</s>``) stand alone, and so does ``<unk>`` when ``unk_is_word`` (target side: it decodes to `` ⁇ `` with
+    spaces around; in the source it stands for real characters). A bare ``▁`` joins the next word (or the
+    previous one, before a special).
     """
 
     def alone(piece: str) -> bool:
@@ -90,19 +81,12 @@ def word_groups(pieces: Sequence[str], unk_is_word: bool = False) -> tuple[list[
 
 def merge_subword_attention(weights: Tensor | np.ndarray, src_pieces: Sequence[str], tgt_pieces: Sequence[str]
                             ) -> tuple[np.ndarray, list[str], list[str]]:
-    """Turn a subword attention matrix into a word attention matrix.
-
-    Args:
-        weights: Attention ``[T, S]``; row j is the distribution used to emit target piece j.
-        src_pieces: The S source pieces (may end with ``</s>``, which stays a column of its own).
-        tgt_pieces: The T target pieces (``<unk>`` is a word of its own, as in the decoded text).
-
-    Returns:
-        ``(weights_words [Tw, Sw], src_words, tgt_words)``: summed over the pieces of a source word,
-        averaged over the pieces of a target word.
+    """A subword attention matrix ``[T, S]`` as words: ``(weights [Tw, Sw], src_words, tgt_words)``, summed over
+    a source word's pieces and averaged over a target word's (rows still sum to 1). A final ``</s>`` stays a
+    column of its own; ``<unk>`` is a target word of its own, as in the decoded text.
 
     Raises:
-        ValueError: When the matrix does not match the number of pieces.
+        ValueError: the matrix does not match the number of pieces.
     """
     array = as_array(weights, tgt_pieces, src_pieces, "pieces")
     src_groups, src_words = word_groups(src_pieces)
