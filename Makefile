@@ -13,7 +13,7 @@ ifneq ($(wildcard $(SHARED_CORPORA)/multi30k),)
 export NMT_DATA_MIRROR ?= $(SHARED_CORPORA)
 endif
 
-.PHONY: install train test lint docs clean
+.PHONY: install train test test-fast lint docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ lint: install
 test: lint
 	$(PY) -m pytest $(ARGS)
 
+# The fast tier (no real-corpus or multi-process runs), e.g. on another Python:
+#   make test-fast PYTHON=python3.13 VENV=.venv-3.13
+test-fast: install
+	$(PY) -m pytest -m "not slow" $(ARGS)
+
 # The documentation site (mkdocs.yml), built as CI builds it: a broken link or a page left out fails.
 $(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
 	$(PY) -m pip install --quiet -e ".[docs]"
@@ -42,4 +47,4 @@ docs: $(VENV)/.docs-installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict  # (silences Material's notice about MkDocs 2)
 
 clean:
-	rm -rf $(VENV) outputs multirun .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-3.* outputs multirun .pytest_cache .ruff_cache
