@@ -49,12 +49,10 @@ def describe_model(translator: Translator, settings: ServeSettings, defaults: Se
 
 def create_app(translator: Translator, settings: ServeSettings,
                engine_thread: ThreadPoolExecutor | None = None) -> Starlette:
-    """The ASGI app serving ``translator`` (see the module docstring for the endpoints).
+    """The ASGI app serving ``translator`` (the page, /health, /v1/model and /v1/translate).
 
     Args:
-        translator: the engine, used from one worker thread only.
-        settings: ``ServeSettings`` or a composed ``serve`` config (its checkpoint is not read):
-            request defaults, limits, allowed hosts and the batching window.
+        settings: ``ServeSettings`` or a composed ``serve`` config (its checkpoint is not read).
         engine_thread: the thread that loaded ``translator`` (``new_engine_thread``), to decode on too.
 
     Raises:

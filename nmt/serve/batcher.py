@@ -55,38 +55,28 @@ class _Job:
 
 
 def new_engine_thread() -> ThreadPoolExecutor:
-    """The one thread that runs every torch call of a server, loading included.
-
-    A thread that has run torch ops keeps its own OpenMP thread team; with the model loaded on one
-    thread and decoded on another, the two teams compete for the cores (measured on 2 cores: single
-    sentences decode at half speed, 16-sentence batches at about 0.6x).
+    """The one thread that runs every torch call of a server, loading included: a thread that has run torch ops
+    keeps its own OpenMP team, and two teams compete for the cores (measured on 2 cores: single sentences
+    decode at half speed).
     """
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="translator")
 
 
 class MicroBatcher:
-    """Collects requests on the event loop and decodes each batch in one worker thread.
+    """Collects requests on the event loop and decodes each batch in one worker thread (the Translator is not
+    thread-safe; the event loop never waits on it).
 
-    Requests that arrive within ``wait_s`` of the first waiting one and ask for the same search options
-    are decoded together, in one ``Translator.translate`` call, on one worker thread (the Translator is
-    not thread-safe; the event loop never waits on it). A sentence's translation does not depend on its
-    batch-mates, so each gets the translation it would get alone. While the worker decodes, new requests
-    queue and form the next batch, whose window opens when the worker is free again and closes early once
-    as many sentences wait as the last batch held. A batch that fails is decoded again one request at a
-    time, so a request that breaks the search fails alone.
-
-    A request whose search would cost more than ``slice_subwords`` (beam size x source subwords, summed
-    over its sentences) is decoded a slice of at most that cost at a time (at least one sentence), alone,
-    and goes to the back of the queue between slices: the requests that came meanwhile wait for one
-    slice, not for all of it.
+    Requests arriving within ``wait_s`` of the oldest waiting one, with the same search options, are decoded in
+    one ``translate`` call; a sentence's translation does not depend on its batch-mates. The next window opens
+    when the worker is free and closes early once as many sentences wait as the last batch held. A failed batch
+    is decoded again request by request, so a request that breaks the search fails alone. A request costing
+    more than ``slice_subwords`` (beam size x source subwords) is decoded a slice at a time, going to the back
+    of the queue between slices, so requests that came meanwhile wait for one slice, not all of it.
 
     Args:
-        translator: the engine; only the worker thread calls it.
-        wait_s: how long the oldest waiting request holds its batch open for others.
         batch_sentences: at most this many sentences per batch of small requests.
-        slice_subwords: the cost budget of a slice of a large request (beam size x source subwords).
-        engine_thread: the one-thread executor to decode on; best the one that loaded ``translator``
-            (``new_engine_thread()``). None: a new one.
+        engine_thread: the one-thread executor to decode on, best the one that loaded ``translator``
+            (``new_engine_thread()``); None: a new one.
     """
 
     def __init__(self, translator: Translator, wait_s: float, batch_sentences: int, slice_subwords: int = 2048,

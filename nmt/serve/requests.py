@@ -36,11 +36,9 @@ class TranslateRequest:
     """A checked ``/v1/translate`` request.
 
     Attributes:
-        sentences: the source sentences, in order.
-        options: the search options (the server's defaults with the request's overrides).
+        options: the server's search options with the request's overrides.
         attention: whether the client asked for word attention.
-        truncated: per sentence, whether it is over the model's length limit and will be cut to it
-            (only with ``too_long=truncate``; with ``refuse`` such a request never gets this far).
+        truncated: per sentence, whether it will be cut to the model's length limit (``too_long=truncate``).
         subwords: per sentence, the source subwords the model will read (set by ``check_lengths``).
     """
 
@@ -90,13 +88,9 @@ def load_json(body: bytes) -> Any:
 
 
 def parse_translate_request(body: bytes, limits: Any, defaults: SearchOptions) -> TranslateRequest:
-    """Sentences, search options and the attention flag of a ``/v1/translate`` body (words not yet subwords).
-
-    Args:
-        body: the raw body (already within ``max_body_bytes``).
-        limits: ``ServeSettings`` or a composed ``serve`` config: ``max_sentences``, ``max_sentence_words``,
-            ``max_beam_size``.
-        defaults: the server's search options, which the request's fields override.
+    """Sentences, search options and the attention flag of a ``/v1/translate`` body (within ``max_body_bytes``),
+    checked against ``limits`` (``max_sentences``, ``max_sentence_words``, ``max_beam_size``); words, not yet
+    subwords. The request's fields override ``defaults``.
 
     Raises:
         RequestError: 422 for a malformed body, a wrong type or an option out of range; 413 for a limit.
@@ -138,14 +132,9 @@ def parse_translate_request(body: bytes, limits: Any, defaults: SearchOptions) -
 
 def check_lengths(request: TranslateRequest, tokenizer: Tokenizer, max_input_words: int | None,
                   max_subwords: int, too_long: str) -> TranslateRequest:
-    """Refuse (413) or mark each sentence over the model's word limit, then refuse any over ``max_subwords``.
-
-    Args:
-        request: from ``parse_translate_request``.
-        tokenizer: the model's; subwords are counted on what the model will read (stripped, cut).
-        max_input_words: the model's length limit in words (``Translator.max_input_words``); None = none.
-        max_subwords: the most source subwords a sentence may have.
-        too_long: ``refuse`` (413) or ``truncate`` (cut to the limit, ``"truncated": true`` in the answer).
+    """Refuse (413) or mark each sentence over the model's word limit (``max_input_words``; None = none), then
+    refuse any over ``max_subwords``, counted on what the model will read (stripped, cut). ``too_long`` is
+    ``refuse`` (413) or ``truncate`` (cut, ``"truncated": true`` in the answer).
     """
     lines = [sentence.strip() for sentence in request.sentences]
     over = [max_input_words is not None and len(line.split()) > max_input_words for line in lines]

@@ -32,11 +32,9 @@ MAX_HEADER_BYTES = 16 * 1024  # h11's own default, set explicitly: longer reques
 class RequestDeadlineProtocol(H11Protocol):
     """uvicorn's h11 protocol with a deadline for receiving each whole request, head and body.
 
-    uvicorn's ``timeout_keep_alive`` closes connections idle *between* requests only: a client that sends
-    its request a few bytes at a time (slowloris), or never finishes its body, would otherwise hold its
-    connection, and a half-read body its handler, for as long as it likes. The deadline starts when the
-    connection opens or its last answer went out, and stops once h11 has the whole request; the time
-    the request then waits for the worker is the server's, not the client's.
+    ``timeout_keep_alive`` only closes connections idle *between* requests, so a slowloris client, or one that
+    never finishes its body, could hold a connection (and a handler) forever. The deadline runs from the
+    connection opening or its last answer until h11 has the whole request; waiting for the worker is not counted.
     """
 
     request_timeout_s = 5.0  # set per server by ``uvicorn_config``
@@ -110,13 +108,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def serve_main(cfg: DictConfig) -> None:
-    """Load the model(s) of ``cfg.checkpoint`` and serve them until SIGTERM or Ctrl-C (``serve.py``).
-
-    Every setting is checked, and the port taken, before the model loads.
+    """Load the model(s) of ``cfg.checkpoint`` and serve them until SIGTERM or Ctrl-C (``serve.py``); every setting
+    is checked, and the port taken, before the model loads.
 
     Raises:
-        ConfigError, TranslationError, CheckpointError, DataError: user mistakes, found before the
-            server starts (reported in one line by ``serve.py``).
+        ConfigError, TranslationError, CheckpointError, DataError: user mistakes, reported in one line.
     """
     check_serve_settings(cfg)
     sock = bind_socket(cfg.host, cfg.port)  # a port in use is found now, not after a minute of loading

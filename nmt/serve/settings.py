@@ -23,11 +23,9 @@ LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
 
 @dataclass
 class ServeSettings(EngineSettings):
-    """``serve.py``'s settings: the engine's (checkpoint, device, precision, search options) and these.
-
-    The defaults here are the only ones; configs/serve.yaml gets them from Hydra's ConfigStore
-    (``serve_settings``) and comments every key. The search options are every request's defaults; a
-    request may override ``SEARCH_OVERRIDES``.
+    """``serve.py``'s settings: the engine's and these, the one home of their defaults (configs/serve.yaml gets
+    them from Hydra's ConfigStore). The search options are every request's defaults; a request may override
+    ``SEARCH_OVERRIDES``.
     """
 
     host: str = "127.0.0.1"  # this machine only; put a reverse proxy in front for anything public
@@ -61,10 +59,7 @@ POSITIVE = (*LIMITS, "batch_sentences", "slice_subwords", "max_queued_sentences"
 
 
 def check_serve_settings(settings: Any) -> SearchOptions:
-    """Check ``ServeSettings`` (or a composed ``serve`` config) before anything loads; binds nothing.
-
-    Returns:
-        The search options every request starts from.
+    """Check the settings before anything loads (binds nothing); returns the search options requests start from.
 
     Raises:
         ConfigError: the first bad setting (port, host, allowed_hosts, log level, a limit, a timeout).
