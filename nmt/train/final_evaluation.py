@@ -26,14 +26,10 @@ class FinishedRun:
 
     Attributes:
         model: the run's model; its weights are swapped for the scored ones and restored to the best's.
-        data: the validation and test splits (and the tokenizer).
-        checkpoints: the run's ``checkpoints/`` (best, and the ones kept for averaging).
         decode: ``(split, beam_size) -> detokenized hypotheses``, the run's own search (as in validation).
         teacher_forced_loss: ``split -> loss per target token``.
-        run_dir: where results.json and translations/ go.
         cfg: the run's config (the HParams tab and the test settings: beam size, length penalty, averaging).
         summary: what the run was and what it took (``Trainer.summary``), copied into results.json.
-        logger: the run's TensorBoard writer.
     """
 
     model: Seq2Seq
@@ -69,12 +65,8 @@ def final_evaluation(run: FinishedRun) -> dict[str, Any]:
 
 
 def evaluate_weights(run: FinishedRun, label: str, step: int | None) -> dict[str, Any]:
-    """Beam-search scores of the model's current weights on the validation and test splits.
-
-    Args:
-        run: the run whose model is scored.
-        label: what the weights are (``best``, ``average of last 3``), recorded.
-        step: the checkpoint's step; given for the best checkpoint, whose test translations are written.
+    """Beam-search scores of the model's current weights (``label``: ``best``, ``average of last 3``) on the
+    validation and test splits; with ``step`` (the best checkpoint's) the test translations are written too.
     """
     beam, data = run.cfg.trainer.test_beam_size, run.data
     loss = run.teacher_forced_loss(data.valid)

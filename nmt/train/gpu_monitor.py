@@ -40,7 +40,6 @@ class GpuMonitor:
 
     Args:
         gpu: an ``nvidia-smi -i`` id (index or UUID); None = record nothing (CPU runs).
-        interval_ms: sampling period.
         unavailable_reason: why nothing is recorded, for the summary (set by ``for_device``).
     """
 

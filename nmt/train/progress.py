@@ -67,10 +67,8 @@ class StepHistory:
 
 
 class RunClock:
-    """The timings of a run, written into its ``Progress`` (``train_seconds``, ``wall_seconds``).
-
-    Args:
-        progress: the run's record; a resumed run's clock goes on from its ``wall_seconds``.
+    """The timings of a run, written into its ``Progress`` (``train_seconds``, ``wall_seconds``); a resumed run's
+    clock goes on from its ``wall_seconds``.
     """
 
     def __init__(self, progress: Progress) -> None:
@@ -130,15 +128,9 @@ class RunClock:
 
 def progress_line(step: int, total_steps: int, epoch: int, loss: float, lr: float, tokens_per_s: float,
                   elapsed: float, eta: float | None) -> str:
-    """The training log line: where the run stands, how it learns, how fast, and how long it has left.
-
-    Args:
-        step: optimizer steps taken; total_steps: the planned number.
-        epoch: the current epoch (0-based).
-        loss: mean training loss per target token over the log window.
-        lr: the learning rate of the last step.
-        tokens_per_s: target tokens per second over the window (all ranks).
-        elapsed: the run's wall-clock seconds so far; eta: seconds left, None when unknown yet.
+    """The training log line: step of ``total_steps``, epoch (0-based), mean loss per target token and target
+    tokens/s (all ranks) over the log window, the last learning rate, elapsed seconds and ``eta`` (None when not
+    known yet).
     """
     percent = 100 * step // max(1, total_steps)
     return (f"step {step}/{total_steps} ({percent}%) | epoch {epoch} | loss {loss:.3f} | lr {lr:.1e} | "

@@ -20,18 +20,10 @@ from nmt.train.progress import Progress
 log = logging.getLogger(__name__)
 
 def resume_overrides(args: Sequence[str]) -> list[str]:
-    """Hydra overrides that make ``train.py trainer.resume=RUN`` write only into RUN.
-
-    Without them Hydra makes a new ``outputs/<date>/<time>_<attention>/`` holding only ``.hydra/`` and a
-    ``train.log``. With them its run dir is RUN, so the log goes on in ``RUN/train.log``, and it writes
-    no ``.hydra/`` (RUN keeps the one from its start; the resumed config goes to ``RUN/config.yaml``).
-
-    Args:
-        args: the command-line arguments (``sys.argv[1:]``).
-
-    Returns:
-        The overrides to append; none without ``trainer.resume``, in a sweep (``-m``), or when the
-        command line sets ``hydra.run.dir`` itself.
+    """Hydra overrides that make ``train.py trainer.resume=RUN`` write only into RUN: the log goes on in
+    ``RUN/train.log``, no new ``outputs/<date>/...`` folder and no ``.hydra/`` (the resumed config goes to
+    ``RUN/config.yaml``). Empty without ``trainer.resume``, in a sweep (``-m``), or when the command line sets
+    ``hydra.run.dir`` itself.
 
     Raises:
         CheckpointError: the resume path is neither a run dir with ``checkpoints/last.pt`` nor a checkpoint file.

@@ -17,13 +17,8 @@ log = logging.getLogger(__name__)
 
 
 class RunLogger:
-    """TensorBoard writer plus progress display. A disabled logger (non-zero DDP ranks) does nothing.
-
-    Args:
-        run_dir: where the event file goes.
-        total_steps: planned optimizer steps, for the progress bar.
-        initial_step: where a resumed run starts.
-        enabled: False on every rank but 0.
+    """TensorBoard writer plus progress display (``total_steps`` planned, starting at ``initial_step`` when
+    resumed). A disabled logger (DDP ranks other than 0) does nothing.
     """
 
     def __init__(self, run_dir: Path, total_steps: int, initial_step: int = 0, enabled: bool = True) -> None:

@@ -95,10 +95,8 @@ def _check_attention(attention: DictConfig) -> None:
 
 
 def validate_config(cfg: DictConfig) -> None:
-    """Check a composed training config; raise ``ConfigError`` naming the first bad key.
-
-    Args:
-        cfg: the composed config with groups ``data``, ``model``, ``attention``, ``trainer``.
+    """Check a composed training config (``data``, ``model``, ``attention``, ``trainer``); raise ``ConfigError``
+    naming the first bad key.
     """
     sections = {key: value for key, value in cfg.items() if key != "hydra"}
     if problem := first_unknown_key(sections, TrainSettings):

@@ -119,13 +119,8 @@ def check_same_data(ranks: list[dict[str, Any]]) -> None:
 
 
 class Trainer:
-    """Owns the run's objects (data, model, optimizer, logger, checkpoints) and the loop over them.
-
-    Args:
-        cfg: the validated config.
-        run_dir: where checkpoints, events and results go.
-        info: this process's place in a distributed run.
-        resume_state: a loaded checkpoint to continue from, or None.
+    """Owns the run's objects (data, model, optimizer, logger, checkpoints) and the loop over them; ``resume_state``
+    is a loaded checkpoint to continue from, or None.
     """
 
     def __init__(
@@ -253,11 +248,8 @@ class Trainer:
             self._log_when_due(grad_norm, lr)
 
     def train_step(self, batch: Batch) -> tuple[float | None, int, float, float]:
-        """Learning rate, forward, backward, clip, step.
-
-        Returns:
-            The summed loss (None when the step was skipped), target tokens, gradient norm, and the
-            learning rate this step used (the scheduler has moved on to the next step's by then).
+        """Learning rate, forward, backward, clip, step. Returns the summed loss (None when skipped), target tokens,
+        gradient norm and the learning rate this step used (the scheduler has moved on by then).
         """
         lr = self.scheduler.get_last_lr()[0]
         self.model.train()
@@ -409,12 +401,8 @@ class Trainer:
 
     # ------------------------------------------------------------------------------ checkpoints
     def save(self, *names: str, rng_states: list[dict[str, Any]] | None = None) -> None:
-        """Write ``checkpoints/<name>.pt`` for each name (rank 0 writes).
-
-        Args:
-            names: checkpoint names, e.g. ``"last", "best"``.
-            rng_states: ``gather_rng_states`` taken at this point; None = gather them here, which every
-                rank must then call together.
+        """Write ``checkpoints/<name>.pt`` for each name (``"last"``, ``"best"``; rank 0 writes). ``rng_states``:
+        ``gather_rng_states`` taken at this point; None gathers them here, which every rank must then call together.
         """
         rng_states = gather_rng_states(self.info) if rng_states is None else rng_states
         if not self.checkpoints.enabled:
@@ -530,12 +518,11 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     """Train (or resume) a model as configured; return the final metrics (Hydra sweeps use them).
 
     Args:
-        cfg: the composed config (``data``, ``model``, ``attention``, ``trainer``).
         run_dir: where outputs go; default: Hydra's run dir. A resumed run writes on into its own.
 
     Raises:
-        ConfigError, DataError, CheckpointError, DeviceError, TrainingError: a problem the user can fix;
-            the message says how (``train.py`` prints it in one line and exits with status 2).
+        ConfigError, DataError, CheckpointError, DeviceError, TrainingError: a problem the user can fix; the
+            message says how (``train.py`` prints it in one line and exits with status 2).
     """
     validate_config(cfg)
     resume_state = None
