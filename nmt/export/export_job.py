@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import importlib.metadata
+import importlib.util
 import logging
 import shutil
 import sys
@@ -10,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import onnx
-import onnxruntime
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
@@ -65,6 +65,9 @@ def export_main(cfg: Any) -> Path:
         raise ExportError(f"format={cfg.format} is not valid; use one of {', '.join(FORMATS)}")
     if cfg.int8 and cfg.format != "onnx":
         raise ExportError("int8=true quantises ONNX graphs; use it with format=onnx")
+    missing = [name for name in ("onnx", "onnxruntime") if importlib.util.find_spec(name) is None]
+    if cfg.format == "onnx" and missing:
+        raise ExportError(f"format=onnx needs {' and '.join(missing)}: pip install -e '.[export]'")
     search = SearchOptions.from_settings(cfg)
     output = Path(str(cfg.output))
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
@@ -101,8 +104,15 @@ def provenance_record(translator: Translator) -> dict[str, Any]:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command_line("export.py"),
         "sources": sources,
-        "versions": {**library_versions(), "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__},
+        "versions": {**library_versions(), **{name: _version(name) for name in ("onnx", "onnxruntime", "safetensors")}},
     }
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _plain(value: Any) -> Any:
