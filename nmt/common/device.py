@@ -22,13 +22,9 @@ class DeviceError(ValueError):
 
 
 def resolve_device(name: str | torch.device, key: str = "device", local_rank: int | None = None) -> torch.device:
-    """The device a setting names.
-
-    Args:
-        name: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``; a torch.device
-            is returned as it is.
-        key: the setting's name, for the error message (``trainer.device``, ``device``).
-        local_rank: under ``torchrun``, the process's local rank: ``cuda`` becomes ``cuda:<local_rank>``.
+    """The device a setting names: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N`` (a
+    torch.device is returned as it is); under ``torchrun`` ``cuda`` becomes ``cuda:<local_rank>``. ``key`` names
+    the setting in errors.
 
     Raises:
         DeviceError: an unknown name, or CUDA asked for without a GPU.
@@ -76,14 +72,9 @@ def uses_bf16(precision: str, device: torch.device) -> bool:
 def quantize_int8(model: nn.Module) -> nn.Module:
     """A copy of ``model`` for ``precision=int8``: its ``nn.Linear`` and ``nn.GRU`` layers quantized dynamically.
 
-    Weights are stored in int8 (per tensor); each call quantizes its input on the fly and accumulates in
-    int32 (fbgemm's kernels, which use AVX-512 VNNI where the CPU has it). Linear layers with one output
-    are left in float32: the additive scorer reads its ``energy`` vector's weight directly, and a
-    one-column matmul gains nothing from int8.
-
-    Why ``torch.ao.quantization``: it is part of torch 2.13, which marks it deprecated in favour of the
-    separate ``torchao`` package. That package is not a dependency of this project, so the deprecation
-    warning is silenced here, in the one place that quantizes.
+    Weights are int8 (per tensor); inputs are quantized per call and accumulate in int32 (fbgemm). One-output
+    linear layers stay float32: the additive scorer reads ``energy``'s weight directly. ``torch.ao.quantization``
+    is deprecated in favour of ``torchao``, not a dependency here, so the warning is silenced in this one place.
     """
     from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
 

@@ -68,12 +68,9 @@ def write_json_durably(path: str | Path, data: Any, indent: int = 2) -> Path:
 
 @contextlib.contextmanager
 def folder_lock(folder: str | Path, owner: str, advice: str) -> Iterator[None]:
-    """Hold ``folder/.lock`` (an flock the OS releases however the process ends, SIGKILL included).
-
-    Args:
-        folder: the folder one process at a time may write; created if missing.
-        owner: who holds it, written into the lock file and quoted to a second process (``train.py (pid 12)``).
-        advice: what the second process should do, ending the one-line refusal.
+    """Hold ``folder/.lock`` (an flock the OS releases however the process ends, SIGKILL included); the folder is
+    created if missing. ``owner`` (``train.py (pid 12)``) is quoted to a second process, and ``advice`` ends its
+    one-line refusal.
 
     Raises:
         FolderInUse: another process holds the lock.

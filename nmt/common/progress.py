@@ -24,19 +24,14 @@ def format_duration(seconds: float) -> str:
 
 
 class ProgressDisplay:
-    """Where a long job stands, shown the way its output is read.
-
-    On a terminal it is a tqdm bar on stderr; elsewhere a log line at most every ``every_s`` seconds (and
-    at the end), so a log file gets a readable record instead of carriage returns.
+    """Where a long job stands: a tqdm bar on stderr on a terminal; elsewhere a log line at most every ``every_s``
+    seconds (and at the end), so a log file gets a readable record instead of carriage returns.
 
     Args:
-        total: units of work planned (steps, lines, sentences).
-        unit: the unit's name, for the bar and the default line (``" lines"``).
-        desc: what the job is doing (``"translating"``).
-        done: units already done (a resumed job).
+        total: units of work planned (steps, lines, sentences); done: units already done (a resumed job).
+        unit: the unit's name (``" lines"``); desc: what the job is doing (``"translating"``).
         every_s: the least time between two log lines; 0 logs every update.
-        logger: where the log lines go.
-        bar: True for a bar even off a terminal (a user asked for one), False never; None: on a terminal.
+        bar: True for a bar even off a terminal, False never; None: on a terminal.
         enabled: False shows nothing (e.g. every DDP rank but 0).
         leave: keep the finished bar on the screen.
     """

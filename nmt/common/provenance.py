@@ -20,12 +20,8 @@ from nmt.common.version import __version__
 
 
 def command_line(script: str, argv: Sequence[str] | None = None) -> str:
-    """The shell command that reproduces this run: ``python <script> <args>``.
-
-    Args:
-        script: the script's path from the repository root, e.g. ``scripts/benchmark.py``.
-        argv: the arguments ``main`` was given; None = this process's own (``sys.argv[1:]``), which are
-            the script's only when it was started from the shell.
+    """The shell command that reproduces this run, ``python <script> <args>`` (``script`` from the repository
+    root); ``argv`` None takes this process's ``sys.argv[1:]``, the script's only when started from the shell.
     """
     return shlex.join(["python", script, *(sys.argv[1:] if argv is None else argv)])
 

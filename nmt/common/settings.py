@@ -81,20 +81,11 @@ def to_plain_dict(cfg: DictConfig) -> dict[str, Any]:
 
 
 def check_command_line_keys(config_dir: str | Path, args: Sequence[str], schema: type) -> str | None:
-    """A one-line error for a command-line override of a key the entry point does not have, with the nearest key.
+    """A one-line error for a command-line key the entry point does not have, naming the nearest; None if all fit.
 
-    Each ``key=value`` is walked through ``schema`` (``trainer.lrr`` -> ``did you mean trainer.lr?``)
-    before Hydra composes anything, and its value is checked against the type the schema gives it.
-    Left to Hydra: group choices (``attention=NAME``, ``experiment=NAME``: Hydra lists the valid
-    ones), additions and deletions (``+key``, ``~key``), ``hydra.*`` and syntax errors.
-
-    Args:
-        config_dir: the entry point's config folder; its sub-folders are the config groups.
-        args: the command-line arguments (``sys.argv[1:]``).
-        schema: the entry point's settings dataclass (``TrainSettings``, ``TranslateSettings``, ...).
-
-    Returns:
-        The message, or None.
+    Each ``key=value`` of ``args`` is walked through ``schema`` (the entry point's settings dataclass;
+    ``trainer.lrr`` -> ``did you mean trainer.lr?``) before Hydra composes anything, and its value checked
+    against the schema's type. Group choices, ``+key``/``~key``, ``hydra.*`` and syntax errors are left to Hydra.
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -129,14 +120,9 @@ def _bad_value(schema: type, key: str, value: Any) -> str | None:
 
 
 def unknown_group_option(config_dir: str | Path, args: Sequence[str]) -> str | None:
-    """A one-line error for ``GROUP=NAME`` on the command line when no ``GROUP/NAME.yaml`` exists.
-
-    Hydra would answer with its search path and exit 1; this names the valid options instead. Sweeps
-    (``attention=dot,general``) are checked option by option; ``null`` is a valid choice of any group.
-    Folders added with ``--config-dir`` (``-cd``) count as Hydra counts them.
-
-    Returns:
-        The message, or None.
+    """A one-line error for ``GROUP=NAME`` when no ``GROUP/NAME.yaml`` exists (Hydra would print its search path and
+    exit 1), naming the valid options; None if all exist. Sweeps are checked option by option; ``null`` is valid
+    for any group; ``--config-dir`` folders count as Hydra counts them.
     """
     roots = [Path(config_dir), *extra_config_dirs(args)]
     for arg in args:

@@ -22,17 +22,13 @@ FORMAT_VERSION = 1
 
 def write_onnx_folder(translator: Translator, folder: Path, search: SearchOptions, provenance: dict[str, Any],
                       int8: bool) -> Path:
-    """Write ``translator``'s models (float32, CPU) as an ONNX folder into the existing, empty ``folder``.
+    """Write ``translator``'s models (float32, CPU) as an ONNX folder into the existing, empty ``folder``; returns
+    the manifest's path.
 
     Args:
-        translator: the loaded model or ensemble (``precision="fp32"`` on the CPU).
-        folder: where the files go.
         search: the search defaults the runtime starts from.
         provenance: where the models came from (``export_job.provenance_record``).
         int8: replace each graph by onnxruntime's dynamic int8 quantisation of it.
-
-    Returns:
-        The manifest's path.
     """
     members: list[SearchModel] = list(translator.model.members) if isinstance(translator.model, Ensemble) \
         else [translator.model]

@@ -10,15 +10,9 @@ from nmt.model.hub_folder import CONFIG_FILE, WEIGHTS_FILE
 
 
 def recorded_results(checkpoint: Path) -> dict[str, Any] | None:
-    """The test scores recorded for ``checkpoint``, or None when there are none for it.
-
-    ``RUN/checkpoints/best.pt`` has its run's ``results.json`` (train.py scores the best checkpoint; a
-    ``last.pt`` or other file has no recorded scores); a Hub folder's ``model.safetensors`` has the scores
-    its ``config.json`` carried over.
-
-    Returns:
-        ``{"test": {test set: {"bleu", "chrf", "bleu_signature", "chrf_signature", ...}}, "beam_size",
-        "length_penalty"}``.
+    """The test scores recorded for ``checkpoint`` (a run's ``best.pt``: its results.json; a Hub folder: what its
+    config.json carried over), or None: ``{"test": {set: {"bleu", "chrf", signatures...}}, "beam_size",
+    "length_penalty"}``.
     """
     if checkpoint.name == WEIGHTS_FILE:
         return _read_json(checkpoint.parent / CONFIG_FILE).get("results")

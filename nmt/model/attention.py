@@ -205,13 +205,11 @@ class AdditiveAttention(Attention):
         return self._score_in_chunks(q, k)
 
     def _score_in_chunks(self, q: Tensor, k: Tensor) -> Tensor:
-        """The same scores, computed for CPU decoding. q ``[B, T, 1, H]``, k ``[B, 1, S, H]`` -> ``[B, T, S]``.
+        """The same scores for CPU decoding: q ``[B, T, 1, H]``, k ``[B, 1, S, H]`` -> ``[B, T, S]``.
 
-        Why: ``tanh(q + k)`` (``[B, T, S, H]``, B the sentences times the beam) is most of a decoding
-        step on a CPU. Two rewrites, exact up to float rounding, together measured ~4x faster there:
-        ``tanh(x) = 2 sigmoid(2x) - 1`` (PyTorch's CPU sigmoid is several times faster than its tanh),
-        so ``v . tanh(x) = 2 v . sigmoid(2x) - sum(v)``; and a few rows at a time, so the big tensor
-        stays in cache instead of going through memory three times.
+        ``tanh(q + k)`` is most of a CPU decoding step. Two exact rewrites, ~4x faster together:
+        ``v . tanh(x) = 2 v . sigmoid(2x) - sum(v)`` (CPU sigmoid is several times faster than tanh), and a few
+        rows at a time, so the ``[B, T, S, H]`` tensor stays in cache.
         """
         batch, steps, _, hidden = q.shape
         src_len = k.shape[2]
@@ -272,10 +270,8 @@ class GeneralAttention(Attention):
 class MultiHeadAttention(Attention):
     """Vaswani et al. (2017): scaled-dot attention in ``heads`` subspaces of size ``hidden_size / heads``.
 
-    Query, keys and values get learned projections to ``hidden_size``; each head attends on its own
-    slice; the heads' contexts are concatenated and projected back to the value size. The returned
-    weights are the mean over heads (for plots and alignments). Key and value projections are
-    prepared once per batch, stacked as ``[B, 2, S, hidden]``.
+    The heads' contexts are concatenated and projected back to the value size; the reported weights are their
+    mean. Key and value projections are prepared once per batch, stacked as ``[B, 2, S, hidden]``.
     """
 
     def __init__(

@@ -36,11 +36,8 @@ def _tensors_to_bytes(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
-    """Write ``state`` (plus format and version stamps) to ``path`` atomically and durably.
-
-    The bytes go to a temp file, are flushed to disk (fsync), and only then renamed over ``path``: a
-    crash, a full disk or a power cut leaves the previous checkpoint, never a half-written or empty one.
-    A failed write removes its temp file.
+    """Write ``state`` (plus format and version stamps) to ``path`` atomically and durably (temp file, fsync,
+    rename): a crash, a full disk or a power cut leaves the previous checkpoint, never a half-written one.
     """
     state = {"format_version": CHECKPOINT_FORMAT, "nmt_version": __version__, **state}
     if "tokenizer" in state:
@@ -140,12 +137,8 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu"
 
 
 class RunCheckpoints:
-    """A run's ``checkpoints/`` folder. A disabled one (DDP ranks other than 0) writes nothing.
-
-    Args:
-        run_dir: the run dir; checkpoints go to ``run_dir/checkpoints/``.
-        average_last: keep this many validation checkpoints' weights for averaging (<= 1: none).
-        enabled: False on every rank but 0.
+    """A run's ``checkpoints/`` folder, keeping the last ``average_last`` validation checkpoints' weights for
+    averaging (<= 1: none). A disabled one (DDP ranks other than 0) writes nothing.
     """
 
     def __init__(self, run_dir: Path, average_last: int = 0, enabled: bool = True) -> None:

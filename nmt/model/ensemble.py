@@ -66,18 +66,11 @@ class Ensemble(nn.Module):
     def decode_step(
         self, prev_tokens: Tensor, state: EnsembleState, memory: EnsembleMemory
     ) -> tuple[Tensor, EnsembleState, Tensor]:
-        """One step of every member.
-
-        Args:
-            prev_tokens: ``[R]`` previous output tokens.
-            state: the members' states.
-            memory: the members' memories (``R`` rows, or ``R / K`` for beam search's K hypotheses).
+        """One step of every member; ``memory`` has ``R`` rows, or ``R / K`` for beam search's K hypotheses.
 
         Returns:
-            the mean log-probabilities ``[R, V]`` (float32), the new states, and the mean attention
-            weights ``[R, S]`` of the members that attend (the first member's weights if none does).
-            The scores are already normalised where a ``Seq2Seq`` returns logits: the search's
-            log-softmax leaves them as they are (the decoder-step contract in ``nmt.model.search``).
+            the mean log-probabilities ``[R, V]`` (float32; the search's log-softmax leaves them as they are), the
+            new states, and the mean attention ``[R, S]`` of the members that attend (the first member's if none).
         """
         log_probs, states, weights = [], [], []
         for model, member_state, member_memory in zip(self.members, state.members, memory.members):

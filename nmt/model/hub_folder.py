@@ -32,15 +32,8 @@ def is_hub_folder(path: str | Path) -> bool:
 
 
 def write_hub_folder(folder: Path, state: dict[str, Any], extra_config: dict[str, Any]) -> list[Path]:
-    """Write a checkpoint dict's weights, config and tokenizer into ``folder``.
-
-    Args:
-        folder: the output folder (created).
-        state: a checkpoint dict (``config``, ``tokenizer`` as bytes, ``model``), as ``load_checkpoint`` returns.
-        extra_config: more keys for ``config.json`` (languages, provenance).
-
-    Returns:
-        The files written.
+    """Write a checkpoint dict's weights, config and tokenizer (as ``load_checkpoint`` returns it) into ``folder``
+    (created); ``extra_config`` adds keys to ``config.json`` (languages, provenance). Returns the files written.
     """
     folder.mkdir(parents=True, exist_ok=True)
     # safetensors refuses tensors that share memory: tied embeddings are written as two copies, and
