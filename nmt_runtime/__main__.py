@@ -17,6 +17,7 @@ from nmt_runtime.folder import ExportFolderError
 from nmt_runtime.translator import Translation, Translator
 
 PROGRAM = "nmt_runtime"
+SEARCH_OPTIONS = ("beam_size", "length_penalty", "n_best", "max_len", "max_len_ratio", "batch_tokens")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -34,7 +35,9 @@ def _ratio(text: str) -> float | None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = _Parser(prog=f"python -m {PROGRAM}", description="Translate stdin to stdout with an ONNX export.")
+    # search options left out stay out of the namespace: the folder's defaults apply
+    parser = _Parser(prog=f"python -m {PROGRAM}", description="Translate stdin to stdout with an ONNX export.",
+                     argument_default=argparse.SUPPRESS)
     parser.add_argument("folder", help="a folder written by export.py")
     parser.add_argument("--beam-size", type=int, help="1 = greedy (default: the folder's)")
     parser.add_argument("--length-penalty", type=float, help="GNMT alpha, 0-10")
@@ -42,9 +45,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-len", type=int, help="at most this many output subwords")
     parser.add_argument("--max-len-ratio", type=_ratio, help="and at most ceil(ratio * source subwords) + 5; none")
     parser.add_argument("--batch-tokens", type=int, help="padded source subwords per batch")
-    parser.add_argument("--src-lang", help="refuse a model that does not translate from this language")
-    parser.add_argument("--tgt-lang", help="refuse a model that does not translate into this language")
-    parser.add_argument("--threads", type=int, help="onnxruntime threads (default: all cores)")
+    parser.add_argument("--src-lang", default=None, help="refuse a model that does not translate from this language")
+    parser.add_argument("--tgt-lang", default=None, help="refuse a model that does not translate into this language")
+    parser.add_argument("--threads", type=int, default=None, help="onnxruntime threads (default: all cores)")
     return parser.parse_args(argv)
 
 
@@ -76,10 +79,7 @@ def format_output(result: Translation, n_best: int) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format=f"{PROGRAM}: %(message)s")
-    options = {name: value for name in ("beam_size", "length_penalty", "n_best", "max_len", "batch_tokens")
-               if (value := getattr(args, name)) is not None}
-    if args.max_len_ratio is not None or "--max-len-ratio" in (argv if argv is not None else sys.argv):
-        options["max_len_ratio"] = args.max_len_ratio
+    options = {name: value for name, value in vars(args).items() if name in SEARCH_OPTIONS}
     try:
         translator = Translator(args.folder, threads=args.threads)
         for side, wanted, have in (("source", args.src_lang, translator.src_lang),
