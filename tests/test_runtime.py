@@ -57,10 +57,10 @@ def test_the_command_writes_what_translate_py_writes(folder: Path, tiny_run_dir:
     got_scores, expected_scores = ([float(x) for line in lines for x in line.split("\t")[1::2]]
                                    for lines in (got, expected))
     assert got_scores == pytest.approx(expected_scores, abs=2e-4) and len(got_scores) == 8
-    done = run_runtime(sys.executable, folder, stdin, "--beam-size=2", "--max-len", "40", "--max-len-ratio=none")
+    done = run_runtime(sys.executable, folder, stdin, "--beam-size=2", "--max-len", "90", "--max-len-ratio=none")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.decode() == expected_lines(tiny_run_dir, 1, beam_size=2, max_len=40, max_len_ratio=None)
-    assert done.stdout.decode() != expected_lines(tiny_run_dir, 1, beam_size=2, max_len=40)  # the ratio's limit
+    assert done.stdout.decode() == expected_lines(tiny_run_dir, 1, beam_size=2, max_len=90, max_len_ratio=None)
+    assert done.stdout.decode() != expected_lines(tiny_run_dir, 1, beam_size=2, max_len=90)  # the ratio's limit
 
 
 def test_mistakes_are_one_line_and_exit_2(folder: Path, tmp_path: Path) -> None:
