@@ -111,3 +111,24 @@ def test_the_runtime_runs_where_torch_cannot_be_imported(folder: Path, tiny_run_
                           capture_output=True, env=env, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout.decode() == expected_lines(tiny_run_dir, 1, beam_size=1)
+
+
+def test_source_text_is_cut_and_encoded_as_the_engine_does(tmp_path: Path) -> None:
+    """Stripping, the word limit and a leading reserved tag (``<bt>``: its one id), on separate src/tgt models."""
+    from conftest import TGT, tokenizer_settings
+
+    from nmt.data import train_tokenizer
+    from nmt.inference.engine import truncate_words
+    from nmt_runtime.text import SubwordText
+
+    tokenizer = train_tokenizer(SRC * 3, TGT * 3, tokenizer_settings(vocab_size=60, joint=False), tags=["<bt>"])
+    src_file, tgt_file = tokenizer.save(tmp_path)
+    text = SubwordText(src_file, tgt_file, list(tokenizer.tags), max_input_words=4)
+    lines = [f"<bt> {SRC[0]}", f"  <bt>\t{SRC[1]} ", SRC[2], "<bt>", "", "Zwei <bt> Hunde", "\tEin  Hund \t"]
+    cleaned = [text.clean(line)[0] for line in lines]
+    assert cleaned == truncate_words([line.strip() for line in lines], 4)[0]
+    assert [text.encode(line) for line in cleaned] == [tokenizer.encode_src(line) if line else [] for line in cleaned]
+    tag_id = text.src.piece_to_id("<bt>")
+    assert tag_id > 3 and text.encode(cleaned[0])[0] == tag_id and text.encode(cleaned[0])[1] != tag_id
+    ids = tokenizer.encode_tgt(TGT[0])
+    assert text.decode([2, *ids, 3]) == tokenizer.decode_tgt(ids) == TGT[0]
