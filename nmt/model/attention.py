@@ -81,15 +81,12 @@ def build_attention(
 def masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
     """Softmax over the last dimension that gives masked positions weight exactly 0.
 
-    A row with no valid position gives all zeros (never NaN): the usual ``-inf`` fill would make
-    ``exp(-inf - (-inf))`` undefined there.
+    A row with no valid position gives all zeros, never NaN (the usual ``-inf`` fill makes
+    ``exp(-inf - (-inf))`` undefined there).
 
     Args:
         scores: ``[..., S]`` unnormalised scores.
         mask: bool, broadcastable to ``scores``; True = keep.
-
-    Returns:
-        ``[..., S]`` weights, summing to 1 over kept positions (0 for rows with none).
     """
     mask = mask.expand_as(scores)
     # The most negative finite value keeps max-subtraction finite; the final multiply makes masked
@@ -225,10 +222,8 @@ class AdditiveAttention(Attention):
 
 @register_attention("dot")
 class DotAttention(Attention):
-    """Luong et al. (2015): ``score(q, k) = q . k``.
-
-    When the key size differs from the query size, the keys are first mapped to the query size by a
-    learned linear projection (prepared once per batch); with equal sizes there are no parameters.
+    """Luong et al. (2015): ``score(q, k) = q . k``; keys of another size are first projected to the query size
+    (prepared once per batch), equal sizes need no parameters.
     """
 
     def __init__(self, query_size: int, key_size: int, hidden_size: int, dropout: float = 0.0) -> None:

@@ -147,10 +147,8 @@ class RunCheckpoints:
         self.enabled = enabled
 
     def save(self, names: tuple[str, ...], state: dict[str, Any]) -> None:
-        """Write ``state`` as ``<name>.pt`` for each name (``"last"``, ``"best"``), ``best`` first.
-
-        ``last.pt`` records the best step; were it written first, a crash between the two files would
-        leave it naming a best that ``best.pt`` does not hold.
+        """Write ``state`` as ``<name>.pt`` for each name, ``best`` first: ``last.pt`` records the best step, and a
+        crash between the two files must not leave it naming a best that ``best.pt`` does not hold.
         """
         if self.enabled:
             for name in sorted(names, key=lambda name: name != "best"):

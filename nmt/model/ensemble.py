@@ -39,11 +39,7 @@ class EnsembleState:
 
 
 class Ensemble(nn.Module):
-    """Several ``Seq2Seq`` models decoding together.
-
-    Args:
-        models: the members, in eval mode, on one device, with the same target vocabulary.
-    """
+    """Several ``Seq2Seq`` models decoding together: in eval mode, on one device, with one target vocabulary."""
 
     def __init__(self, models: Sequence[Seq2Seq | SearchModel]) -> None:
         super().__init__()

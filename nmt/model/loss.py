@@ -44,10 +44,8 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
 
 
 def sequence_loss(logits: Tensor, targets: Tensor, label_smoothing: float = 0.0) -> Tensor:
-    """Summed cross-entropy over real target tokens. logits ``[B, T, V]``, targets ``[B, T]`` -> scalar.
-
-    Equal to ``F.cross_entropy(..., ignore_index=PAD_ID, label_smoothing=..., reduction="sum")`` up to
-    float rounding (a test checks loss and gradient).
+    """Summed cross-entropy over real target tokens: logits ``[B, T, V]``, targets ``[B, T]`` -> scalar. Equal to
+    ``F.cross_entropy(..., ignore_index=PAD_ID, label_smoothing=..., reduction="sum")`` up to rounding (tested).
     """
     flat = logits.reshape(-1, logits.shape[-1]).float()  # [B*T, V], float32 for a stable softmax
     return _SmoothedCrossEntropy.apply(flat, targets.reshape(-1), float(label_smoothing))

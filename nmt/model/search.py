@@ -128,16 +128,8 @@ def sample_search(
 
     With ``top_k > 0`` the draw is among the ``top_k`` most probable tokens (Edunov et al., 2018 sample
     back-translations both ways); ``top_k = 1`` is greedy. The score sums the drawn tokens' log-probabilities
-    under the model itself, so scores compare with greedy's.
-
-    Args:
-        temperature: > 0; below 1 sharpens the distribution, above 1 flattens it.
-        top_k: draw among this many most probable tokens; 0 = the whole vocabulary.
-        generator: on ``src``'s device: the same state, batch and model give the same samples.
-        Others: as for ``greedy_search``.
-
-    Returns:
-        One hypothesis per row of ``src``, in order.
+    under the model itself, so scores compare with greedy's. ``generator`` lives on ``src``'s device: the same
+    state, batch and model give the same samples. Other arguments and the result as for ``greedy_search``.
     """
 
     def draw(log_probs: Tensor) -> tuple[Tensor, Tensor]:  # [B, V] -> token log-probs [B], tokens [B]
@@ -163,9 +155,7 @@ def _token_by_token(
     choose: Callable[[Tensor], tuple[Tensor, Tensor]],
 ) -> list[Hypothesis]:
     """One hypothesis per sentence, one token per step: ``choose(log_probs [B, V]) -> (log-probs [B], tokens [B])``.
-
-    Every row steps until all are finished (a finished row's tokens are discarded), so every step
-    chooses for all B rows.
+    All B rows step until all are finished (a finished row's tokens are discarded).
     """
     device, batch = src.device, src.shape[0]
     limits_list = length_limits(src_lengths, max_len, max_len_ratio)
@@ -301,10 +291,8 @@ class _Pool:
 
 @dataclass
 class _Beams:
-    """The search state of the A sentences still in the batch; row a is the sentence of ``src`` row ``rows[a]``.
-
-    Every per-step tensor has A (or A*K) rows; a done sentence leaves at the next sync point, so the
-    batch shrinks as sentences end.
+    """The search state of the A sentences still in the batch (row a is ``src`` row ``rows[a]``); a done sentence
+    leaves at the next sync point, so the batch shrinks as sentences end.
     """
 
     rows: Tensor  # [A]
@@ -417,11 +405,9 @@ def _best_candidates(logits: Tensor, beam_score: Tensor, blocked: Tensor) -> tup
 
 
 def _log_normaliser(logits: Tensor, top_logit: Tensor, blocked_logits: Tensor) -> Tensor:
-    """``log Σ_v exp(z_v)`` per row, ``[N, 1]``, over ``logits`` ``[N, V]`` (blocked entries at -inf, overwritten
-    here) and the blocked entries' own values ``[N, b]``; ``top_logit`` ``[N, 1]`` is the largest unblocked one.
-
-    Shifted by the row maximum so that no exponential overflows; ``torch.logsumexp`` would allocate two
-    ``[N, V]`` temporaries where this works in place.
+    """``log Σ_v exp(z_v)`` ``[N, 1]`` over ``logits`` ``[N, V]`` (blocked entries at -inf; overwritten) and the
+    blocked entries' values ``[N, b]``, shifted by the row maximum (``top_logit`` is the largest unblocked one).
+    In place, where ``torch.logsumexp`` would allocate two ``[N, V]`` temporaries.
     """
     row_max = torch.maximum(top_logit, blocked_logits.amax(dim=1, keepdim=True))  # [N, 1]
     total = logits.sub_(row_max).exp_().sum(dim=1, keepdim=True)  # [N, 1]

@@ -50,10 +50,8 @@ def gru_cell(
 
 
 class GateNorm(nn.Module):
-    """Layer normalisation of each of a GRU's three gate pre-activations on its own (Ba et al., 2016).
-
-    Normalising the input and the recurrent contributions separately keeps their scales equal from
-    step to step, whatever the attention context does. Gain and bias are per gate: ``[3, Hd]``.
+    """Layer normalisation of each of a GRU's three gate pre-activations on its own (Ba et al., 2016), gain and bias
+    ``[3, Hd]``: input and recurrent parts keep equal scales, whatever the attention context does.
     """
 
     def __init__(self, hidden_size: int) -> None:
@@ -116,15 +114,11 @@ class Decoder(nn.Module):
     layer's embedding gates and the output projection run once, outside it, on all steps.
 
     Args:
-        vocab_size: V.
-        emb_size: E.
-        hidden_size: Hd.
-        enc_size: size of the encoder states, 2He.
+        vocab_size, emb_size, hidden_size, enc_size: V, E, Hd and the encoder states' size 2He.
         num_layers: L stacked GRU layers; the top layer's state is the attention query.
         dropout: on embeddings, between layers and before the output matrix.
         attention: the plug-in; its ``context_size`` may be 0 (no attention).
         tie_embeddings: share the output matrix with the target embeddings.
-        pad_id: padding id.
         output_hidden_size: the deep output layer's width; None = E (needed to tie).
         layer_norm: a layer-normalised first GRU layer (``GateNorm`` on its input and recurrent gates).
     """
@@ -197,10 +191,8 @@ class Decoder(nn.Module):
         return self.output(self.dropout(hidden))  # [..., V]
 
     def _attend(self, query: Tensor, memory: EncoderMemory) -> tuple[Tensor, Tensor]:
-        """query ``[N, Hd]`` with ``N = G * B`` for memory of B sources -> context ``[N, C]``, weights ``[N, S]``.
-
-        With G > 1 (beam search: G hypotheses of one source in consecutive rows) the G queries of a
-        source attend to its one copy of the memory together, so the memory is never repeated G times.
+        """query ``[N, Hd]``, ``N = G * B`` for memory of B sources -> context ``[N, C]``, weights ``[N, S]``. With
+        G > 1 (beam hypotheses in consecutive rows) a source's G queries attend to its one copy of the memory together.
         """
         sources = memory.enc_out.shape[0]
         group = query.shape[0] // sources
