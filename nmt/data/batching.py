@@ -52,14 +52,9 @@ def pack_batches(
 
 
 def cut_sorted(widths: np.ndarray, max_tokens: int) -> np.ndarray:
-    """Where ``pack_batches`` cuts pairs whose widths are sorted, found per batch instead of per pair.
-
-    Args:
-        widths: ``[N]`` ``max(S, T)`` of each pair in batching order, non-decreasing or non-increasing.
-        max_tokens: the padded-token budget of one batch.
-
-    Returns:
-        ``[num_batches + 1]`` int64 bounds: batch ``k`` holds positions ``bounds[k]:bounds[k + 1]``.
+    """Where ``pack_batches`` cuts pairs whose ``widths`` ``[N]`` (``max(S, T)``, in batching order) are sorted
+    either way, found per batch instead of per pair: ``[num_batches + 1]`` int64 bounds, batch ``k`` holding
+    positions ``bounds[k]:bounds[k + 1]``.
     """
     n = len(widths)
     bounds, start = [0], 0
@@ -159,13 +154,10 @@ class TokenBucketSampler(Sampler[list[int]]):
     change). An epoch's plan is numpy arrays, ready in about a second for millions of pairs.
 
     Args:
-        src_lengths: ``[N]`` source lengths incl. EOS.
-        tgt_lengths: ``[N]`` target lengths incl. BOS/EOS.
+        src_lengths: ``[N]`` source lengths incl. EOS; tgt_lengths: ``[N]`` target lengths incl. BOS/EOS.
         max_tokens: padded-token budget per batch, ``B * max(S, T)``.
         shuffle: shuffle by ``(seed, epoch)``, the same on every rank (training); else length-sorted batches,
             longest first, so running out of memory shows at once.
-        rank: this process's rank in ``[0, world_size)``.
-        name: the split's name, for messages.
         parts: the split's sources with their weights (``EncodedSplit.parts``); with ``shuffle``, an epoch
             sees each source's pairs ``weight`` times. Empty: every pair once.
 

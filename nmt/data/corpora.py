@@ -194,11 +194,9 @@ def build_corpus(
     files: Mapping[str, Mapping[str, Any]] | None = None,
     settings: Mapping[str, Any] | None = None,
 ) -> Corpus:
-    """The registered corpus ``name``, constructed from the data settings.
+    """The registered corpus ``name`` (a key of ``CORPORA``), constructed from the data settings.
 
     Args:
-        name: a key of ``CORPORA``.
-        cache_dir: the data cache.
         mirror: a folder tried before the network.
         files: ``data.files`` (for ``files``).
         settings: the whole ``data`` section, for corpora with settings of their own (``data.tatoeba``).

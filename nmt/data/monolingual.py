@@ -41,10 +41,8 @@ class MonolingualCorpus:
 
     Attributes:
         name: the registered name, also its folder in the cache and the mirror.
-        langs: the languages it has.
         file_names: ``{lang}`` in the names of its files, which are read in this order.
         url_template: the public origin, with a ``{name}`` field.
-        sha256: the pinned hash of every file.
         parallel_train: the registered parallel corpus whose training split is dropped from it.
     """
 

@@ -272,10 +272,8 @@ def split_sources(
 
 
 def file_sha256(path: Path, memo_dir: Path) -> str:
-    """The sha256 of a corpus file, remembered in ``memo_dir`` by path, size, mtime and inode.
-
-    A cached run then reads no corpus file to know that nothing changed (4.5M pairs are ~1 GB); a
-    file that was replaced or touched is hashed again.
+    """The sha256 of a corpus file, remembered in ``memo_dir`` by path, size, mtime and inode: a cached run reads no
+    corpus file to know nothing changed (4.5M pairs are ~1 GB); a replaced or touched file is hashed again.
     """
     stat = path.stat()
     seen = {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "inode": stat.st_ino}
@@ -293,10 +291,9 @@ def file_sha256(path: Path, memo_dir: Path) -> str:
 
 
 def prepare_tokenizer(train: list[SplitSource], settings: TokenizerSettings, spm_dir: Path) -> Tokenizer:
-    """The subword model(s) for the training sources: cached when their files and the settings are unchanged.
-
-    Otherwise one pass checks and cleans the training pairs (a bad line fails here, before the slow part), then
-    SentencePiece trains on the cleaned sentences, streamed from disk again for each model. Tags become pieces.
+    """The subword model(s) for the training sources, cached while their files and the settings are unchanged; else
+    one pass checks and cleans the pairs (a bad line fails before the slow part), then SentencePiece trains on the
+    cleaned sentences, streamed again for each model. Tags become pieces.
     """
     tags = sorted({source.tag for source in train if source.tag is not None})
     key = tokenizer_key(settings, json.dumps([[s.identity() for s in train], tags], sort_keys=True))

@@ -153,10 +153,9 @@ def read_export(path: Path) -> Iterator[tuple[str, str]]:
 
 
 def write_splits(export: Path, tests: dict[str, Path], folder: Path, settings: TatoebaSettings) -> dict[str, Any]:
-    """Write train/dev/test ``.de`` / ``.en`` files into ``folder``; return the counts.
-
-    Training pairs whose German or English side is a test sentence are dropped; dev takes whole English
-    sentences (all their translations), in a seeded order, until it holds ``settings.dev_size`` pairs.
+    """Write train/dev/test ``.de`` / ``.en`` files into ``folder``; return the counts. Training pairs with a side
+    in the test set are dropped; dev takes whole English sentences (all their translations), in a seeded order,
+    until it holds ``settings.dev_size`` pairs.
     """
     folder.mkdir(parents=True, exist_ok=True)
     test = {lang: read_lines(path) for lang, path in tests.items()}

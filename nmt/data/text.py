@@ -154,10 +154,8 @@ class CleanStats:
 
 
 class PairFilter:
-    """Keeps a training pair unless a side is empty, over ``max_len`` words, or the word ratio is over ``max_ratio``.
-
-    Call it on each pair of a stream (``filter(keep, pairs)``); it counts as it goes. Each dropped pair
-    counts under the first reason it fails, in the order above. ``None`` turns a limit off.
+    """Keeps a training pair unless a side is empty, over ``max_len`` words, or the word ratio is over ``max_ratio``
+    (``None`` turns a limit off); called on each pair of a stream, it counts each drop under its first reason.
     """
 
     def __init__(self, max_len: int | None = None, max_ratio: float | None = None) -> None:

@@ -261,10 +261,8 @@ def text_hash(*sides: Sequence[str]) -> str:
 
 
 def _train_model(sentences: Iterable[str], settings: TokenizerSettings, tags: Sequence[str] = ()) -> bytes:
-    """Train one SentencePiece model in memory and return its proto bytes.
-
-    ``sentences`` may be a stream: SentencePiece pulls them one at a time and keeps a reservoir
-    sample of at most ``INPUT_SENTENCE_SIZE``. ``tags`` become pieces of their own (user-defined symbols).
+    """Train one SentencePiece model in memory; its proto bytes. ``sentences`` may stream: SentencePiece keeps a
+    reservoir sample of at most ``INPUT_SENTENCE_SIZE``. ``tags`` become user-defined symbols.
     """
     writer = io.BytesIO()
     try:
