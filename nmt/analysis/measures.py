@@ -17,18 +17,14 @@ TUTORIAL_BLEU_LABEL = "tutorial-style BLEU (lowercased, 13a-tokenized; not compa
 
 
 def tutorial_bleu(hyps: Sequence[str], refs: Sequence[str]) -> dict:
-    """BLEU of detokenized ``hyps`` against parallel ``refs`` as the well-known PyTorch/torchtext tutorials
-    compute it: lowercased and tokenized.
-
-    Lowercased, tokenized text inflates BLEU by a few points over cased sacreBLEU; this function exists
-    only to compare against such numbers and says so in its label.
+    """BLEU of detokenized ``hyps`` against ``refs`` as the PyTorch/torchtext tutorials compute it, lowercased and
+    tokenized (a few points above cased sacreBLEU): only to compare against such numbers, and labelled so.
 
     Returns:
-        ``{"bleu", "signature", "label"}``: the score (0-100), its sacreBLEU signature and a
-        human-readable label that marks it as tutorial-style.
+        ``{"bleu", "signature", "label"}``: the score (0-100), its sacreBLEU signature and a tutorial-style label.
 
     Raises:
-        ValueError: When ``hyps`` and ``refs`` differ in length.
+        ValueError: ``hyps`` and ``refs`` differ in length.
     """
     check_parallel(hyps, refs)
     bleu = BLEU(lowercase=True, tokenize="13a")
@@ -38,20 +34,15 @@ def tutorial_bleu(hyps: Sequence[str], refs: Sequence[str]) -> dict:
 
 def bleu_by_length(srcs: Sequence[str], hyps: Sequence[str], refs: Sequence[str],
                    buckets: Sequence[int] = (10, 20, 30, 40)) -> list[dict]:
-    """Corpus BLEU of ``hyps`` against ``refs`` per bucket of source length (whitespace-separated words).
-
-    With the default ``buckets`` the ranges are ``<=10``, ``11-20``, ``21-30``, ``31-40`` and ``>40``.
-
-    Args:
-        srcs: Source sentences (untokenized), parallel to ``hyps`` and ``refs``.
-        buckets: Increasing upper bounds (inclusive) of all but the last, open-ended bucket.
+    """Corpus BLEU per bucket of source length in whitespace words (by default ``<=10``, ``11-20``, ``21-30``,
+    ``31-40``, ``>40``); ``buckets`` are the increasing inclusive upper bounds of all but the last bucket.
 
     Returns:
-        One dict per bucket, shortest first: ``{"range", "min_words", "max_words", "n", "bleu"}``;
-        ``max_words`` is None for the open-ended bucket and ``bleu`` is None for an empty bucket.
+        One dict per bucket, shortest first: ``{"range", "min_words", "max_words", "n", "bleu"}``; ``max_words``
+        None for the open-ended bucket, ``bleu`` None for an empty one.
 
     Raises:
-        ValueError: On unparallel inputs or bucket bounds that are not strictly increasing.
+        ValueError: unparallel inputs, or bounds that are not strictly increasing.
     """
     check_parallel(hyps, refs)
     check_parallel(srcs, refs)
@@ -83,21 +74,14 @@ def bleu_by_length(srcs: Sequence[str], hyps: Sequence[str], refs: Sequence[str]
 
 
 def attention_sharpness(model: Seq2Seq, split: EncodedSplit, batch_tokens: int = 4096) -> dict[str, float] | None:
-    """How peaked the attention is on ``split``, decoding its references teacher-forced.
-
-    Every real target token (EOS included) contributes one attention distribution ``a_j`` over its
-    S real source pieces (EOS included, padding excluded); multi-head attention contributes the
-    mean over its heads, the distribution the model reports. Sentences with an empty side are
-    skipped.
-
-    Args:
-        model: The model, in eval mode.
-        batch_tokens: Padded source tokens per batch.
+    """How peaked the attention is on ``split``, decoding its references teacher-forced: every real target token
+    (EOS included) gives one distribution ``a_j`` over its S real source pieces (multihead: the heads' mean).
+    Sentences with an empty side are skipped.
 
     Returns:
         ``{"normalised_entropy", "max_weight", "entropy", "tokens"}``: means over target tokens of
-        ``H(a_j) / log S`` (0 = one-hot, 1 = uniform), of ``max_i a_ji`` and of ``H(a_j)`` in nats,
-        and the number of target tokens; None for a model without attention.
+        ``H(a_j) / log S`` (0 = one-hot, 1 = uniform), of ``max_i a_ji`` and of ``H(a_j)`` in nats, and the
+        token count; None for a model without attention.
     """
     if not model.has_attention:
         return None

@@ -60,10 +60,8 @@ def check_inference_precision(precision: str, device: torch.device, key: str = "
 
 
 def uses_bf16(precision: str, device: torch.device) -> bool:
-    """Whether ``precision`` means bf16 autocast on ``device``.
-
-    ``auto`` is bf16 on CUDA only, so CPU numerics never depend on the machine. bf16 keeps float32's exponent
-    range, so no loss scaling is needed (fp16, which needs it, is not offered).
+    """Whether ``precision`` means bf16 autocast on ``device``: ``auto`` only on CUDA, so CPU numerics never depend on
+    the machine. bf16 keeps float32's exponent range, so no loss scaling is needed (fp16, which would, is not offered).
     """
     check_precision(precision, choices=INFERENCE_PRECISIONS)
     return precision == "bf16" or (precision == "auto" and device.type == "cuda")

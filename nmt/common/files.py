@@ -25,10 +25,8 @@ def fsync_folder(folder: str | Path) -> None:
 
 
 def replace_durably(tmp: str | Path, path: str | Path) -> Path:
-    """Make a finished temp file ``path``: fsync its bytes, rename it over ``path``, fsync the folder.
-
-    For writers that fill their temp file themselves (a download, an array written in pieces); the
-    temp file must sit in ``path``'s folder, so the rename is atomic.
+    """Make a finished temp file (in ``path``'s folder, so the rename is atomic) ``path``: fsync it, rename it over
+    ``path``, fsync the folder. For writers that fill their temp file themselves (a download, an array in pieces).
     """
     with open(tmp, "rb+") as handle:
         os.fsync(handle.fileno())  # the data is on disk before the rename makes it the file
@@ -38,10 +36,8 @@ def replace_durably(tmp: str | Path, path: str | Path) -> Path:
 
 
 def write_durably(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
-    """Write ``path`` through ``write(handle)``: a temp file beside it, fsync, rename over ``path``, fsync the folder.
-
-    A crash, a full disk or a power cut leaves the previous file (or none), never a half-written one; a
-    failed write removes its temp file.
+    """Write ``path`` through ``write(handle)`` into a temp file beside it, fsync, rename, fsync the folder: a crash,
+    full disk or power cut leaves the previous file (or none), never half of one; a failed write removes its temp.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

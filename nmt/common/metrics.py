@@ -20,12 +20,11 @@ def corpus_scores(hyps: Sequence[str], refs: Sequence[str]) -> dict:
     """Score detokenized ``hyps`` against parallel ``refs`` (one reference each) with sacreBLEU.
 
     Returns:
-        ``{"bleu", "chrf", "length_ratio", "bleu_signature", "chrf_signature"}``: cased 13a BLEU and
-        chrF2 (both 0-100), the hypothesis/reference length ratio in 13a tokens (below 1, BLEU's
-        brevity penalty applies) and the sacreBLEU signatures.
+        ``{"bleu", "chrf", "length_ratio", "bleu_signature", "chrf_signature"}``: cased 13a BLEU and chrF2
+        (0-100), the hypothesis/reference ratio of 13a tokens (below 1, the brevity penalty applies), signatures.
 
     Raises:
-        ValueError: When ``hyps`` and ``refs`` differ in length.
+        ValueError: ``hyps`` and ``refs`` differ in length.
     """
     check_parallel(hyps, refs)
     bleu, chrf = BLEU(), CHRF()  # sacreBLEU defaults: case:mixed, tok:13a; chrF with char order 6, beta 2

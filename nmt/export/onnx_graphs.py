@@ -47,10 +47,9 @@ class PrepareGraph(nn.Module):
 
 
 class StepGraph(nn.Module):
-    """One decoder step over R = G * B rows (G hypotheses per source, in consecutive rows).
-
-    Inputs: prev_tokens ``[R]`` int64, state ``[L, R, Hd]``, enc_out ``[B, S, 2He]``, prepared_keys, src_mask
-    ``[B, S]`` bool. Outputs: log_probs ``[R, V]`` (the model's full distribution) and the new state ``[L, R, Hd]``.
+    """One decoder step over R = G * B rows (G hypotheses per source, consecutive): prev_tokens ``[R]`` int64, state
+    ``[L, R, Hd]``, enc_out ``[B, S, 2He]``, prepared_keys, src_mask ``[B, S]`` bool -> log_probs ``[R, V]`` (the
+    full distribution), state ``[L, R, Hd]``.
     """
 
     def __init__(self, model: SearchModel) -> None:
@@ -65,10 +64,8 @@ class StepGraph(nn.Module):
 
 
 def _example_inputs(model: SearchModel) -> dict[str, tuple[Tensor, ...]]:
-    """Inputs to trace with: 2 sources of lengths 5 and 3, 2 hypotheses each.
-
-    Why these sizes: no traced dimension may be 1 (the tracer would fix it), and G = 2 traces the
-    decoder's path for beam rows (``Decoder._attend``), which with G = 1 computes the same as the greedy path.
+    """Inputs to trace with: 2 sources of lengths 5 and 3, 2 hypotheses each. No traced dimension may be 1 (the
+    tracer would fix it), and G = 2 traces the decoder's beam-row path (``Decoder._attend``).
     """
     src = torch.tensor([[4, 5, 6, 7, EOS_ID], [8, 9, EOS_ID, PAD_ID, PAD_ID]])  # [2, 5]
     src_lengths = torch.tensor([5, 3])
@@ -111,10 +108,8 @@ def _native_stderr_silenced() -> Iterator[None]:
 
 
 def _with_prepared_axes(prepared_shape: torch.Size) -> dict[str, tuple[list[str], list[str], dict]]:
-    """``_SIGNATURES`` with the source-length axis of the prepared keys where this attention puts it.
-
-    The example's prepared keys are ``[2, 5, ...]`` for most types but ``[2, 2, 5, hidden]`` for
-    multihead (keys and values stacked); the first axis after the batch of size 5 is the source length.
+    """``_SIGNATURES`` with the prepared keys' source-length axis where this attention puts it: the first axis after
+    the batch of size 5 (``[2, 5, ...]``, or ``[2, 2, 5, hidden]`` for multihead's stacked keys and values).
     """
     src_axis = list(prepared_shape).index(5, 1)
     axes = {0: "batch", src_axis: "src_len"}
@@ -125,10 +120,8 @@ def _with_prepared_axes(prepared_shape: torch.Size) -> dict[str, tuple[list[str]
 
 
 def export_graphs(model: SearchModel, folder: Path, prefix: str = "") -> dict[str, str]:
-    """Write the three graphs of ``model`` (float32, CPU, eval mode) as ``<prefix><name>.onnx`` into ``folder``.
-
-    Returns:
-        Graph name -> file name.
+    """Write the three graphs of ``model`` (float32, CPU, eval mode) as ``<prefix><name>.onnx`` into ``folder``;
+    returns graph name -> file name.
     """
     modules = {"encoder": EncoderGraph(model), "prepare": PrepareGraph(model), "step": StepGraph(model)}
     examples = _example_inputs(model)

@@ -224,19 +224,16 @@ class Translation:
 
 
 class Translator:
-    """One or more trained models with their tokenizer, ready to translate.
+    """One or more trained models with their tokenizer, ready to translate. Not thread-safe: call it from one
+    thread at a time.
 
     Args:
-        models: the model, or an ensemble's members (same tokenizer and language pair), in eval mode
-            and on one device. The Translator does not change their mode or device.
-        tokenizer: the models' tokenizer.
-        precision: ``auto``, ``bf16``, ``fp32`` or ``int8`` (CPU decoding with int8 copies of the models'
-            linear layers; ``nmt.common.device``).
+        models: the model, or an ensemble's members (same tokenizer and language pair), in eval mode and on
+            one device; the Translator does not change their mode or device.
+        precision: ``auto``, ``bf16``, ``fp32`` or ``int8`` (CPU decoding with int8 copies of the linear layers).
         max_input_words: longer input lines are cut to this many words (one warning); None = no limit.
         configs: the models' resolved training configs (for ``info``), if known.
         checkpoints: the checkpoint files the models came from, if any.
-
-    Not thread-safe: call it from one thread at a time.
     """
 
     def __init__(
@@ -306,10 +303,9 @@ class Translator:
     @classmethod
     def from_pretrained(cls, name: str | Path, device: str | torch.device = "auto", precision: str = "auto",
                         max_input_words: int | str | None = "auto") -> Translator:
-        """Load a Hub folder (``export.py format=hub``): a local folder, or a Hub repo id such as ``user/model``.
-
-        A repo id is fetched (or found in the local Hub cache; ``HF_HUB_OFFLINE=1`` uses only the cache) by
-        ``huggingface_hub.snapshot_download``; the other arguments are ``from_checkpoint``'s.
+        """Load a Hub folder (``export.py format=hub``): a local folder, or a repo id such as ``user/model`` fetched by
+        ``huggingface_hub.snapshot_download`` (``HF_HUB_OFFLINE=1``: the local cache only). Other arguments as
+        ``from_checkpoint``.
         """
         folder = Path(name)
         if not folder.exists():
@@ -350,13 +346,10 @@ class Translator:
             sentences: source sentences (an empty one gives an empty translation).
             attention: also return each best translation's word attention and alignment.
             progress: show a tqdm bar on stderr.
-            sampling: draw one sample per sentence with these options instead of searching
-                (``beam_size`` and ``length_penalty`` are then unused; ``n_best`` must be 1).
-            rerank: rescore the search's n-best lists (``nmt.inference.rerank.Rerank``, noisy channel): the
-                search keeps ``max(n_best, rerank.n_best)`` candidates, all rescored, and returns ``n_best``
-                of them, scored with the combined score. Off (None) by default.
-            **options: ``SearchOptions`` fields (beam_size, length_penalty, n_best, max_len,
-                max_len_ratio, batch_tokens); unset ones take their defaults.
+            sampling: draw one sample per sentence with these options instead of searching (``n_best`` must be 1).
+            rerank: rescore the n-best lists with a noisy channel (``nmt.inference.rerank.Rerank``): the search
+                keeps ``max(n_best, rerank.n_best)`` candidates and returns ``n_best``, with the combined score.
+            **options: ``SearchOptions`` fields; unset ones take their defaults.
 
         Raises:
             TypeError: an unknown option (Python's own keyword check, by ``SearchOptions``).
@@ -390,18 +383,10 @@ class Translator:
         self, src_ids: Sequence[Sequence[int]], options: SearchOptions | None = None, progress: bool = False,
         attention: bool = True, sampling: SamplingOptions | None = None,
     ) -> list[list[Hypothesis]]:
-        """Decode encoded sentences in length-sorted token batches, in input order.
-
-        Args:
-            src_ids: subword ids per sentence, without EOS; an empty list gives one empty hypothesis.
-            options: the search options (defaults if None).
-            progress: show a tqdm bar on stderr.
-            attention: keep each hypothesis' subword attention (validation's heatmaps read it).
-            sampling: sample instead of searching (see ``translate``); one generator, seeded once, serves
-                the batches in their (deterministic) order.
-
-        Returns:
-            Per sentence, up to ``n_best`` hypotheses (one when sampling), best first.
+        """Decode encoded sentences (ids without EOS; an empty one gives one empty hypothesis) in length-sorted token
+        batches; per sentence, up to ``n_best`` hypotheses (one when sampling), best first, in input order.
+        ``attention`` keeps each hypothesis' subword attention (validation's heatmaps read it); when ``sampling``,
+        one generator, seeded once, serves the batches in their deterministic order.
         """
         opts = (options or SearchOptions()).checked()
         generator = None

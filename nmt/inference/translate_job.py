@@ -68,10 +68,8 @@ def _open_input(path: str | Path) -> AbstractContextManager[Any]:
 # ---------------------------------------------------------------------- The job behind translate.py
 @dataclass
 class TranslateSettings(EngineSettings):
-    """``translate.py``'s settings: the engine's (checkpoint, device, precision, search options) and these.
-
-    The defaults here are the only ones; configs/translate.yaml gets them from Hydra's ConfigStore
-    (``translate_settings``) and comments every key.
+    """``translate.py``'s settings: the engine's and these, the one home of their defaults (configs/translate.yaml
+    gets them from Hydra's ConfigStore and comments every key).
     """
 
     input: str = STDIO

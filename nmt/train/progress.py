@@ -36,10 +36,8 @@ class Progress:
 
 
 class StepHistory:
-    """``train_log.jsonl``: step, loss per target token, learning rate and gradient norm of every optimizer step.
-
-    Resume tests compare it byte for byte with an uninterrupted run's. A disabled history (DDP ranks
-    other than 0) writes nothing.
+    """``train_log.jsonl``: step, loss per target token, learning rate and gradient norm of every optimizer step
+    (resume tests compare it byte for byte). A disabled history (DDP ranks other than 0) writes nothing.
     """
 
     def __init__(self, path: Path, enabled: bool = True) -> None:

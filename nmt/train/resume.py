@@ -45,10 +45,8 @@ def _hydra_quoted(value: str) -> str:
 
 
 def resume_paths(resume: str | Path) -> tuple[Path, Path]:
-    """The checkpoint a ``trainer.resume`` value continues from, and the run dir the resumed run writes into.
-
-    A run dir resumes from its ``checkpoints/last.pt`` (inference would pick ``best.pt``); a checkpoint
-    file ``RUN/checkpoints/NAME.pt`` resumes from itself, writing on into ``RUN``.
+    """The checkpoint a ``trainer.resume`` value continues from, and the run dir to write into: a run dir resumes
+    from ``checkpoints/last.pt``; ``RUN/checkpoints/NAME.pt`` from itself, writing on into ``RUN``.
     """
     resume = Path(resume)
     if resume.is_dir():
@@ -57,10 +55,8 @@ def resume_paths(resume: str | Path) -> tuple[Path, Path]:
 
 
 def resume_config(cfg: DictConfig, state: dict[str, Any]) -> DictConfig:
-    """The config of a resumed run: the checkpoint's, with this invocation's ``trainer`` keys on top.
-
-    Under Hydra, only the dotted overrides typed on the command line are applied (so a run started
-    with ``experiment=smoke`` keeps its settings when resumed with a bare ``trainer.resume=DIR``).
+    """The checkpoint's config with this invocation's ``trainer`` keys on top: under Hydra only the overrides typed
+    on the command line, so a run started with ``experiment=smoke`` keeps its settings on a bare resume.
     """
     saved = OmegaConf.create(upgrade_saved_config(state["config"]))
     try:
@@ -104,11 +100,8 @@ def refuse_changed_run(saved: DictConfig, merged: DictConfig, overrides: list[st
 
 def restore_run(state: dict[str, Any], model: Any, optimizer: Any, scheduler: Any, scaler: Any, tcfg: DictConfig,
                 info: DistInfo) -> Progress:
-    """Put a checkpoint's state back into a run's objects; returns the run's progress.
-
-    The optimizer's and scheduler's states carry the settings the run started with; config.yaml records
-    this run's, so ``trainer.lr``, ``betas`` and ``weight_decay`` are put back in force (unchanged values
-    give the same numbers, bit for bit).
+    """Put a checkpoint's state back into a run's objects; returns the run's progress. ``trainer.lr``, ``betas`` and
+    ``weight_decay`` are then put back in force from this run's config (unchanged values: the same numbers).
     """
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])

@@ -105,10 +105,8 @@ def run_dir_from_hydra() -> Path:
 
 
 def check_same_data(ranks: list[dict[str, Any]]) -> None:
-    """Refuse to train when the ranks prepared different data (``ranks``: each rank's fingerprint, by rank).
-
-    On one machine every rank maps the same cache; on several, each node may prepare its own, and a
-    corpus file or data setting that differs between nodes would otherwise train silently on a mix.
+    """Refuse to train when the ranks' data fingerprints differ: nodes that each prepare their own cache would
+    otherwise train silently on a mix of corpus files or settings.
     """
     for rank, seen in enumerate(ranks[1:], start=1):
         if seen["fingerprint"] != ranks[0]["fingerprint"]:
