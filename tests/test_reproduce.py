@@ -172,3 +172,16 @@ def test_a_dry_run_shows_every_stage_and_runs_nothing(fake_repo: Path, tmp_path:
     shown = capsys.readouterr().out.splitlines()
     assert len(shown) == 22 + 8 and all(line.startswith("reproduce.py: to run ") for line in shown)
     assert "trainer.max_steps=20" in shown[0] and any("score de-en single test_2017: built from " in s for s in shown)
+
+
+def test_the_eta_schedules_the_rest_as_the_runner_would(tmp_path: Path) -> None:
+    def stage(name: str, kind: str, after: list[str]) -> reproduce.Stage:
+        return reproduce.Stage(name, kind, [], [], lambda: [], lambda: False, after)
+
+    clock = reproduce.Clock(tmp_path / "times.json", {"train": 60, "tune": 10})
+    stages = [stage("a", "train", []), stage("b", "train", []), stage("c", "tune", ["a", "b"])]
+    assert reproduce.eta(stages, set(), {}, clock, 1) == "2h10m"  # one at a time: 60 + 60 + 10 minutes
+    assert reproduce.eta(stages, set(), {}, clock, 2) == "1h10m"  # a and b at once, then c
+    assert reproduce.eta(stages, {"a"}, {}, clock, 2) == "1h10m"  # b, then c
+    clock.record("train", 600.0)  # this workdir's own time replaces the recipe's guess
+    assert reproduce.eta(stages, set(), {}, clock, 2) == "20m00s"

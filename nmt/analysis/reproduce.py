@@ -278,6 +278,8 @@ def run_stages(chain: Chain, stages: list[Stage], parallel: int, clock: Clock) -
             say(f"skip  {stage.name}: complete")
     running: dict[str, tuple[Stage, subprocess.Popen, float]] = {}
     failed: list[str] = []
+    say(f"{len(stages)} stages, {len(finished)} complete, {parallel} at a time; "
+        f"ETA {eta(stages, finished, running, clock, parallel)}")
     while True:
         ready = [s for s in stages if s.name not in finished and s.name not in running
                  and all(a in finished for a in s.after)]
@@ -328,11 +330,18 @@ def log_path(chain: Chain, stage: Stage) -> Path:
 
 
 def eta(stages: list[Stage], finished: set[str], running: dict[str, Any], clock: Clock, parallel: int) -> str:
-    """The time left: the stages still to run, and what is left of the running ones, over ``parallel``."""
+    """The time left if each stage takes its estimate: the rest of the plan scheduled as the runner would,
+    ``parallel`` at a time, each stage after the ones it waits for (stages come in plan order, those first)."""
     now = time.monotonic()
-    left = sum(clock.estimate(s.kind) for s in stages if s.name not in finished and s.name not in running)
-    left += sum(max(0.0, clock.estimate(stage.kind) - (now - began)) for stage, _, began in running.values())
-    return format_duration(left / parallel)
+    ends = {stage.name: max(0.0, clock.estimate(stage.kind) - (now - began)) for stage, _, began in running.values()}
+    slots = sorted([*ends.values(), *[0.0] * max(0, parallel - len(ends))])  # when each slot is free
+    for stage in stages:
+        if stage.name in finished or stage.name in ends:
+            continue
+        start = max([slots[0], *(ends.get(name, 0.0) for name in stage.after)])
+        ends[stage.name] = start + clock.estimate(stage.kind)
+        slots = sorted([*slots[1:], ends[stage.name]])
+    return format_duration(max(ends.values(), default=0.0))
 
 
 def show_plan(stages: list[Stage]) -> None:
