@@ -36,11 +36,8 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 class RaggedIds(Sequence[list[int]]):
-    """Rows of token ids stored flat: ``ids[i]`` is row ``i`` as a ``list[int]``, ``ids[a:b]`` a list of rows.
-
-    Args:
-        tokens: ``[N_tok]`` every row's ids, one row after the other.
-        offsets: ``[N + 1]`` int64 row starts; ``offsets[0] == 0`` and ``offsets[-1] == N_tok``.
+    """Rows of token ids stored flat: ``tokens`` ``[N_tok]``, ``offsets`` ``[N + 1]`` int64 row starts (``0`` to
+    ``N_tok``); ``ids[i]`` is row ``i`` as a ``list[int]``, ``ids[a:b]`` a list of rows.
     """
 
     def __init__(self, tokens: np.ndarray, offsets: np.ndarray) -> None:

@@ -21,11 +21,9 @@ NEG_INF = float("-inf")
 
 @runtime_checkable
 class StepModel(Protocol):
-    """The decoder step a search drives; ``Seq2Seq``, ``SearchModel`` and ``Ensemble`` satisfy it.
-
-    ``memory`` and ``state`` are whatever the model keeps (``EncoderMemory`` and ``[L, B, H]`` for one
-    model); the search only reorders them, with ``memory.index_select(rows)``, ``state.index_select(1, rows)``
-    and ``repeat_interleave``.
+    """The decoder step a search drives; ``Seq2Seq``, ``SearchModel`` and ``Ensemble`` satisfy it. ``memory`` and
+    ``state`` are the model's own (``EncoderMemory``, ``[L, B, H]``); the search only reorders them
+    (``memory.index_select(rows)``, ``state.index_select(1, rows)``, ``repeat_interleave``).
     """
 
     @property
@@ -36,10 +34,9 @@ class StepModel(Protocol):
         """Source ids ``[B, S]`` and lengths ``[B]`` -> (memory, initial decoder state)."""
 
     def decode_step(self, prev_tokens: Tensor, state: Any, memory: Any) -> tuple[Tensor, Any, Tensor]:
-        """Previous tokens ``[R]`` -> (next-token scores ``[R, V]``, new state, attention ``[R, S]``).
-
-        Scores are unnormalised log-probabilities: a model's logits, or an ensemble's mean log-probabilities;
-        the search takes their log-softmax, which leaves log-probabilities as they are.
+        """Previous tokens ``[R]`` -> (next-token scores ``[R, V]``, new state, attention ``[R, S]``). Scores are
+        unnormalised log-probabilities (logits, or an ensemble's mean log-probabilities): the search's log-softmax
+        leaves log-probabilities as they are.
         """
 
 
@@ -319,10 +316,8 @@ class _Beams:
 
     def advance(self, step: int, cand_score: Tensor, cand_slot: Tensor, cand_token: Tensor, alpha: float,
                 slots: Tensor) -> tuple[Tensor, Tensor]:
-        """Pool the hypotheses that finish at (0-based) ``step`` and keep the K best that continue.
-
-        ``cand_*`` are ``_best_candidates``' ``[A, 2K]``, ``alpha`` the GNMT length penalty's exponent, ``slots``
-        ``[A, K]`` slot numbers. Returns the slot each continuing hypothesis extends and its token, ``[A, K]`` each.
+        """Pool the hypotheses that finish at (0-based) ``step`` and keep the K best that continue; ``cand_*`` are
+        ``_best_candidates``' ``[A, 2K]``. Returns each continuing hypothesis' slot and token, ``[A, K]`` each.
         """
         k = slots.shape[1]
         # every hypothesis finished at this step took step+1 decoding steps: one penalty for all

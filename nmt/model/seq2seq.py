@@ -229,10 +229,8 @@ class Decoder(nn.Module):
         return self._recur(step_gates, context, state), context, weights
 
     def compile_step(self, backend: str = "inductor") -> None:
-        """Train with the per-step body compiled by ``torch.compile`` (dynamic shapes: batches vary).
-
-        Kept for GPUs, where the step is launch-bound (a dozen small kernels per token); on a 2-core CPU it is 6%
-        slower than eager, so nothing calls it by default (``benchmark.py train --compile-step`` measures it).
+        """Train with the per-step body compiled by ``torch.compile`` (dynamic shapes). For GPUs, where the step is
+        launch-bound; 6% slower than eager on a 2-core CPU, so off by default (``benchmark.py train --compile-step``).
         """
         self._forward_step = torch.compile(self._forward_step, dynamic=True, backend=backend)
 
@@ -250,19 +248,15 @@ class Decoder(nn.Module):
         return self._logits(state[-1], context, embedded), state, weights
 
     def gate_table(self) -> Tensor:
-        """``emb_gates`` of every target token, ``[V, 3Hd]`` (eval mode: no dropout).
-
-        Without gradients the previous token alone decides its input gates, so a search step looks them up here
-        instead of a ``[B, E] x [E, 3Hd]`` matmul (~5% of a CPU beam step); ``SearchModel`` derives it once.
+        """``emb_gates`` of every target token, ``[V, 3Hd]`` (eval mode): without gradients a search step looks its
+        input gates up here instead of a ``[B, E] x [E, 3Hd]`` matmul (~5% of a CPU beam step).
         """
         return self.emb_gates(self.embedding.weight)
 
 
 class Seq2Seq(nn.Module):
-    """Encoder + attentional decoder. ``forward`` is teacher-forced; search uses ``encode`` + ``decode_step``.
-
-    Sizes as in ``Decoder`` (E, He per direction, Hd, L decoder layers); they have no defaults here: their one home
-    is configs/model/default.yaml (``from_config``). ``attention`` is built for query size Hd and key size 2He.
+    """Encoder + attentional decoder. ``forward`` is teacher-forced; search uses ``encode`` + ``decode_step``. Sizes
+    as in ``Decoder``, with no defaults here: their one home is configs/model/default.yaml (``from_config``).
     """
 
     def __init__(

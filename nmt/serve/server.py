@@ -30,11 +30,9 @@ MAX_HEADER_BYTES = 16 * 1024  # h11's own default, set explicitly: longer reques
 
 
 class RequestDeadlineProtocol(H11Protocol):
-    """uvicorn's h11 protocol with a deadline for receiving each whole request, head and body.
-
-    ``timeout_keep_alive`` only closes connections idle *between* requests, so a slowloris client, or one that
-    never finishes its body, could hold a connection (and a handler) forever. The deadline runs from the
-    connection opening or its last answer until h11 has the whole request; waiting for the worker is not counted.
+    """uvicorn's h11 protocol with a deadline for receiving each whole request: ``timeout_keep_alive`` only closes
+    connections idle *between* requests, so a slowloris client could otherwise hold one forever. It runs from
+    the connection opening or its last answer until h11 has the request; waiting for the worker is not counted.
     """
 
     request_timeout_s = 5.0  # set per server by ``uvicorn_config``

@@ -100,11 +100,9 @@ def _check_host(host: Any) -> None:
 
 
 def allowed_hosts(settings: Any) -> list[str] | None:
-    """The ``Host`` header values the server answers (None: any), from ``allowed_hosts`` and ``host``.
-
-    ``auto`` allows the loopback names when the server is bound to a loopback address, so that a page on
-    another site whose name was rebound to 127.0.0.1 cannot talk to it; bound elsewhere it allows any
-    (a reverse proxy in front should check). ``*`` allows any; a list allows those names.
+    """The ``Host`` header values the server answers (None: any). ``auto``: the loopback names when bound to a
+    loopback address (so a site rebound to 127.0.0.1 cannot talk to it), else any (a proxy in front should
+    check); ``*``: any; a list: those names.
     """
     value = settings.allowed_hosts
     value = OmegaConf.to_object(value) if OmegaConf.is_config(value) else value

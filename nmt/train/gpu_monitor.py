@@ -36,11 +36,8 @@ def gpu_id(device: torch.device) -> str:
 
 
 class GpuMonitor:
-    """Samples one GPU's utilisation and memory every ``interval_ms`` between ``__enter__`` and ``__exit__``.
-
-    Args:
-        gpu: an ``nvidia-smi -i`` id (index or UUID); None = record nothing (CPU runs).
-        unavailable_reason: why nothing is recorded, for the summary (set by ``for_device``).
+    """Samples one GPU's utilisation and memory every ``interval_ms`` between ``__enter__`` and ``__exit__``;
+    ``gpu`` is an ``nvidia-smi -i`` id, None to record nothing (``unavailable_reason`` says why).
     """
 
     def __init__(self, gpu: str | None, interval_ms: int = 200, unavailable_reason: str | None = None) -> None:
