@@ -1,5 +1,6 @@
-"""Compare trained runs (typically one per attention type) on a test split: cased sacreBLEU BLEU and chrF, BLEU per
-source length (Bahdanau et al., 2015, Fig. 2), attention sharpness, as tables and plots (``scripts/compare_runs.py``).
+"""Compare trained runs on a test split: cased sacreBLEU BLEU and chrF, BLEU per source length (Bahdanau et al.,
+2015, Fig. 2) and attention sharpness, as ``<out>.md``, ``.json``, ``.png`` and ``_length.png``; ``<out>`` defaults
+to ``attention_comparison`` in the sweep dir or the run dirs' common folder (docs/development/benchmarking.md).
 """
 
 from __future__ import annotations

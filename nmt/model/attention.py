@@ -263,9 +263,10 @@ class GeneralAttention(Attention):
 
 @register_attention("multihead")
 class MultiHeadAttention(Attention):
-    """Vaswani et al. (2017): scaled-dot attention in ``heads`` subspaces of size ``hidden_size / heads``, contexts
-    concatenated and projected back, weights reported as the heads' mean. Key and value projections are
-    prepared once per batch, stacked as ``[B, 2, S, hidden]``.
+    """Vaswani et al. (2017): scaled-dot attention in ``heads`` subspaces of size ``hidden_size / heads``.
+
+    Contexts are concatenated and projected back, weights reported as the heads' mean; key and value projections
+    are prepared once per batch, stacked as ``[B, 2, S, hidden]``.
     """
 
     def __init__(
