@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
-from nmt.common.files import write_json_durably
+from nmt.common.files import write_bytes_durably, write_json_durably
 from nmt.data import DataError, Tokenizer
 
 WEIGHTS_FILE = "model.safetensors"
@@ -39,7 +39,8 @@ def write_hub_folder(folder: Path, state: dict[str, Any], extra_config: dict[str
     # safetensors refuses tensors that share memory: tied embeddings are written as two copies, and
     # load_state_dict puts both back into the one tied parameter.
     weights = {name: tensor.detach().clone().contiguous() for name, tensor in state["model"].items()}
-    save_file(weights, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    # through the one durable write, with the usual permissions (safetensors' save_file makes the file 0600)
+    write_bytes_durably(folder / WEIGHTS_FILE, save(weights, metadata={"format": "pt"}))
     tokenizer = Tokenizer.from_state(state["tokenizer"])
     files = tokenizer.save(folder)
     config = {"model_type": MODEL_TYPE, "hub_format": HUB_FORMAT, "nmt_version": state.get("nmt_version"),
