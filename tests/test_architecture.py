@@ -84,3 +84,17 @@ def test_no_import_cycle_between_modules() -> None:
 
     cycles = [cycle for name in graph if (cycle := cycle_from(name))]
     assert not cycles, " ; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_module_docstrings_are_short_and_functions_fit_on_a_screen() -> None:
+    long_docs, long_functions = [], []
+    for path in modules():
+        tree = ast.parse(path.read_text())
+        doc = ast.get_docstring(tree) or ""
+        if len(doc.splitlines()) > 4 or "not done here" in doc.lower() or "not here" in doc.lower():
+            long_docs.append(str(path.relative_to(PACKAGE)))
+        long_functions += [f"{path.relative_to(PACKAGE)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+                           for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                           and node.end_lineno - node.lineno + 1 > 60]
+    assert not long_docs, f"a module docstring is a sentence or a short paragraph (the map: docs/architecture.md): {long_docs}"
+    assert not long_functions, long_functions
