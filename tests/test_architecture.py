@@ -96,5 +96,5 @@ def test_module_docstrings_are_short_and_functions_fit_on_a_screen() -> None:
         long_functions += [f"{path.relative_to(PACKAGE)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
                            for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
                            and node.end_lineno - node.lineno + 1 > 60]
-    assert not long_docs, f"a module docstring is a sentence or a short paragraph (the map: docs/architecture.md): {long_docs}"
+    assert not long_docs, f"module docstrings are a sentence or a short paragraph: {long_docs}"
     assert not long_functions, long_functions
