@@ -7,7 +7,6 @@ import importlib.metadata
 import importlib.util
 import logging
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,7 +91,7 @@ def export_main(cfg: Any) -> Path:
     if output.exists():
         output.rmdir()  # empty, checked above
     partial.replace(output)  # the folder appears whole or not at all
-    print(f"export.py: wrote {output} ({cfg.format})", file=sys.stderr)
+    log.info("wrote %s (format=%s%s)", output, cfg.format, ", int8" if cfg.int8 else "")
     return output
 
 
