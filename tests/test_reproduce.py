@@ -154,6 +154,7 @@ def test_stages_that_do_not_wait_for_each_other_run_at_once(fake_repo: Path, tmp
     (["recipe=bt_bets"], "recipe=bt_bets is not in .*; valid: bt_best, tiny"),
     (["paralel=2"], "unknown config key paralel: did you mean parallel\\?"),
     (["parallel=0"], "parallel=0 must be a whole number >= 1"),
+    (["device=tpu"], "device='tpu' must be auto, cpu or cuda"),
     (["data.no_such_key=1"], "train.py experiment=multi30k_best .*data.no_such_key=1: .*no_such_key"),
 ])
 def test_a_mistake_is_one_line_and_exit_2(args: list[str], message: str, tmp_path: Path) -> None:
@@ -170,7 +171,8 @@ def test_a_dry_run_shows_every_stage_and_runs_nothing(fake_repo: Path, tmp_path:
     args = ["recipe=tiny", f"workdir={workdir}", "dry_run=true", "data.test_splits=[test_2016_flickr,test_2017]"]
     assert reproduce.main(args, fake_repo) is None and calls(workdir) == []
     shown = capsys.readouterr().out.splitlines()
-    assert len(shown) == 22 + 8 and all(line.startswith("reproduce.py: to run ") for line in shown)
+    assert len(shown) == 22 + 8 + 1 and all(line.startswith("reproduce.py: to run ") for line in shown[:-1])
+    assert shown[-1] == "reproduce.py: ETA 1h30m (cpu, parallel=1)"  # the tiny recipe's guesses, one at a time
     assert "trainer.max_steps=20" in shown[0] and any("score de-en single test_2017: built from " in s for s in shown)
 
 

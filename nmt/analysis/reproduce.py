@@ -85,6 +85,9 @@ def parse_arguments(args: Sequence[str], recipes: Path) -> tuple[dict[str, Any],
             raise ChainError(unknown_key_message("", key, [*SETTINGS, "data.<key> (train.py's data overrides)"]))
     if not isinstance(settings["parallel"], int) or isinstance(settings["parallel"], bool) or settings["parallel"] < 1:
         raise ChainError(f"parallel={settings['parallel']!r} must be a whole number >= 1 (stages run at once)")
+    if settings["device"] not in ("auto", "cpu", "cuda"):
+        raise ChainError(f"device={settings['device']!r} must be auto, cpu or cuda (whose eta_minutes to use; "
+                         "each run picks its own device)")
     return settings, data, load_recipe(recipes, str(settings["recipe"]))
 
 
@@ -430,16 +433,17 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
     workdir = Path(str(settings["workdir"])).expanduser().resolve()
     chain = Chain(workdir, programs, recipe, str(settings["recipe"]), data, repo / "configs")
     stages = plan(chain)
-    if settings["dry_run"]:
-        show_plan(stages)
-        return None
     device = settings["device"]
     if device == "auto":
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    guesses = OmegaConf.to_container(recipe.eta_minutes[str(device)])
-    clock = Clock(workdir / "runs" / ".reproduce" / "times.json", guesses)
+    clock = Clock(workdir / "runs" / ".reproduce" / "times.json", dict(recipe.eta_minutes[str(device)]))
+    if settings["dry_run"]:
+        show_plan(stages)
+        done, parallel = {s.name for s in stages if s.done()}, int(settings["parallel"])
+        say(f"ETA {eta(stages, done, {}, clock, parallel)} ({device}, parallel={parallel})")
+        return None
     run_stages(chain, stages, int(settings["parallel"]), clock)
     report = summary(chain, stages)
     out = workdir / "runs" / f"reproduce_{chain.recipe_name}"
