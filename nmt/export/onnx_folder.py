@@ -58,6 +58,11 @@ def quantize_int8(path: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantized = path.with_name(path.name + ".int8")
-    logging.getLogger("root").setLevel(logging.ERROR)  # quantize_dynamic's advice to run its pre-processing first
-    quantize_dynamic(path, quantized, weight_type=QuantType.QInt8)
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # quantize_dynamic warns on the root logger to run its pre-processing first
+    try:
+        quantize_dynamic(path, quantized, weight_type=QuantType.QInt8)
+    finally:
+        root.setLevel(level)
     quantized.replace(path)
