@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-# Offline machines: a corpus mirror beside the checkout is used when present (see README, "Offline").
+# Offline machines: a corpus mirror beside the checkout is used when present (see docs/guides/data.md, "Run offline with a corpus mirror").
 SHARED_CORPORA := $(abspath ../shared/corpora)
 ifneq ($(wildcard $(SHARED_CORPORA)/multi30k),)
 export NMT_DATA_MIRROR ?= $(SHARED_CORPORA)

@@ -3,7 +3,7 @@
     python scripts/compare_runs.py --sweep-dir multirun/DATE/TIME          # into the sweep dir
     python scripts/compare_runs.py outputs/A outputs/B --out docs/results/attention_comparison
 
-Logic and options: nmt/analysis/compare.py (`--help`); the figures explained: docs/benchmarking.md.
+Logic and options: nmt/analysis/compare.py (`--help`); the figures explained: docs/development/benchmarking.md.
 """
 
 from nmt.analysis.compare import main

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID))  # dropped by decode; UNK decodes to " ⁇ "
 # unigram / bpe: subwords; word: whole whitespace-separated words (rarer ones become UNK), the
-# no-subword baseline of the ablation in docs/results.md
+# no-subword baseline of the ablation in docs/results/recipe.md
 MODEL_TYPES = ("unigram", "bpe", "word")
 # Bumped when the training recipe changes, so stale cached models are not reused.
 _RECIPE_VERSION = 2  # 2: a fixed SentencePiece thread count
