@@ -50,7 +50,7 @@ else:
         os.kill(os.getpid(), signal.SIGKILL)
     out = Path(args[args.index("--out") + 1])
     out.parent.mkdir(parents=True, exist_ok=True)
-    row = {{"beam_size": 5, "length_penalty": 1.0, "bleu": 42.0}}
+    row = {{"beam_size": 5, "length_penalty": 1.0, "bleu": 42.5 if "kd_nobt" in " ".join(args) else 42.0}}
     if "--rerank-checkpoint" in args:
         row.update(rerank_weight=0.3, rerank_length_weight=0.5)
     report = {{"best": row, "test": {{"chosen on valid": {{**row, "bleu": 43.0}}}}}}
@@ -80,13 +80,15 @@ def test_the_plan_follows_the_recipe_and_the_experiment_configs(fake_repo: Path,
                             reproduce.load_recipe(REPO_ROOT / "configs" / "recipe", "bt_best"), "bt_best", [],
                             REPO_ROOT / "configs")
     stages = {s.name: s for s in reproduce.plan(chain)}
-    assert len(stages) == 2 + 1 + 4 + 1 + 4 + 2 + 8
+    assert len(stages) == 2 + 1 + 4 + 1 + 4 + 2 + 2 + 10
     # the captions of each direction are back-translated by the run its experiment names, once
     assert stages["backtranslate bt_en"].after == ["base en-de seed42"]
     assert stages["backtranslate bt_de"].after == ["bt de-en seed42"]  # iterative: by the de-en bt model
     assert stages["bt en-de seed3"].after == ["backtranslate bt_de"]
     teachers = [f"bt de-en seed{s}" for s in (42, 1, 2, 3)]
     assert stages["student de-en seed42"].after == ["backtranslate bt_en", *teachers]
+    # the two students share the distilled folder: the first makes it, the second waits for it
+    assert stages["student_nobt de-en seed42"].after == [*teachers, "student de-en seed42"]
     assert set(stages["tune de-en ensemble reranked"].after) == {f"bt {p} seed{s}" for p in ("de-en", "en-de")
                                                                  for s in (42, 1, 2, 3)}
 
@@ -115,7 +117,7 @@ def test_the_chain_resumes_after_a_kill_in_every_stage(fake_repo: Path, tmp_path
         killed = name
     monkeypatch.delenv("FAKE_KILL")
     report = reproduce.main(args, fake_repo)
-    assert [stage for stage, _ in calls(workdir)].count(names[-1]) == 2 and len(report["systems"]) == 8
+    assert [stage for stage, _ in calls(workdir)].count(names[-1]) == 2 and len(report["systems"]) == 10
     first = calls(workdir)[0][1]  # train.py's data overrides reach every training, and the mirror every job
     assert "data.mirror=/corpora" in first and "data.test_splits=[test_2016_flickr,test_2017_flickr]" in first
     assert "mirror=/corpora" in next(a for stage, a in calls(workdir) if stage.startswith("backtranslate"))
@@ -126,6 +128,8 @@ def test_the_chain_resumes_after_a_kill_in_every_stage(fake_repo: Path, tmp_path
     score = " ".join(next(a for stage, a in calls(workdir) if stage == name))
     assert score.count("--test-split test_2017_flickr --out") == 1 and "--rerank-weights 0.3" in score
     assert score.endswith("--rerank-length-weights 0.5") and "--beam-sizes 5 --length-penalties 1.0" in score
+    assert report["student_chosen_on_val"] == {p: f"{p} student_nobt reranked" for p in ("de-en", "en-de")}
+    assert "Student chosen on val for en-de: en-de student_nobt reranked." in table
     assert reproduce.main(args, fake_repo) is not None and len(calls(workdir)) == len(names) * 2  # all skipped
 
 
@@ -146,7 +150,7 @@ def test_stages_that_do_not_wait_for_each_other_run_at_once(fake_repo: Path, tmp
         + (fake_repo / "train.py").read_text() + "\nmine.unlink()\n")
     reproduce.main(["recipe=bt_best", f"workdir={workdir}", "device=cpu", "parallel=4"], fake_repo)
     times = json.loads((workdir / "runs" / ".reproduce" / "times.json").read_text())
-    assert len(times["bt"]) == 8 and len(times["base"]) == 2 and len(times["tune"]) == 8
+    assert len(times["bt"]) == 8 and len(times["base"]) == 2 and len(times["tune"]) == 10
     assert max(int(n) for n in (workdir / "overlap.log").read_text().split()) > 1
 
 
@@ -171,8 +175,8 @@ def test_a_dry_run_shows_every_stage_and_runs_nothing(fake_repo: Path, tmp_path:
     args = ["recipe=tiny", f"workdir={workdir}", "dry_run=true", "data.test_splits=[test_2016_flickr,test_2017]"]
     assert reproduce.main(args, fake_repo) is None and calls(workdir) == []
     shown = capsys.readouterr().out.splitlines()
-    assert len(shown) == 22 + 8 + 1 and all(line.startswith("reproduce.py: to run ") for line in shown[:-1])
-    assert shown[-1] == "reproduce.py: ETA 1h30m (cpu, parallel=1)"  # the tiny recipe's guesses, one at a time
+    assert len(shown) == 26 + 10 + 1 and all(line.startswith("reproduce.py: to run ") for line in shown[:-1])
+    assert shown[-1] == "reproduce.py: ETA 1h38m (cpu, parallel=1)"  # the tiny recipe's guesses, one at a time
     assert "trainer.max_steps=20" in shown[0] and any("score de-en single test_2017: built from " in s for s in shown)
 
 

@@ -124,27 +124,29 @@ def training_stages(chain: Chain, training: DictConfig, pair: str) -> list[Stage
     makes with ``backtranslate:`` (run once before the seeds, which then find it complete)."""
     experiment = training.experiment if isinstance(training.experiment, str) else training.experiment[pair]
     cfg = compose_training(chain, experiment, pair)
-    stages, needs = [], []
+    stages, needs, makes = [], [], []
     for entry in cfg.data.mixture or []:
         folder = chain.path(entry.synthetic) if entry.get("synthetic") else None
         if folder is not None and entry.get("backtranslate"):
             stages.append(backtranslate_stage(chain, entry, folder))
         if folder is not None and entry.get("forward_translate"):  # train.py makes it: it needs the teachers
-            needs += [chain.path(c) for c in OmegaConf.to_object(entry.forward_translate.checkpoint)]
+            needs += [chain.path(c) for c in OmegaConf.to_object(entry.forward_translate.checkpoint)] + [folder]
+            makes.append(folder)  # the first training to reach it makes it; the others wait for that one
         elif folder is not None:
             needs.append(folder)
     seeds = list(chain.recipe.seeds)[: training.get("seeds") or None]
     for seed in seeds:
         run_dir = chain.path(f"runs/{training.runs}_{pair}/seed{seed}")
-        stages.append(train_stage(chain, f"{training.name} {pair} seed{seed}", training.name, run_dir, needs,
+        stages.append(train_stage(chain, f"{training.name} {pair} seed{seed}", training.name, [run_dir, *makes], needs,
                                   [f"experiment={experiment}", f"trainer.seed={seed}"], pair))
     return stages
 
 
-def train_stage(chain: Chain, name: str, kind: str, run_dir: Path, needs: list[Path], overrides: list[str],
+def train_stage(chain: Chain, name: str, kind: str, outputs: list[Path], needs: list[Path], overrides: list[str],
                 pair: str) -> Stage:
-    """train.py into ``run_dir``: done when it holds results.json; resumed from its last.pt when it has one."""
-    src, tgt = pair.split("-")
+    """train.py into ``outputs[0]`` (the run dir; the rest: folders its mixture makes): done when the run holds
+    results.json; resumed from its last.pt when it has one."""
+    src, tgt, run_dir = *pair.split("-"), outputs[0]
 
     def command() -> list[str]:
         if (run_dir / "checkpoints" / "last.pt").is_file():
@@ -152,7 +154,7 @@ def train_stage(chain: Chain, name: str, kind: str, run_dir: Path, needs: list[P
         return [*chain.programs["train"], *overrides, f"data.src_lang={src}", f"data.tgt_lang={tgt}",
                 *chain.data_overrides, *chain.recipe.train_overrides, f"hydra.run.dir={run_dir}"]
 
-    return Stage(name, kind, [run_dir], list(needs), command, lambda: (run_dir / "results.json").is_file())
+    return Stage(name, kind, outputs, list(needs), command, lambda: (run_dir / "results.json").is_file())
 
 
 def backtranslate_stage(chain: Chain, entry: DictConfig, folder: Path) -> Stage:
@@ -241,11 +243,15 @@ def plan(chain: Chain) -> list[Stage]:
     stages += [tune_stage(chain, system, pair) for system in chain.recipe.systems for pair in chain.recipe.pairs]
     stages += [score_stage(chain, system, pair, split) for split in extra_test_splits(chain)
                for system in chain.recipe.systems for pair in chain.recipe.pairs]
-    makers = {path: stage.name for stage in stages for path in stage.outputs}
+    makers: dict[Path, str] = {}
+    for stage in stages:
+        for path in stage.outputs:
+            makers.setdefault(path, stage.name)
     for stage in stages:
         for need in stage.needs:
             if need in makers:
-                stage.after.append(makers[need])
+                if makers[need] != stage.name and makers[need] not in stage.after:
+                    stage.after.append(makers[need])
             elif not need.exists():
                 raise ChainError(f"stage '{stage.name}' needs {need}, which no stage of recipe={chain.recipe_name} "
                                  "makes and which does not exist; check the recipe's seeds and trainings")
@@ -383,8 +389,13 @@ def summary(chain: Chain, stages: list[Stage]) -> dict[str, Any]:
             runs.append({"run": stage.name, "dir": str(output), "val_bleu": results["valid"]["bleu"],
                          "test_bleu": (results["test"].get(split) or {}).get("bleu"),
                          "minutes": results.get("wall_seconds", 0) / 60})
+    students = {}  # per pair, the student system val prefers (the recipe may train several)
+    for pair in chain.recipe.pairs:
+        mine = [s for s in systems if s["system"].startswith(f"{pair} student")]
+        if mine:
+            students[pair] = max(mine, key=lambda s: s["val_bleu"])["system"]
     return {"recipe": chain.recipe_name, "test_split": split, "runs": runs, "systems": systems,
-            **provenance("reproduce.py")}
+            "student_chosen_on_val": students, **provenance("reproduce.py")}
 
 
 def choice(row: dict[str, Any]) -> str:
@@ -407,6 +418,8 @@ def render(report: dict[str, Any]) -> str:
               "| --- | --- | ---: |" + " ---: |" * (1 + len(more))]
     lines += [f"| {s['system']} | {s['choice']} | {s['val_bleu']:.2f} | {s['test_bleu']:.2f} |"
               + "".join(f" {fmt(s['more_tests'].get(k))} |" for k in more) for s in report["systems"]]
+    chosen = report["student_chosen_on_val"]
+    lines += ["", *(f"Student chosen on val for {pair}: {name}." for pair, name in chosen.items())]
     return "\n".join([*lines, ""])
 
 
