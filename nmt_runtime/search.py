@@ -75,23 +75,54 @@ def greedy_search(model: Any, src: np.ndarray, src_lengths: np.ndarray, max_len:
 
 def _top(values: np.ndarray, k: int) -> np.ndarray:
     """Column indices of the ``k`` largest entries of each row of ``[N, M]``, largest first."""
-    part = np.argpartition(-values, k - 1, axis=1)[:, :k] if k < values.shape[1] else \
-        np.broadcast_to(np.arange(values.shape[1]), values.shape)
+    width = values.shape[1]
+    part = np.argpartition(values, width - k, axis=1)[:, width - k:] if k < width else \
+        np.broadcast_to(np.arange(width), values.shape)
     order = np.argsort(-np.take_along_axis(values, part, axis=1), axis=1, kind="stable")
     return np.take_along_axis(part, order, axis=1)
+
+
+TOP_K_BLOCK = 64  # vocabulary entries per block in _row_top_k (as nmt.model.search)
+
+
+def _row_top_k(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` largest entries of each row of ``[N, V]`` and their columns, ``[N, k]`` each, in no order.
+
+    Why blocks: a row's k largest entries lie in the k blocks of ``TOP_K_BLOCK`` entries with the largest
+    maxima (or in the last, partial block, which is always searched), so one ``max`` over the row and two
+    small partitions replace a partition of all V entries (that was a third of a beam step on a CPU).
+    """
+    rows, width = values.shape
+    if width < 2 * k * TOP_K_BLOCK:  # few blocks: little to save (measured: 1.5x at V = 2000, k = 10; 4x at V = 8000)
+        columns = np.argpartition(values, width - k, axis=1)[:, width - k:]
+        return np.take_along_axis(values, columns, axis=1), columns
+    whole = width - width % TOP_K_BLOCK  # columns in whole blocks; the rest, the tail, is searched as it is
+    blocks = values[:, :whole].reshape(rows, -1, TOP_K_BLOCK)  # [N, V/block, block]
+    best_blocks = np.argpartition(blocks.max(axis=2), blocks.shape[1] - k, axis=1)[:, -k:]  # [N, k]
+    inside = np.take_along_axis(blocks, best_blocks[:, :, None], axis=1).reshape(rows, k * TOP_K_BLOCK)
+    searched = np.concatenate([inside, values[:, whole:]], axis=1)  # [N, k*block + tail]
+    position = np.argpartition(searched, searched.shape[1] - k, axis=1)[:, -k:]  # [N, k]
+    in_block = position < k * TOP_K_BLOCK
+    block_column = np.take_along_axis(best_blocks, np.minimum(position // TOP_K_BLOCK, k - 1), axis=1) * TOP_K_BLOCK
+    columns = np.where(in_block, block_column + position % TOP_K_BLOCK, whole + position - k * TOP_K_BLOCK)
+    return np.take_along_axis(searched, position, axis=1), columns
 
 
 def _best_candidates(log_probs: np.ndarray, beam_score: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The 2K best extensions of each sentence's beam: scores, the slot each extends, its token; ``[A, 2K]`` each.
 
-    log_probs ``[A*K, V]`` (overwritten), beam_score ``[A, K]`` summed log-probs (-inf = empty slot).
+    log_probs ``[A*K, V]`` (overwritten), beam_score ``[A, K]`` summed log-probs (-inf = empty slot). A slot's
+    score is the same for all its tokens, so a sentence's 2K best are among the 2K best tokens of each slot.
     """
     n_active, k = beam_score.shape
     vocab = log_probs.shape[1]
     log_probs[:, BLOCKED] = NEG_INF
-    scores = (beam_score.reshape(-1, 1) + log_probs).reshape(n_active, k * vocab)  # [A, K*V]
+    row_scores, row_tokens = _row_top_k(log_probs, min(2 * k, vocab))  # [A*K, C]
+    per_row = row_scores.shape[1]
+    scores = (beam_score.reshape(-1, 1) + row_scores).reshape(n_active, k * per_row)  # [A, K*C]
     pos = _top(scores, min(2 * k, k * vocab))  # [A, 2K]
-    return np.take_along_axis(scores, pos, axis=1), pos // vocab, pos % vocab
+    tokens = np.take_along_axis(row_tokens.reshape(n_active, k * per_row), pos, axis=1)
+    return np.take_along_axis(scores, pos, axis=1), pos // per_row, tokens
 
 
 @dataclass

@@ -132,3 +132,22 @@ def test_source_text_is_cut_and_encoded_as_the_engine_does(tmp_path: Path) -> No
     assert tag_id > 3 and text.encode(cleaned[0])[0] == tag_id and text.encode(cleaned[0])[1] != tag_id
     ids = tokenizer.encode_tgt(TGT[0])
     assert text.decode([2, *ids, 3]) == tokenizer.decode_tgt(ids) == TGT[0]
+
+
+def test_the_block_top_k_finds_the_rows_k_largest() -> None:
+    """The beam's candidate search by blocks (a vocabulary over 2 * 2K * 64) against a full sort, -inf rows too."""
+    import numpy as np
+
+    from nmt_runtime.search import _row_top_k
+
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal((7, 3001)).astype(np.float32)  # not a multiple of the block
+    values[2] = -np.inf  # an empty beam slot
+    values[3, :2] = -np.inf  # PAD and BOS blocked
+    values[4, 2990:] += 10.0  # the best in the last, padded block
+    for k in (1, 10, 20):
+        top, columns = _row_top_k(values.copy(), k)
+        assert top.shape == columns.shape == (7, k)
+        np.testing.assert_array_equal(np.sort(top, axis=1), np.sort(values, axis=1)[:, -k:])
+        np.testing.assert_array_equal(np.take_along_axis(values, columns, axis=1), top)
+        assert all(len(set(row)) == k for row in columns.tolist())
