@@ -24,7 +24,6 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from nmt.analysis.cli import REPO_ROOT
 from nmt.common.device import resolve_device
 from nmt.common.provenance import device_name
 from nmt.inference.backtranslation import backtranslate, iter_input_lines, open_input
@@ -46,9 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="backtranslate.py settings, e.g. beam_size=5 top_k=10 device=cuda batch_tokens=8192")
 
 
-def compose_job(overrides: list[str]) -> DictConfig:
-    """``configs/backtranslate.yaml`` with ``backtranslate.py``-style overrides."""
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
+def compose_job(overrides: list[str], project_dir: Path) -> DictConfig:
+    """``project_dir/configs/backtranslate.yaml`` with ``backtranslate.py``-style overrides."""
+    with initialize_config_dir(config_dir=str(Path(project_dir, "configs").resolve()), version_base="1.3"):
         return compose(config_name="backtranslate", overrides=list(overrides))
 
 
@@ -66,12 +65,12 @@ def benchmark_backtranslation(args: argparse.Namespace) -> tuple[dict[str, Any],
     lang = args.lang or Translator.from_checkpoint(checkpoint, device="cpu").info()["src_lang"]
     rows = []
     with tempfile.TemporaryDirectory(prefix="nmt_bt_benchmark_") as tmp:
-        base = compose_job(args.set)
+        base = compose_job(args.set, args.project_dir)
         base.checkpoint, base.input, base.lang, base.output = checkpoint, args.input, lang, os.path.join(tmp, "x")
         source = first_lines(base, args.limit, Path(tmp) / f"input.{lang}")
         warm = first_lines(base, args.warmup, Path(tmp) / f"warmup.{lang}")
         for method in args.methods:
-            cfg = compose_job([*args.set, f"method={method}"])
+            cfg = compose_job([*args.set, f"method={method}"], args.project_dir)
             cfg.checkpoint, cfg.lang, cfg.log_every_s = checkpoint, lang, 1e9
             cfg.input, cfg.output = str(warm), f"{tmp}/warmup_{method}"
             backtranslate(cfg)  # untimed: allocator, kernels, caches

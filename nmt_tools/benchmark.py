@@ -31,7 +31,7 @@ concurrent clients (``nmt_tools.load``).
 
 Writes ``<out>.json`` with the provenance block; ``<out>`` defaults to ``benchmark_<mode>_<device>`` in
 the checkpoint's run dir; without a run dir, ``--out`` is required. A benchmark, not a test: it asserts
-nothing. Details: docs/benchmarking.md.
+nothing. Details: docs/development/benchmarking.md.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from nmt.analysis.cli import device_slug, mirror_file, one_line_errors, parser, sync, write_report
+from nmt.analysis.cli import add_project_dir, device_slug, mirror_file, one_line_errors, parser, sync, write_report
 from nmt.common.device import INFERENCE_PRECISIONS, uses_bf16
 from nmt.common.metrics import corpus_scores
 from nmt.common.provenance import device_name, provenance
@@ -64,17 +64,19 @@ MEANINGLESS_BLEU_NOTE = (
 )
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None, project_dir: Path | None = None) -> argparse.Namespace:
     p = parser(__doc__)
     modes = p.add_subparsers(dest="mode", required=True,
                              metavar="{train,translate,backtranslate,data,scale,server,overload,profile}")
     out = argparse.ArgumentParser(add_help=False)
     out.add_argument("--out", type=Path, help="report path without extension (default: see above)")
+    project = argparse.ArgumentParser(add_help=False)  # the modes that run train.py, serve.py or read configs/
+    add_project_dir(project, project_dir)
     decode = argparse.ArgumentParser(add_help=False)
     decode.add_argument("--reps", type=int, default=3, help="timed translation runs per beam size (median)")
     decode.add_argument("--beam-sizes", type=int, nargs="+", default=[1, 5], help="1 = greedy")
     decode.add_argument("--batch-tokens", type=int, default=4096, help="translation batch budget (translate.py's)")
-    train = modes.add_parser("train", parents=[out, decode], help="training tokens/s (+ translation)")
+    train = modes.add_parser("train", parents=[out, decode, project], help="training tokens/s (+ translation)")
     train.add_argument("overrides", nargs="*", help="Hydra overrides of configs/train.yaml, e.g. model=default")
     train.add_argument("--train-steps", type=int, default=100, help="timed optimizer steps")
     train.add_argument("--compile-step", action="store_true",
@@ -94,23 +96,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     translate.add_argument("--precision", default="auto", choices=INFERENCE_PRECISIONS,
                            help="as translate.py's precision")
     translate.add_argument("--limit", type=int, help="use only the first N sentences (smoke runs)")
-    backtranslation_speed.add_arguments(modes.add_parser("backtranslate", parents=[out],
+    backtranslation_speed.add_arguments(modes.add_parser("backtranslate", parents=[out, project],
                                                          help="back-translation sentences/s, beam and sampling"))
-    padding.add_arguments(modes.add_parser("data", parents=[out], help="data preparation time and padding"))
-    scale.add_arguments(modes.add_parser("scale", parents=[out],
+    padding.add_arguments(modes.add_parser("data", parents=[out, project], help="data preparation time and padding"))
+    scale.add_arguments(modes.add_parser("scale", parents=[out, project],
                                          help="what a corpus of N pairs costs: prepare, load, start training"))
-    load.add_arguments(modes.add_parser("server", parents=[out], help="serve.py under concurrent clients"))
-    overload.add_arguments(modes.add_parser("overload", parents=[out],
+    load.add_arguments(modes.add_parser("server", parents=[out, project], help="serve.py under concurrent clients"))
+    overload.add_arguments(modes.add_parser("overload", parents=[out, project],
                                             help="serve.py: the worst request, and up to 300 clients at once"))
-    training_profile.add_arguments(modes.add_parser("profile", parents=[out],
+    training_profile.add_arguments(modes.add_parser("profile", parents=[out, project],
                                                     help="training FLOP/s and time per op group"))
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run the chosen mode, write its report; returns it."""
+def main(argv: list[str] | None = None, project_dir: Path | None = None) -> dict[str, Any]:
+    """Run the chosen mode, write its report; returns it. ``project_dir``: ``--project-dir``'s default."""
     with one_line_errors("benchmark.py"):
-        args = parse_args(argv)
+        args = parse_args(argv, project_dir)
         measure = {"train": benchmark_training, "translate": benchmark_translation,
                    "backtranslate": backtranslation_speed.benchmark_backtranslation,
                    "data": padding.benchmark_data, "scale": scale.benchmark_scale,
@@ -159,7 +161,7 @@ def measure_translation(translator: Translator, lines: list[str], refs: list[str
 
 def benchmark_training(args: argparse.Namespace) -> tuple[dict[str, Any], torch.device]:
     """The ``train`` mode: training figures, then translation on the first test split."""
-    cfg = compose_config(args.overrides)
+    cfg = compose_config(args.overrides, args.project_dir)
     with tempfile.TemporaryDirectory(prefix="nmt_benchmark_") as tmp:
         trainer = Trainer(cfg, Path(tmp) / "run", DistInfo())  # its events (none) and checkpoints: scratch
         device = trainer.device
@@ -213,3 +215,7 @@ def benchmark_translation(args: argparse.Namespace) -> tuple[dict[str, Any], tor
               "attention": train_cfg.get("attention"),
               "direction": f"{data.get('src_lang', '?')}-{data.get('tgt_lang', '?')}"}
     return {"device": {"type": device.type, "name": device_name(device)}, "config": config, "results": rows}, device
+
+
+if __name__ == "__main__":  # python -m nmt_tools.benchmark, from a plain install too
+    main()

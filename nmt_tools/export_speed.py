@@ -54,7 +54,7 @@ def run_worker(system: str, precision: str, model: str | Path, args: argparse.Na
     command = [sys.executable, "-m", "nmt_tools.export_speed_worker", "--system", system, "--model", str(model),
                "--precision", precision, "--source", str(out / "source.txt"), "--threads", str(args.threads),
                "--latency-sentences", str(args.latency_sentences), "--out-dir", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    done = subprocess.run(command, capture_output=True, text=True)  # nmt_tools is importable: installed, or the cwd
     if done.returncode != 0:
         raise SystemExit(f"export_speed: the {system} {precision} worker failed:\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -144,3 +144,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     arguments.add_argument("--threads", type=int, default=2, help="CPU threads of both systems")
     arguments.add_argument("--out", help="folder for the exports and the report; default: RUN/export_speed")
     return arguments.parse_args(argv)
+
+
+if __name__ == "__main__":  # python -m nmt_tools.export_speed, from a plain install too
+    main()

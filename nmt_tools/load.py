@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from nmt.analysis.cli import REPO_ROOT, mirror_file, sync
+from nmt.analysis.cli import mirror_file, sync
 from nmt.common.provenance import device_name
 from nmt.inference.engine import Translator
 from nmt.inference.translate_job import read_input_lines
@@ -98,7 +98,7 @@ def serve_process(args: argparse.Namespace, settings: Sequence[str]) -> Iterator
         sock.bind((HOST, 0))
         port = sock.getsockname()[1]
     env = {**os.environ, **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})}
-    process = subprocess.Popen([sys.executable, str(REPO_ROOT / "serve.py"), f"checkpoint={args.checkpoint}",
+    process = subprocess.Popen([sys.executable, str(args.project_dir / "serve.py"), f"checkpoint={args.checkpoint}",
                                 f"host={HOST}", f"port={port}", f"device={args.device}", *settings], env=env)
     url = f"http://{HOST}:{port}"
     try:
@@ -189,7 +189,7 @@ def translate_py(args: argparse.Namespace, src_path: Path, sentences: int) -> di
     env = {**os.environ, **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})}
     with tempfile.TemporaryDirectory(prefix="nmt_bench_") as folder:
         start = time.perf_counter()
-        subprocess.run([sys.executable, str(REPO_ROOT / "translate.py"), f"checkpoint={args.checkpoint}",
+        subprocess.run([sys.executable, str(args.project_dir / "translate.py"), f"checkpoint={args.checkpoint}",
                         f"input={src_path}", f"output={Path(folder) / 'out.txt'}", f"device={args.device}",
                         f"beam_size={args.beam_size}", "progress=false"], env=env, check=True, capture_output=True)
         seconds = time.perf_counter() - start

@@ -94,7 +94,7 @@ def benchmark_data(args: argparse.Namespace) -> tuple[dict[str, Any], torch.devi
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = compose_config([f"data.mirror={args.mirror}", f"data.src_lang={args.src_lang}",
                           f"data.tgt_lang={args.tgt_lang}", f"data.tokenizer.vocab_size={args.vocab_size}",
-                          *args.set]).data
+                          *args.set], args.project_dir).data
     seconds, stages = [], []
     with tempfile.TemporaryDirectory(prefix="nmt_data_bench_") as cache:
         for _ in ("cold", "cached"):

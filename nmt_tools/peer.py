@@ -15,7 +15,7 @@ test_2016_flickr in batches of 128 sentences, ``--reps`` times (median), timed a
 
 Writes ``<out>.json`` and ``<out>.md``: ratios ours/theirs against the targets (>= 2x training
 tokens/s, >= 3x beam-5 sentences/s). A figure that was not measured is left empty, never estimated.
-Details: docs/benchmarking.md.
+Details: docs/development/benchmarking.md.
 
 Not done here: training the checkpoint (``train.py``), or installing JoeyNMT anywhere but its own venv.
 """
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nmt.analysis.cli import REPO_ROOT, TEST_SPLIT, parser, sync, write_report
+from nmt.analysis.cli import TEST_SPLIT, add_project_dir, parser, sync, write_report
 from nmt_tools.peer_files import sacrebleu_score
 
 PEER_STAGES = ("venv", "data", "throughput", "decode", "summary")
@@ -43,8 +43,9 @@ TARGETS = {"training target tokens/s": 2.0, "beam 5 sentences/s (decoding alone)
 OUR_TRAINING_OVERRIDES = ["model=default", "attention=additive"]
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def parse_args(argv: list[str], project_dir: Path | None = None) -> argparse.Namespace:
     p = parser(__doc__)
+    add_project_dir(p, project_dir)  # configs/ for our training, scripts/peer_compare.py for our decoding
     p.add_argument("--checkpoint", help="our run dir or .pt for the translation figures (without: training only)")
     p.add_argument("--peer-dir", type=Path, help="the folder with JoeyNMT's run.sh (not needed with --skip-peer-run)")
     p.add_argument("--skip-peer-run", type=Path, metavar="PEER_WORKDIR",
@@ -131,7 +132,7 @@ def measure_our_training(args: argparse.Namespace, work_dir: Path) -> dict[str, 
 
     overrides = [*OUR_TRAINING_OVERRIDES, *args.our_overrides, f"trainer.device={args.device}",
                  f"data.mirror={args.mirror}"]
-    trainer = Trainer(compose_config(overrides), work_dir / "train_run", DistInfo())
+    trainer = Trainer(compose_config(overrides, args.project_dir), work_dir / "train_run", DistInfo())
     try:
         result = measure_training(trainer, args.our_steps, args.warmup_steps)
     finally:
@@ -189,7 +190,7 @@ def measure_our_decoding(args: argparse.Namespace, work_dir: Path) -> dict[str, 
     decode = {}
     for mode, beam in MODES.items():
         output = work_dir / f"ours.{mode}.{TEST_SPLIT}.en"
-        command = [sys.executable, str(REPO_ROOT / "scripts" / "peer_compare.py"), "decode-once", "--checkpoint",
+        command = [sys.executable, str(args.project_dir / "scripts" / "peer_compare.py"), "decode-once", "--checkpoint",
                    str(args.checkpoint), "--input", str(src), "--output", str(output), "--device", args.device,
                    "--beam-size", str(beam), "--batch-sentences", str(args.batch_sentences)]
         walls, decodes = [], []
@@ -284,8 +285,11 @@ def measure_ours(args: argparse.Namespace, work_dir: Path) -> tuple[dict[str, An
     return ours, ours["training"]["device"]
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run (or read) the peer, measure (or read) ours, write the report; ``decode-once`` is the timed child."""
+def main(argv: list[str] | None = None, project_dir: Path | None = None) -> dict[str, Any]:
+    """Run (or read) the peer, measure (or read) ours, write the report; ``decode-once`` is the timed child.
+
+    ``project_dir``: ``--project-dir``'s default.
+    """
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["decode-once"]:
         decode_once(argv[1:])
@@ -294,7 +298,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         from nmt_tools import time_to_bleu
 
         return time_to_bleu.main(argv[1:])
-    args = parse_args(argv)
+    args = parse_args(argv, project_dir)
     from nmt.common.provenance import provenance  # imported here: decode-once's start-up stays lean
 
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="peer_compare_"))
@@ -311,3 +315,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(markdown)
     write_report(args.out, report, markdown)
     return report
+
+
+if __name__ == "__main__":  # python -m nmt_tools.peer, from a plain install too
+    main()

@@ -40,7 +40,6 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from nmt.analysis.cli import REPO_ROOT
 from nmt.data.corpora import Multi30k
 from nmt.data.text import read_parallel
 
@@ -129,16 +128,16 @@ print(json.dumps({"seconds": prepared - imported, "import_seconds": imported - s
 """
 
 
-def _child_env() -> dict[str, str]:
-    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+def _child_env(project_dir: Path) -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(project_dir), os.environ.get("PYTHONPATH")) if p)
     return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
 
-def measure_prepare(data_cfg: dict[str, Any], cache: Path, timeout: float) -> dict[str, Any]:
+def measure_prepare(data_cfg: dict[str, Any], cache: Path, timeout: float, project_dir: Path) -> dict[str, Any]:
     """``prepare_data`` in a child process: its report (``_PREPARE_CHILD``) plus the wall time from its start."""
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", _PREPARE_CHILD, json.dumps(data_cfg), str(cache)], env=_child_env(),
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    done = subprocess.run([sys.executable, "-c", _PREPARE_CHILD, json.dumps(data_cfg), str(cache)],
+                          env=_child_env(project_dir), capture_output=True, text=True, timeout=timeout, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"prepare_data failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
     report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -185,14 +184,15 @@ def _python_workers(pid: int, ranks: int) -> list[int]:
     return [p for p in descendants(pid) if b"train.py" in Path(f"/proc/{p}/cmdline").read_bytes()]
 
 
-def measure_training(command: list[str], run_dir: Path, steps: int, ranks: int, timeout: float) -> dict[str, Any]:
+def measure_training(command: list[str], run_dir: Path, steps: int, ranks: int, timeout: float,
+                     project_dir: Path) -> dict[str, Any]:
     """Start ``command`` (a ``train.py`` run), time its first optimizer step, read its memory after ``steps``.
 
     The run is killed (with every process it started) once the memory is read.
     """
     log_path = run_dir / "train_log.jsonl"
     start = time.perf_counter()
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env=_child_env(), start_new_session=True,
+    process = subprocess.Popen(command, cwd=project_dir, env=_child_env(project_dir), start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     first_step, report = None, {}
     try:
@@ -229,10 +229,10 @@ def train_command(files: dict[str, Any], cache: Path, run_dir: Path, args: argpa
     launcher = [sys.executable] if ranks == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
     files_value = "{" + ",".join(f"{split}:{{src:'{f['src']}',tgt:'{f['tgt']}'}}" for split, f in files.items()) + "}"
-    return [*launcher, str(REPO_ROOT / "train.py"), "data=files", f"data.files={files_value}", "data.valid_split=valid",
-            "data.test_splits=[test]", f"data.cache_dir={cache}", f"data.tokenizer.vocab_size={args.vocab_size}",
-            f"trainer.device={args.device}", f"trainer.max_steps={args.train_steps + 50}",
-            f"hydra.run.dir={run_dir}", *args.train_overrides]
+    return [*launcher, str(args.project_dir / "train.py"), "data=files", f"data.files={files_value}",
+            "data.valid_split=valid", "data.test_splits=[test]", f"data.cache_dir={cache}",
+            f"data.tokenizer.vocab_size={args.vocab_size}", f"trainer.device={args.device}",
+            f"trainer.max_steps={args.train_steps + 50}", f"hydra.run.dir={run_dir}", *args.train_overrides]
 
 
 def benchmark_scale(args: argparse.Namespace) -> tuple[dict[str, Any], torch.device]:
@@ -243,13 +243,13 @@ def benchmark_scale(args: argparse.Namespace) -> tuple[dict[str, Any], torch.dev
     start = time.perf_counter()
     files = synthetic_corpus(Path(args.mirror), n, args.noise, args.seed, root)
     generate_seconds = time.perf_counter() - start
-    data_cfg = OmegaConf.to_container(OmegaConf.load(REPO_ROOT / "configs/data/files.yaml"), resolve=True)
+    data_cfg = OmegaConf.to_container(OmegaConf.load(args.project_dir / "configs/data/files.yaml"), resolve=True)
     data_cfg.update(files=files, valid_split="valid", test_splits=["test"])
     data_cfg["tokenizer"]["vocab_size"] = args.vocab_size
     with tempfile.TemporaryDirectory(prefix=f"cache_{n}_", dir=root) as cache_dir:
         cache = Path(cache_dir)
-        cold = measure_prepare(data_cfg, cache, args.timeout)
-        cached = measure_prepare(data_cfg, cache, args.timeout)
+        cold = measure_prepare(data_cfg, cache, args.timeout, args.project_dir)
+        cached = measure_prepare(data_cfg, cache, args.timeout, args.project_dir)
         print(f"{n:,} pairs: prepare cold {cold['seconds']:.1f} s (peak RSS {cold['peak_rss_mb']:.0f} MiB), cached "
               f"{cached['seconds']:.2f} s (RSS {cached['rss_mb']:.0f} MiB), epoch plan "
               f"{cached['sampler_epoch_seconds']:.2f} s", flush=True)
@@ -257,7 +257,8 @@ def benchmark_scale(args: argparse.Namespace) -> tuple[dict[str, Any], torch.dev
         for ranks in [] if args.skip_train else args.ranks:
             run_dir = Path(tempfile.mkdtemp(prefix=f"run_{n}_{ranks}rank_", dir=root))
             training[f"{ranks}_rank"] = run = measure_training(
-                train_command(files, cache, run_dir, args, ranks), run_dir, args.train_steps, ranks, args.timeout)
+                train_command(files, cache, run_dir, args, ranks), run_dir, args.train_steps, ranks, args.timeout,
+                args.project_dir)
             rss, pss = (", ".join(f"{r[key]:.0f}" for r in run["ranks"]) for key in ("rss_mb", "pss_mb"))
             print(f"train.py x{ranks}: first step after {run['first_step_seconds']:.1f} s; after {args.train_steps} "
                   f"steps RSS {rss} MiB (PSS {pss})", flush=True)

@@ -10,13 +10,14 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from nmt.analysis.cli import REPO_ROOT, sync
+from nmt.analysis.cli import sync
 from nmt.data import Batch
 from nmt.model.seq2seq import count_parameters
 from nmt.train.gpu_monitor import GpuMonitor
@@ -24,9 +25,9 @@ from nmt.train.schema import validate_config
 from nmt.train.trainer import Trainer
 
 
-def compose_config(overrides: list[str]) -> DictConfig:
-    """``configs/train.yaml`` with Hydra overrides, validated as ``train.py`` validates it."""
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
+def compose_config(overrides: list[str], project_dir: Path) -> DictConfig:
+    """``project_dir/configs/train.yaml`` with Hydra overrides, validated as ``train.py`` validates it."""
+    with initialize_config_dir(config_dir=str(Path(project_dir, "configs").resolve()), version_base="1.3"):
         cfg = compose(config_name="train", overrides=list(overrides))
     validate_config(cfg)
     return cfg

@@ -131,7 +131,7 @@ def benchmark_profile(args: argparse.Namespace) -> tuple[dict[str, Any], torch.d
     from nmt.train.trainer import DistInfo, Trainer
     from nmt_tools.timing import compose_config, endless_batches, measure_training
 
-    cfg = compose_config(args.overrides)
+    cfg = compose_config(args.overrides, args.project_dir)
     with tempfile.TemporaryDirectory(prefix="nmt_profile_") as tmp:
         trainer = Trainer(cfg, Path(tmp) / "run", DistInfo())
         timing = measure_training(trainer, args.steps, args.warmup_steps)  # as benchmark.py train times steps

@@ -7,10 +7,12 @@
     python scripts/benchmark.py server --checkpoint outputs/RUN
     python scripts/benchmark.py overload --checkpoint outputs/RUN --clients 300 --seconds 60
 
-Logic and options: nmt_tools/benchmark.py (`MODE --help`); the figures explained: docs/benchmarking.md.
+Logic and options: nmt_tools/benchmark.py (`MODE --help`); the figures explained: docs/development/benchmarking.md.
 """
+
+from pathlib import Path
 
 from nmt_tools.benchmark import main
 
 if __name__ == "__main__":
-    main()
+    main(project_dir=Path(__file__).resolve().parents[1])  # this checkout, from any working directory

@@ -2,10 +2,12 @@
 
     python scripts/peer_compare.py --checkpoint outputs/RUN --peer-dir PEER_DIR --out runs/peer_comparison
 
-Logic and options: nmt_tools/peer.py (`--help`); the figures explained: docs/benchmarking.md.
+Logic and options: nmt_tools/peer.py (`--help`); the figures explained: docs/development/benchmarking.md.
 """
+
+from pathlib import Path
 
 from nmt_tools.peer import main
 
 if __name__ == "__main__":
-    main()
+    main(project_dir=Path(__file__).resolve().parents[1])  # this checkout, from any working directory

@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import data_config
+from conftest import REPO_ROOT, data_config
 
-from nmt.analysis.cli import REPO_ROOT
 from nmt.data.text import read_lines
 from nmt_tools import scale
 
@@ -21,7 +20,9 @@ from nmt_tools import scale
 def _args(tmp_path: Path, mirror: Path, *extra: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     scale.add_arguments(parser)
-    return parser.parse_args(["--mirror", str(mirror), "--work-dir", str(tmp_path), *extra])
+    args = parser.parse_args(["--mirror", str(mirror), "--work-dir", str(tmp_path), *extra])
+    args.project_dir = REPO_ROOT  # benchmark.py's --project-dir
+    return args
 
 
 def test_the_synthetic_corpus_resamples_with_noise_and_is_reused(mirror_dir: Path, tmp_path: Path) -> None:
@@ -42,8 +43,8 @@ def test_prepare_is_measured_cold_then_cached_in_child_processes(mirror_dir: Pat
     files = scale.synthetic_corpus(mirror_dir, 2000, 0.1, 0, tmp_path)
     cfg = data_config("files", files=files, valid_split="valid", test_splits=["test"])
     cfg["tokenizer"]["vocab_size"] = 500
-    cold = scale.measure_prepare(cfg, tmp_path / "cache", timeout=300)
-    cached = scale.measure_prepare(cfg, tmp_path / "cache", timeout=300)
+    cold = scale.measure_prepare(cfg, tmp_path / "cache", timeout=300, project_dir=REPO_ROOT)
+    cached = scale.measure_prepare(cfg, tmp_path / "cache", timeout=300, project_dir=REPO_ROOT)
     assert cold["encoded_cache_hits"] == 0 and cached["encoded_cache_hits"] == 3
     assert cold["fingerprint"] == cached["fingerprint"] and cold["pairs"] == cached["pairs"] <= 2000
     for report in (cold, cached):
@@ -72,7 +73,7 @@ def test_training_is_watched_to_its_first_step_and_stopped_with_its_ranks(tmp_pa
     script.write_text(FAKE_LAUNCHER)
     started = time.perf_counter()
     report = scale.measure_training([sys.executable, str(script), str(tmp_path)], tmp_path, steps=5, ranks=2,
-                                    timeout=60)
+                                    timeout=60, project_dir=REPO_ROOT)
     assert time.perf_counter() - started < 30  # stopped at step 5, not left to sleep on
     assert report["first_step_seconds"] >= 0.3  # the first line comes after the "setup"
     assert len(report["ranks"]) == 2 and all(r["rss_mb"] > 0 and r["pss_mb"] > 0 for r in report["ranks"])
@@ -98,7 +99,8 @@ def _running_with(marker: bytes) -> list[int]:
 
 def test_a_training_run_that_fails_early_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="stopped before step 3.*no corpus here"):
-        scale.measure_training([sys.executable, "-c", "import sys; sys.exit('no corpus here')"], tmp_path, 3, 1, 60)
+        scale.measure_training([sys.executable, "-c", "import sys; sys.exit('no corpus here')"], tmp_path, 3, 1, 60,
+                               REPO_ROOT)
 
 
 @pytest.mark.slow
@@ -112,7 +114,7 @@ def test_the_train_command_composes(mirror_dir: Path, tmp_path: Path, ranks: int
     if ranks == 2:
         assert command[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
         command = [sys.executable, *command[6:]]  # compose once, without the launcher
-    done = subprocess.run([*command, "--cfg", "job"], cwd=REPO_ROOT, env=scale._child_env(), capture_output=True,
-                          text=True, timeout=120, check=False)
+    done = subprocess.run([*command, "--cfg", "job"], cwd=REPO_ROOT, env=scale._child_env(REPO_ROOT),
+                          capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert files["train"]["src"] in done.stdout and "max_steps: 60" in done.stdout

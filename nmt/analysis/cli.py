@@ -19,14 +19,41 @@ from nmt.common.files import write_json_durably, write_text_durably
 from nmt.common.provenance import device_name
 from nmt.inference.engine import USER_ERRORS
 
-# The checkout the package is installed from (editable): configs/ and serve.py live there.
-REPO_ROOT = Path(__file__).resolve().parents[2]
 TEST_SPLIT = "test_2016_flickr"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Checks ``--project-dir`` (where a command or one of its modes has it) once all arguments are parsed."""
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:
+        parsed = super().parse_args(args, namespace)
+        if getattr(parsed, "project_dir", None) is not None:
+            parsed.project_dir = checked_project_dir(self.prog, parsed.project_dir)
+        return parsed
 
 
 def parser(doc: str) -> argparse.ArgumentParser:
     """An argument parser whose help is the command's module docstring."""
-    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    return _Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_project_dir(arguments: argparse.ArgumentParser, default: Path | None = None) -> None:
+    """``--project-dir DIR``: the checkout whose train.py, serve.py, translate.py, scripts/ and configs/ a tool runs.
+
+    ``default``: the current directory unless given (a scripts/ wrapper passes its own checkout).
+    """
+    arguments.add_argument("--project-dir", type=Path, default=default or Path("."), metavar="DIR",
+                           help="the project checkout: train.py, serve.py, configs/ (default: %(default)s)")
+
+
+def checked_project_dir(prog: str, folder: Path) -> Path:
+    """``folder`` resolved, or one line on stderr and exit status 2 if it holds no train.py and configs/."""
+    folder = Path(folder).resolve()
+    if not ((folder / "train.py").is_file() and (folder / "configs").is_dir()):
+        print(f"{prog}: error: --project-dir {folder}: no train.py/configs here; run from the project checkout "
+              "or pass --project-dir", file=sys.stderr)
+        raise SystemExit(2)
+    return folder
 
 
 def mirror_file(lang: str, split: str = TEST_SPLIT) -> Path:

@@ -299,3 +299,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     write_report(out, report, markdown)
     plot(runs, out)
     return report
+
+
+if __name__ == "__main__":  # python -m nmt.analysis.compare, from a plain install too
+    main()

@@ -216,3 +216,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(markdown)
     write_report(args.out or run_dir / "decoding_grid", report, markdown)
     return report
+
+
+if __name__ == "__main__":  # python -m nmt.analysis.decoding, from a plain install too
+    main()
