@@ -105,16 +105,16 @@ def load_recipe(recipes: Path, name: str) -> DictConfig:
 
 # ------------------------------------------------------------------------------------------------ Stages
 def compose_training(chain: Chain, experiment: str, pair: str) -> DictConfig:
-    """train.py's config for ``experiment`` in ``pair`` with the chain's overrides (checked by Hydra as it composes)."""
-    from hydra import compose, initialize_config_dir
+    """train.py's config for ``experiment`` in ``pair`` with the chain's overrides (checked by Hydra as it composes;
+    call it inside ``plan``'s ``initialize_config_dir``)."""
+    from hydra import compose
     from hydra.errors import HydraException
 
     src, tgt = pair.split("-")
     overrides = [f"experiment={experiment}", f"data.src_lang={src}", f"data.tgt_lang={tgt}", *chain.data_overrides,
                  *chain.recipe.train_overrides]
     try:
-        with initialize_config_dir(config_dir=str(chain.configs), version_base="1.3"):
-            return compose("train", overrides=overrides)
+        return compose("train", overrides=overrides)
     except HydraException as error:
         raise ChainError(f"train.py {' '.join(overrides)}: {str(error).splitlines()[0]}") from None
 
@@ -236,10 +236,13 @@ def plan(chain: Chain) -> list[Stage]:
     Raises:
         ChainError: a stage that needs a path no stage makes and that does not exist.
     """
+    from hydra import initialize_config_dir
+
     stages: list[Stage] = []
-    for training in chain.recipe.trainings:
-        for pair in chain.recipe.pairs:
-            stages += [s for s in training_stages(chain, training, pair) if s.name not in {t.name for t in stages}]
+    with initialize_config_dir(config_dir=str(chain.configs), version_base="1.3"):  # once: each compose reuses it
+        for training in chain.recipe.trainings:
+            for pair in chain.recipe.pairs:
+                stages += [s for s in training_stages(chain, training, pair) if s.name not in {t.name for t in stages}]
     stages += [tune_stage(chain, system, pair) for system in chain.recipe.systems for pair in chain.recipe.pairs]
     stages += [score_stage(chain, system, pair, split) for split in extra_test_splits(chain)
                for system in chain.recipe.systems for pair in chain.recipe.pairs]
