@@ -123,3 +123,14 @@ def test_a_broken_folder_is_one_checkpoint_error(run_and_hub: tuple[Path, Path],
     (broken / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(CheckpointError, match="cannot read the model"):
         load_checkpoint(broken)
+
+
+def test_an_unscored_checkpoint_gets_a_card_without_a_model_index(tmp_path: Path) -> None:
+    """last.pt has no recorded scores (train.py scores best.pt): the card says so, and its header has no metrics."""
+    last = save_tiny_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt", "none")
+    folder = export_main(OmegaConf.structured(ExportSettings(checkpoint=str(last), output=str(tmp_path / "hub"),
+                                                             format="hub")))
+    _, header, body = (folder / "README.md").read_text().split("---\n", 2)
+    meta = yaml.safe_load(header)
+    assert "model-index" not in meta and meta["license"] == "unknown" and "attention-none" in meta["tags"]
+    assert "No test scores were recorded" in body

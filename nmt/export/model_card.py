@@ -19,8 +19,9 @@ def model_card(config: dict[str, Any], results: dict[str, Any] | None, license_i
     name = f"nmt-{src}-{tgt}-{attention}"
     header = {"language": [src, tgt], "license": license_id, "library_name": "nmt", "pipeline_tag": "translation",
               "tags": ["translation", "gru", "seq2seq", f"attention-{attention}"],
-              "datasets": [data["corpus"]] if data.get("corpus") else [],
-              "model-index": [{"name": name, "results": _index_results(results, data, src, tgt)}]}
+              "datasets": [data["corpus"]] if data.get("corpus") else []}
+    if index := _index_results(results, data, src, tgt):  # the Hub refuses a model-index without results
+        header["model-index"] = [{"name": name, "results": index}]
     body = [f"# {name}", "", _description(config, attention, parameters), "", "## Results", "",
             _results_table(results), "", "## Training config", "", "```yaml",
             yaml.safe_dump(config, sort_keys=False, allow_unicode=True).rstrip(), "```", "", _how_to_load(name),
