@@ -19,9 +19,7 @@ from nmt.inference.translate_job import format_output
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LINES = [SRC[0], "", SRC[1], f"  {SRC[2]}  ", SRC[4]]
-# what the runtime imports, and what they import: the whole of the runtime's environment
-RUNTIME_PACKAGES = ("numpy", "numpy.libs", "onnxruntime", "sentencepiece", "sentencepiece.libs", "flatbuffers",
-                    "packaging", "google")
+RUNTIME_REQUIREMENTS = ("onnxruntime", "numpy", "sentencepiece")  # nmt_runtime/pyproject.toml's dependencies
 
 
 @pytest.fixture(scope="module")
@@ -85,13 +83,33 @@ def test_mistakes_are_one_line_and_exit_2(folder: Path, tmp_path: Path) -> None:
         assert message in stderr and len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr, stderr
 
 
+def _top_level_names(requirements: tuple[str, ...]) -> set[str]:
+    """The site-packages entries (packages, modules, their .libs and .dist-info) of ``requirements`` and of all they
+    require, whatever this Python's versions of them need."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    names, seen, todo = set(), set(), list(requirements)
+    while todo:
+        name = todo.pop()
+        if name.lower() in seen:
+            continue
+        seen.add(name.lower())
+        dist = metadata.distribution(name)
+        names |= {Path(f).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
+        required = [Requirement(line) for line in dist.requires or []]
+        todo += [r.name for r in required if not r.marker or r.marker.evaluate({"extra": ""})]
+    return names - {"__pycache__", "bin"}
+
+
 def _environment_without_torch(root: Path) -> Path:
     """A virtual environment whose site-packages reach only the runtime and its dependencies; its python."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True, timeout=120)
     packages = root / "packages"
     packages.mkdir()
     installed = Path(sysconfig.get_paths()["purelib"])
-    for name in RUNTIME_PACKAGES:
+    for name in _top_level_names(RUNTIME_REQUIREMENTS):
         if (installed / name).exists():
             (packages / name).symlink_to(installed / name)
     (packages / "nmt_runtime").symlink_to(REPO_ROOT / "nmt_runtime")
