@@ -132,3 +132,36 @@ def test_translate_py_reranks_and_refuses_a_mirror_mismatch(runs: dict[str, Path
     refused = subprocess.run([*base, f"rerank.checkpoint={runs['de_en_b']}"], capture_output=True, text=True)
     assert refused.returncode == 2 and refused.stdout == "" and len(refused.stderr.strip().splitlines()) == 1
     assert "translate.py: error: " in refused.stderr and "reranker translates the other way, en→de" in refused.stderr
+
+
+def test_serve_reranks_every_request_and_checks_the_reranker_first(runs: dict[str, Path], forward: Translator,
+                                                                   channel: NoisyChannel) -> None:
+    import json
+    import urllib.request
+
+    from hydra import compose, initialize_config_dir
+
+    from nmt.serve.app import create_app
+    from nmt.serve.server import serve_in_thread
+
+    def settings(*overrides: str) -> object:
+        with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
+            return compose("serve", overrides=["max_len=6", *overrides])
+
+    reverse = f"rerank.checkpoint=[{runs['en_de']},{runs['en_de_b']}]"
+    app = create_app(Translator.from_checkpoint(runs["de_en"], device="cpu"),
+                     settings(reverse, "rerank.weight=1e6", "rerank.n_best=5", "device=cpu"))
+    with serve_in_thread(app) as url:
+        for options in ({}, {"beam_size": 3, "n_best": 2}):  # a beam under rerank.n_best reranks all it keeps
+            request = urllib.request.Request(f"{url}/v1/translate", json.dumps({"text": LINES, **options}).encode(),
+                                             {"content-type": "application/json"})
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                got = [[c["text"] for c in t["nbest"]] for t in json.loads(answer.read())["translations"]]
+            n = min(5, options.get("beam_size", 5))
+            expected = forward.translate(LINES, rerank=Rerank(channel, weight=1e6, n_best=n),
+                                         **{**SEARCH, **options})
+            assert got == [[c.text for c in r.nbest] for r in expected]
+    with pytest.raises(TranslationError, match="reranker translates the other way"):
+        create_app(forward, settings(f"rerank.checkpoint={runs['de_en_b']}"))
+    with pytest.raises(TranslationError, match="rerank.n_best must be a whole number from 1 to beam_size \\(10\\)"):
+        create_app(forward, settings(reverse, "rerank.n_best=11"))

@@ -21,6 +21,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from nmt.inference.engine import SearchOptions, TranslationError, Translator
+from nmt.inference.rerank import from_settings as load_rerank
 from nmt.serve.batcher import MicroBatcher
 from nmt.serve.requests import (
     RequestError,
@@ -56,11 +57,13 @@ def create_app(translator: Translator, settings: ServeSettings,
         engine_thread: the thread that loaded ``translator`` (``new_engine_thread``), to decode on too.
 
     Raises:
-        ConfigError, TranslationError: settings that cannot work (``check_serve_settings``).
+        ConfigError, TranslationError: settings that cannot work (``check_serve_settings``), or reverse
+            models (``rerank.checkpoint``) that do not mirror the model's languages.
+        CheckpointError: a ``rerank.checkpoint`` that cannot be read.
     """
     defaults = check_serve_settings(settings)
     batcher = MicroBatcher(translator, settings.batch_wait_ms / 1000, settings.batch_sentences,
-                           settings.slice_subwords, engine_thread)
+                           settings.slice_subwords, engine_thread, load_rerank(settings.rerank, translator))
     model_info = describe_model(translator, settings, defaults)
     page = resources.files("nmt.serve").joinpath("static", "translate.html").read_text(encoding="utf-8")
     counters = {"requests": 0, "refused": 0, "overloaded": 0}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nmt.inference.engine import SearchOptions, Translator
+from nmt.inference.rerank import Rerank
 from nmt.serve.requests import (
     RequestError,
 )
@@ -77,11 +78,13 @@ class MicroBatcher:
         batch_sentences: at most this many sentences per batch of small requests.
         engine_thread: the one-thread executor to decode on, best the one that loaded ``translator``
             (``new_engine_thread()``); None: a new one.
+        rerank: noisy-channel reranking of every request's n-best (at most its ``beam_size`` candidates).
     """
 
     def __init__(self, translator: Translator, wait_s: float, batch_sentences: int, slice_subwords: int = 2048,
-                 engine_thread: ThreadPoolExecutor | None = None) -> None:
+                 engine_thread: ThreadPoolExecutor | None = None, rerank: Rerank | None = None) -> None:
         self.translator = translator
+        self.rerank = rerank
         self.wait_s = wait_s
         self.batch_sentences = batch_sentences
         self.slice_subwords = slice_subwords
@@ -256,7 +259,9 @@ class MicroBatcher:
 
     def _translate(self, sentences: list[str], options: SearchOptions, attention: bool) -> list[dict[str, Any]]:
         """On the worker thread: decode, and build the JSON-ready dicts there too (off the event loop)."""
-        results = self.translator.translate(sentences, attention=attention, **dataclasses.asdict(options))
+        rerank = self.rerank and dataclasses.replace(self.rerank, n_best=min(self.rerank.n_best, options.beam_size))
+        results = self.translator.translate(sentences, attention=attention, rerank=rerank,
+                                            **dataclasses.asdict(options))
         return [t.to_dict() for t in results]
 
     def close(self) -> None:

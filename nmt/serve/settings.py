@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -14,6 +14,7 @@ from uvicorn.config import LOG_LEVELS
 
 from nmt.common.settings import ConfigError
 from nmt.inference.engine import EngineSettings, SearchOptions
+from nmt.inference.rerank import RerankSettings, check_weights
 from nmt.serve.requests import (
     TOO_LONG_CHOICES,
 )
@@ -47,6 +48,7 @@ class ServeSettings(EngineSettings):
     slice_subwords: int = 2048  # beam_size x source subwords per slice of a large request
     shutdown_timeout_s: float = 30.0
     log_level: str = "info"
+    rerank: RerankSettings = field(default_factory=RerankSettings)  # noisy-channel reranking; off without a checkpoint
 
 
 ConfigStore.instance().store(name="serve_settings", node=ServeSettings)
@@ -86,6 +88,8 @@ def check_serve_settings(settings: Any) -> SearchOptions:
     if settings.too_long not in TOO_LONG_CHOICES:
         raise ConfigError(f"too_long={settings.too_long} must be one of {', '.join(TOO_LONG_CHOICES)}")
     allowed_hosts(settings)
+    if settings.rerank.checkpoint:  # a request's beam caps the candidates: min(rerank.n_best, beam_size)
+        check_weights(settings.rerank, settings.max_beam_size)
     return search
 
 
