@@ -133,6 +133,9 @@ def prepare_output(out: Path, record: dict[str, Any]) -> dict[str, Any] | None:
 
 def check_same_job(path: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
     """Refuse to continue a folder that another input, other models or other options began."""
+    if "max_words" in old:  # begun before the rename, always a back-translation: the same job under new names
+        old = {**{k: v for k, v in old.items() if k != "max_words"}, "max_input_words": old["max_words"],
+               "direction": old.get("direction", "back")}
     differ = [key for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
     if differ:
         shown = "; ".join(f"{key}: {old.get(key)!r} there, {new.get(key)!r} now" for key in differ[:3])
