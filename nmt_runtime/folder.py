@@ -1,8 +1,9 @@
 """An ONNX export folder (``python export.py``) opened with onnxruntime: its manifest and its members' graphs.
 
 ``ExportedModel`` runs the graphs as the search needs them: ``encode`` (encoder, then the attention's key
-preparation, once per batch) and ``step`` (every member's decoder step; an ensemble's log-probabilities
-averaged and renormalised, as ``nmt.model.ensemble`` does).
+preparation, once per batch), ``step`` (every member's decoder step; an ensemble's log-probabilities
+averaged and renormalised, as ``nmt.model.ensemble`` does) and, for one model of format 2, ``step_top``
+(each row's best tokens, found by the step graph: the search then never reads the V log-probabilities).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import onnxruntime as ort
 
 MANIFEST = "export.json"
 FORMAT = "nmt-onnx"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the step graph also returns each row's top_k best tokens
+READABLE_VERSIONS = (1, 2)  # a format-1 folder's search finds the best tokens in numpy
 GRAPHS = ("encoder", "prepare", "step")
 
 
@@ -39,9 +41,9 @@ def read_manifest(folder: Path) -> dict[str, Any]:
         raise ExportFolderError(f"cannot read {path}: {error}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ExportFolderError(f"{path} is not the manifest of an ONNX export (format {FORMAT!r})")
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format_version") not in READABLE_VERSIONS:
         raise ExportFolderError(f"{folder} has export format {manifest.get('format_version')}; this runtime reads "
-                                f"format {FORMAT_VERSION}: export the model again")
+                                f"formats {' and '.join(map(str, READABLE_VERSIONS))}: export the model again")
     names = [manifest["tokenizer"]["source"], manifest["tokenizer"]["target"]]
     names += [member["graphs"][graph] for member in manifest["members"] for graph in GRAPHS]
     for name in names:
@@ -90,6 +92,12 @@ class ExportedModel:
         for member in manifest["members"]:
             sessions = {graph: _session(folder / member["graphs"][graph], options) for graph in GRAPHS}
             self.members.append((sessions, {i.name for i in sessions["step"].get_inputs()}))
+        step_outputs = self.members[0][0]["step"].get_outputs()
+        vocab = step_outputs[0].shape[1]
+        # one model whose step graph has the TopK (format 2): the search reads each row's best tokens only
+        self.graph_top_k = len(self.members) == 1 and isinstance(vocab, int) and \
+            "top_tokens" in {output.name for output in step_outputs}
+        self.vocab = vocab if isinstance(vocab, int) else None
 
     def encode(self, src: np.ndarray, src_lengths: np.ndarray) -> tuple[Memory, State]:
         """src ``[B, S]`` int64 (EOS-terminated, right-padded), src_lengths ``[B]`` -> memory and initial state."""
@@ -106,9 +114,10 @@ class ExportedModel:
         """prev_tokens ``[R]`` -> log-probabilities ``[R, V]`` (float32) and the new state; R = G * B rows."""
         log_probs, states = [], []
         for (sessions, inputs), member_state, member_memory in zip(self.members, state.members, memory.members):
-            feeds = {"prev_tokens": prev_tokens, "state": member_state, **member_memory}
-            # a graph that does not read an input (attention=none: the keys) does not declare it
-            member_log_probs, new_state = sessions["step"].run(None, {k: v for k, v in feeds.items() if k in inputs})
+            feeds = {"prev_tokens": prev_tokens, "state": member_state, "top_k": _NO_TOP_K, **member_memory}
+            # a graph that does not read an input (attention=none: the keys; format 1: top_k) does not declare it
+            member_log_probs, new_state = sessions["step"].run(["log_probs", "new_state"],
+                                                               {k: v for k, v in feeds.items() if k in inputs})
             log_probs.append(member_log_probs)
             states.append(new_state)
         if len(log_probs) == 1:
@@ -116,6 +125,20 @@ class ExportedModel:
         mean = np.mean(log_probs, axis=0, dtype=np.float32)  # [R, V]
         top = mean.max(axis=1, keepdims=True)
         return mean - (np.log(np.exp(mean - top).sum(axis=1, keepdims=True)) + top), State(states)
+
+    def step_top(self, prev_tokens: np.ndarray, state: State, memory: Memory, k: int
+                 ) -> tuple[np.ndarray, np.ndarray, State]:
+        """One model's step (``graph_top_k`` only): each row's ``min(k, V)`` largest log-probabilities with PAD and
+        BOS blocked, and their tokens, ``[R, C]`` each, largest first (equal values: the lower token first)."""
+        sessions, inputs = self.members[0]
+        feeds = {"prev_tokens": prev_tokens, "state": state.members[0],
+                 "top_k": np.array([min(k, self.vocab)], dtype=np.int64), **memory.members[0]}
+        values, tokens, new_state = sessions["step"].run(
+            ["top_log_probs", "top_tokens", "new_state"], {name: v for name, v in feeds.items() if name in inputs})
+        return values, tokens, State([new_state])
+
+
+_NO_TOP_K = np.array([0], dtype=np.int64)  # top_k for a step whose log-probabilities are read in full: no TopK
 
 
 def _session(path: Path, options: ort.SessionOptions) -> ort.InferenceSession:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from nmt.inference.engine import TranslationError
 from nmt.model.checkpoint import CheckpointError, save_checkpoint
 from nmt.model.seq2seq import SearchModel, Seq2Seq
 from nmt_runtime import Translator as RuntimeTranslator
-from nmt_runtime.folder import ExportedModel, read_manifest
+from nmt_runtime.folder import ExportedModel, ExportFolderError, read_manifest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ATTENTIONS = sorted(path.stem for path in (CONFIG_DIR / "attention").glob("*.yaml"))
@@ -118,9 +119,17 @@ def test_the_graphs_compute_the_search_models_step(exported: dict) -> None:
         np.testing.assert_allclose(state.members[0], torch_state, atol=1e-5)
         prev = torch.tensor([4, 5, 6, 7, 8, 9, 10, 11, 12])
         log_probs, new_state = runtime.step(prev.numpy(), state.repeat(3), memory)
+        top, top_tokens, top_state = runtime.step_top(prev.numpy(), state.repeat(3), memory, 4)
         logits, torch_new_state, _ = model.decode_step(prev, torch_state.repeat_interleave(3, dim=1), torch_memory)
     np.testing.assert_allclose(log_probs, torch.log_softmax(logits, dim=-1), atol=1e-4)
     np.testing.assert_allclose(new_state.members[0], torch_new_state, atol=1e-5)
+    # the graph's TopK: the 4 largest log-probabilities, PAD and BOS blocked, largest first, the lower token on ties
+    assert runtime.graph_top_k
+    log_probs[:, [0, 2]] = -np.inf
+    best = np.argsort(-log_probs, axis=1, kind="stable")[:, :4]
+    np.testing.assert_array_equal(top_tokens, best)
+    np.testing.assert_array_equal(top, np.take_along_axis(log_probs, best, axis=1))
+    np.testing.assert_array_equal(top_state.members[0], new_state.members[0])
 
 
 def test_the_folder_has_dynamic_axes_the_tokenizer_and_provenance(exported: dict) -> None:
@@ -134,7 +143,34 @@ def test_the_folder_has_dynamic_axes_the_tokenizer_and_provenance(exported: dict
     assert (folder / manifest["tokenizer"]["source"]).is_file()
     step = onnx.load(str(folder / "step.onnx")).graph
     axes = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in step.input}
-    assert axes["prev_tokens"] == ["rows"] and axes["enc_out"][:2] == ["batch", "src_len"]
+    assert axes["prev_tokens"] == ["rows"] and axes["enc_out"][:2] == ["batch", "src_len"] and axes["top_k"] == [1]
+    assert [output.name for output in step.output] == ["log_probs", "new_state", "top_log_probs", "top_tokens"]
+
+
+def test_a_format_1_folder_searches_in_numpy_with_the_same_results(exported: dict, tmp_path: Path) -> None:
+    """Format 1 (a step graph without the TopK) still reads, and its numpy candidate search gives exactly what the
+    graph's TopK gives; a format this runtime does not know is refused in one line."""
+    _, folder = exported["additive"]
+    old = tmp_path / "format1"
+    shutil.copytree(folder, old)
+    step = onnx.load(str(old / "step.onnx"))
+    graph = step.graph
+    for part, names in ((graph.node, {"WantsTopK", "TopKIfAsked"}), (graph.input, {"top_k"}),
+                        (graph.output, {"top_log_probs", "top_tokens"}),
+                        (graph.initializer, {"blocked_tokens", "zero_k"})):
+        for i in reversed(range(len(part))):
+            if part[i].name in names:
+                del part[i]
+    onnx.save(step, str(old / "step.onnx"))
+    manifest = json.loads((old / "export.json").read_text())
+    (old / "export.json").write_text(json.dumps({**manifest, "format_version": 1}))
+    numpy_search, graph_search = RuntimeTranslator(old, threads=1), RuntimeTranslator(folder, threads=1)
+    assert graph_search.model.graph_top_k and not numpy_search.model.graph_top_k
+    for options in ({"beam_size": 1}, {"beam_size": 5, "n_best": 5}, {"beam_size": 2, "max_len": 3}):
+        assert nbest(graph_search.translate(LINES, **options)) == nbest(numpy_search.translate(LINES, **options))
+    (old / "export.json").write_text(json.dumps({**manifest, "format_version": 3}))
+    with pytest.raises(ExportFolderError, match="has export format 3; this runtime reads formats 1 and 2"):
+        read_manifest(old)
 
 
 def test_an_ensemble_exports_as_several_step_graphs_and_decodes_as_the_engines(exported: dict, tmp_path: Path) -> None:
@@ -144,7 +180,7 @@ def test_an_ensemble_exports_as_several_step_graphs_and_decodes_as_the_engines(e
     assert [m["graphs"]["step"] for m in manifest["members"]] == ["member0.step.onnx", "member1.step.onnx"]
     engine = Translator.from_checkpoint(runs, device="cpu")
     runtime = RuntimeTranslator(folder, threads=1)
-    assert runtime.defaults.beam_size == 3
+    assert runtime.defaults.beam_size == 3 and not runtime.model.graph_top_k  # the members' mean first
     for options in ({"beam_size": 1}, {"beam_size": 3, "n_best": 2}):
         assert_same(engine.translate(LINES, **options), runtime.translate(LINES, **options))
 

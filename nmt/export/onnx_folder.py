@@ -17,7 +17,7 @@ from nmt.model.seq2seq import SearchModel
 
 MANIFEST = "export.json"
 FORMAT = "nmt-onnx"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the step graph also returns each row's top_k best tokens (nmt_runtime reads 1 and 2)
 
 
 def write_onnx_folder(translator: Translator, folder: Path, search: SearchOptions, provenance: dict[str, Any],

@@ -1,5 +1,6 @@
 """The three ONNX graphs of a model: the encoder, the attention's key preparation, and one decoder step
-(``SearchModel.decode_step`` then a log-softmax), so a runtime's search needs no PyTorch.
+(``SearchModel.decode_step`` then a log-softmax, and each row's ``top_k`` best tokens), so a runtime's search
+needs no PyTorch.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.data import EOS_ID, PAD_ID
+from nmt.data import BOS_ID, EOS_ID, PAD_ID
 from nmt.model.seq2seq import EncoderMemory, SearchModel
 
 OPSET = 17  # LayerNormalization (a layer-normalised decoder) is an ONNX op from opset 17 on
@@ -49,7 +50,8 @@ class PrepareGraph(nn.Module):
 class StepGraph(nn.Module):
     """One decoder step over R = G * B rows (G hypotheses per source, consecutive): prev_tokens ``[R]`` int64, state
     ``[L, R, Hd]``, enc_out ``[B, S, 2He]``, prepared_keys, src_mask ``[B, S]`` bool -> log_probs ``[R, V]`` (the
-    full distribution), state ``[L, R, Hd]``.
+    full distribution), state ``[L, R, Hd]``. ``_add_top_k`` then adds an input ``top_k`` ``[1]`` and the outputs
+    ``top_log_probs`` and ``top_tokens`` ``[R, top_k]``.
     """
 
     def __init__(self, model: SearchModel) -> None:
@@ -138,4 +140,50 @@ def export_graphs(model: SearchModel, folder: Path, prefix: str = "") -> dict[st
             # (pytorch#189225) and breaks RNN graphs (pytorch#118740).
             torch.onnx.export(modules[name], examples[name], str(folder / files[name]), dynamo=False,
                               input_names=inputs, output_names=outputs, dynamic_axes=axes, opset_version=OPSET)
+    with torch.no_grad():
+        vocab = modules["step"](*examples["step"])[0].shape[1]
+    _add_top_k(folder / files["step"], vocab)
     return files
+
+
+def _add_top_k(path: Path, vocab: int) -> None:
+    """Give the step graph at ``path`` an input ``top_k`` ``[1]`` int64 and two outputs, ``top_log_probs`` and
+    ``top_tokens``: for ``top_k`` > 0 each row's ``top_k`` largest log-probabilities with PAD and BOS blocked (-inf)
+    and their tokens, ``[R, top_k]``, largest first (ONNX ``TopK``: among equal values the lower token first), so
+    that a beam search reads 2K candidates per row instead of V log-probabilities; for ``top_k`` = 0 nothing
+    (``[0, 0]``: an ``If`` skips the ``TopK`` for a search that reads ``log_probs``). The values are the
+    ``log_probs`` entries themselves (``+ 0``), so a search on them picks what one on ``log_probs`` does.
+    """
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    blocked = np.zeros(vocab, dtype=np.float32)
+    blocked[[PAD_ID, BOS_ID]] = -np.inf
+    graph.initializer.extend([numpy_helper.from_array(blocked, "blocked_tokens"),
+                              numpy_helper.from_array(np.zeros(1, dtype=np.int64), "zero_k")])
+    graph.input.append(helper.make_tensor_value_info("top_k", TensorProto.INT64, [1]))
+    outputs = [helper.make_tensor_value_info("top_log_probs", TensorProto.FLOAT, [None, None]),
+               helper.make_tensor_value_info("top_tokens", TensorProto.INT64, [None, None])]
+    with_top_k = helper.make_graph([
+        helper.make_node("Add", ["log_probs", "blocked_tokens"], ["log_probs_blocked"], name="BlockTokens"),
+        helper.make_node("TopK", ["log_probs_blocked", "top_k"], ["top_values", "top_indices"], name="RowTopK",
+                         axis=-1, largest=1, sorted=1),
+    ], "with_top_k", [], [helper.make_tensor_value_info("top_values", TensorProto.FLOAT, [None, None]),
+                          helper.make_tensor_value_info("top_indices", TensorProto.INT64, [None, None])])
+    empty = [numpy_helper.from_array(np.zeros((0, 0), dtype=dtype), name)
+             for dtype, name in ((np.float32, "no_values"), (np.int64, "no_indices"))]
+    without = helper.make_graph([helper.make_node("Constant", [], [tensor.name], value=tensor) for tensor in empty],
+                                "without_top_k", [],
+                                [helper.make_tensor_value_info("no_values", TensorProto.FLOAT, [0, 0]),
+                                 helper.make_tensor_value_info("no_indices", TensorProto.INT64, [0, 0])])
+    graph.node.extend([
+        helper.make_node("Greater", ["top_k", "zero_k"], ["wants_top_k"], name="WantsTopK"),
+        helper.make_node("If", ["wants_top_k"], ["top_log_probs", "top_tokens"], name="TopKIfAsked",
+                         then_branch=with_top_k, else_branch=without),
+    ])
+    graph.output.extend(outputs)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
