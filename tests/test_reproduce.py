@@ -122,7 +122,7 @@ def test_the_chain_resumes_after_a_kill_in_every_stage(fake_repo: Path, tmp_path
     assert "data.mirror=/corpora" in first and "data.test_splits=[test_2016_flickr,test_2017_flickr]" in first
     assert "mirror=/corpora" in next(a for stage, a in calls(workdir) if stage.startswith("backtranslate"))
     table = (workdir / "runs" / "reproduce_bt_best.md").read_text()
-    assert "| de-en ensemble reranked | beam 5, α 1, λ 0.3, γ 0.5 | 42.00 | 43.00 | 43.00 |" in table
+    assert "| de-en ensemble reranked | beam 5, α = 1, λ = 0.3, γ = 0.5 | 42.00 | 43.00 | 43.00 |" in table
     # the extra test split: the setting chosen on val, scored once more
     name = "score de-en ensemble reranked test_2017_flickr"
     score = " ".join(next(a for stage, a in calls(workdir) if stage == name))

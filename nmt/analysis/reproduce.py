@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from nmt.analysis.decoding import setting_label
 from nmt.common.files import write_json_durably, write_text_durably
 from nmt.common.progress import format_duration
 from nmt.common.provenance import provenance
@@ -380,7 +381,7 @@ def summary(chain: Chain, stages: list[Stage]) -> dict[str, Any]:
         if stage.name.startswith("tune "):
             report = json.loads(output.read_text(encoding="utf-8"))
             chosen = next(iter(report["test"].values()))
-            systems.append({"system": stage.name.removeprefix("tune "), "choice": choice(report["best"]),
+            systems.append({"system": stage.name.removeprefix("tune "), "choice": setting_label(report["best"]),
                             "val_bleu": report["best"]["bleu"], "test_bleu": chosen["bleu"], "report": str(output),
                             "more_tests": {}})
         elif stage.name.startswith("score "):
@@ -399,14 +400,6 @@ def summary(chain: Chain, stages: list[Stage]) -> dict[str, Any]:
             students[pair] = max(mine, key=lambda s: s["val_bleu"])["system"]
     return {"recipe": chain.recipe_name, "test_split": split, "runs": runs, "systems": systems,
             "student_chosen_on_val": students, **provenance("reproduce.py")}
-
-
-def choice(row: dict[str, Any]) -> str:
-    """``beam 5, α 1`` (``, λ 0.3, γ 0.5`` when reranked)."""
-    text = f"beam {row['beam_size']}, α {row['length_penalty']:g}"
-    if row.get("rerank_weight") is not None:
-        text += f", λ {row['rerank_weight']:g}, γ {row['rerank_length_weight']:g}"
-    return text
 
 
 def render(report: dict[str, Any]) -> str:
