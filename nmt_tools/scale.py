@@ -41,7 +41,7 @@ import torch
 from omegaconf import OmegaConf
 
 from nmt.data.corpora import Multi30k
-from nmt.data.text import read_parallel
+from nmt.data.text import iter_pairs
 
 MIB = 1 << 20
 BYTES_PER_PARAMETER = 16  # fp32 weights, gradients, AdamW's exp_avg and exp_avg_sq
@@ -90,8 +90,8 @@ def synthetic_corpus(mirror: Path, pairs: int, noise: float, seed: int, root: Pa
         files[split] = {"src": str(src), "tgt": str(tgt)}
     if (folder / "done").is_file():
         return files
-    text = read_parallel("train", *corpus.split_files("train", "de", "en"))
-    src_words, tgt_words = ([line.split() for line in side] for side in (text.src, text.tgt))
+    text = list(iter_pairs("train", *corpus.split_files("train", "de", "en")))
+    src_words, tgt_words = ([pair[index].split() for pair in text] for index in (0, 1))
     vocabulary = [sorted({w for line in side for w in line}) for side in (src_words, tgt_words)]
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from conftest import data_config
 
-from nmt.data import DataError, fetch, prepare_data
+from nmt.data import DataError, corpora, fetch, prepare_data
 from nmt.data.corpora import MULTI30K_SHA256, MULTI30K_SPLITS, Multi30k, build_corpus
 from nmt.data.fetch import fetch_file, mirror_folder
-from nmt.data.text import ParallelText, clean_pairs, read_lines, read_parallel
+from nmt.data.text import PairFilter, iter_pairs, read_lines
 
 _real_download_url = fetch.download_url
 
@@ -165,7 +165,8 @@ def test_a_saved_mirror_that_is_not_a_folder_here_gives_way_to_the_environment(
 
 def test_an_invalid_url_is_a_data_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fetch, "download_url", _real_download_url)  # the real one; no network used
-    corpus = Multi30k(tmp_path / "cache", url_template="file:///nonexistent-nmt-dir/{name}", timeout=1)
+    monkeypatch.setattr(corpora, "MULTI30K_URL", "file:///nonexistent-nmt-dir/{name}")
+    corpus = Multi30k(tmp_path / "cache")
     with pytest.raises(DataError, match=r"val\.en\.gz.*file:///nonexistent-nmt-dir/val\.en\.gz"):
         corpus.fetch("val.en.gz")
 
@@ -213,7 +214,7 @@ def test_line_count_mismatch_names_both_files_and_counts(tmp_path: Path) -> None
     src = _write(tmp_path / "train.de", ["a", "b", "c"])
     tgt = _write(tmp_path / "train.en", ["a", "b"])
     with pytest.raises(DataError) as err:
-        read_parallel("train", src, tgt)
+        list(iter_pairs("train", src, tgt))
     message = str(err.value)
     assert str(src) in message and str(tgt) in message and "3 lines" in message and "has 2" in message
 
@@ -240,7 +241,7 @@ def test_empty_split_is_a_clear_error(tmp_path: Path) -> None:
     src.write_text("")
     tgt.write_text("")
     with pytest.raises(DataError, match=r"split 'valid' is empty"):
-        read_parallel("valid", src, tgt)
+        list(iter_pairs("valid", src, tgt))
 
 
 def test_a_truncated_gzip_is_a_data_error(tmp_path: Path) -> None:
@@ -256,17 +257,21 @@ def test_a_truncated_gzip_is_a_data_error(tmp_path: Path) -> None:
 def test_cleaning_counts_each_reason(caplog: pytest.LogCaptureFixture) -> None:
     src = ["ein kurzer satz", "", "a b c d e f", "eins", "x " * 6, "gut so"]
     tgt = ["a short sentence", "empty source", "a", "one two three four", "y " * 6, ""]
+    keep = PairFilter(max_len=5, max_ratio=3.0)
     with caplog.at_level(logging.INFO, logger="nmt.data.text"):
-        kept, stats = clean_pairs(ParallelText("train", src, tgt), max_len=5, max_ratio=3.0)
-    assert kept.src == ["ein kurzer satz"] and kept.tgt == ["a short sentence"]
+        kept = [pair for pair in zip(src, tgt) if keep(pair)]
+        stats = keep.report("train")
+    assert kept == [("ein kurzer satz", "a short sentence")]
     assert stats.total == 6 and stats.kept == 1
     assert stats.dropped == {"empty side": 2, "longer than 5 words": 2, "length ratio over 3.0": 1}
     assert "kept 1 of 6" in caplog.text
 
 
 def test_cleaning_everything_away_is_an_error() -> None:
+    keep = PairFilter(max_len=1)
+    assert not keep(("a b c", "x y z"))
     with pytest.raises(DataError, match="max_len"):
-        clean_pairs(ParallelText("train", ["a b c"], ["x y z"]), max_len=1)
+        keep.report("train")
 
 
 # -- prepare_data with corpus=files -------------------------------------------------------------------
@@ -354,9 +359,8 @@ def test_multi30k_from_the_mirror_matches_the_published_hashes(mirror_dir: Path,
     corpus = Multi30k(tmp_path, mirror=mirror_dir)
     src, tgt = corpus.split_files("train", "de", "en")
     assert _sha(src) == MULTI30K_SHA256["train.de.gz"]
-    text = read_parallel("train", src, tgt)
-    assert len(text) == 29000
-    assert len(read_parallel("val", *corpus.split_files("val", "en", "cs"))) == 1014
+    assert len(list(iter_pairs("train", src, tgt))) == 29000
+    assert len(list(iter_pairs("val", *corpus.split_files("val", "en", "cs")))) == 1014
 
 
 def test_a_utf8_byte_order_mark_is_dropped(tmp_path: Path) -> None:

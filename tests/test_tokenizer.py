@@ -22,6 +22,7 @@ from nmt.data import (
     prepare_data,
 )
 from nmt.data import tokenizer as tokenizer_module
+from nmt.data.prepare import resolve_data_config
 from nmt.data.tokenizer import train_tokenizer
 
 TEST_SRC, TEST_TGT = make_tiny_parallel(40, seed=1)  # unseen sentences from the same "languages"
@@ -123,8 +124,8 @@ def test_cache_is_keyed_by_text_and_settings(
 def test_bad_settings_name_the_valid_choices() -> None:
     with pytest.raises(DataError, match="unigram, bpe, word"):
         tokenizer_settings(model_type="wordpiece")
-    with pytest.raises(DataError, match="valid keys"):
-        TokenizerSettings.from_mapping({"vocab": 100})
+    with pytest.raises(DataError, match="valid keys under data.tokenizer."):
+        resolve_data_config(data_config(tokenizer={"vocab": 100}))
     with pytest.raises(DataError, match="not a tokenizer state"):
         Tokenizer.from_state({"model": b""})
 
@@ -156,14 +157,14 @@ def test_multi30k_streamed_training_gives_the_model_trained_from_lists(
 ) -> None:
     """prepare_data streams the cleaned pairs from disk into SentencePiece: the same model and ids as from lists."""
     from nmt.data.corpora import Multi30k
-    from nmt.data.text import clean_pairs, read_parallel
+    from nmt.data.text import PairFilter, iter_pairs
 
-    train = read_parallel("train", *Multi30k(tmp_path, mirror=mirror_dir).split_files("train", "de", "en"))
-    text, _ = clean_pairs(train, **data_config()["clean"])
-    from_lists = train_tokenizer(text.src, text.tgt, TokenizerSettings.from_mapping(data_config()["tokenizer"]))
+    train = iter_pairs("train", *Multi30k(tmp_path, mirror=mirror_dir).split_files("train", "de", "en"))
+    src, tgt = map(list, zip(*filter(PairFilter(**data_config()["clean"]), train)))
+    from_lists = train_tokenizer(src, tgt, TokenizerSettings(**data_config()["tokenizer"]))
     assert from_lists.fingerprint == multi30k_data.tokenizer.fingerprint
-    assert multi30k_data.train.src_ids == from_lists.encode_src_batch(text.src)
-    assert multi30k_data.train.tgt_ids == from_lists.encode_tgt_batch(text.tgt)
+    assert multi30k_data.train.src_ids == from_lists.encode_src_batch(src)
+    assert multi30k_data.train.tgt_ids == from_lists.encode_tgt_batch(tgt)
 
 
 def test_the_same_text_gives_the_same_model_bytes_on_any_number_of_cores(

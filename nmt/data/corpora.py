@@ -5,15 +5,12 @@
 from __future__ import annotations
 
 import abc
-import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 from nmt.data.errors import DataError
-from nmt.data.fetch import DOWNLOAD_TIMEOUT_S, fetch_file, mirror_folder
-
-log = logging.getLogger(__name__)
+from nmt.data.fetch import fetch_file, mirror_folder
 
 
 class Corpus(abc.ABC):
@@ -59,8 +56,7 @@ MULTI30K_SPLITS: dict[str, tuple[str, ...]] = {
     "test_2018_flickr": ("en", "de", "fr", "cs"),
 }
 
-# sha256 of the official files: every file of every split above. A file missing here would be fetched
-# unverified, with a warning.
+# sha256 of the official files: every file of every split above.
 MULTI30K_SHA256: dict[str, str] = {
     "test_2016_flickr.cs.gz": "200a4a74cc9560f051924abb9803be008d1908d77f747e9141aeb86dfd2797f1",
     "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
@@ -94,26 +90,14 @@ class Multi30k(Corpus):
     Args:
         cache_dir: the data cache; files go to ``cache_dir/multi30k/``.
         mirror: a folder holding ``multi30k/<file>`` or ``<file>``, tried before the network.
-        url_template: the download URL with a ``{name}`` field (tests point it elsewhere).
-        sha256: known hashes by file name.
     """
 
     name = "multi30k"
+    sha256 = MULTI30K_SHA256
 
-    def __init__(
-        self,
-        cache_dir: Path,
-        mirror: Path | None = None,
-        *,
-        url_template: str = MULTI30K_URL,
-        sha256: Mapping[str, str] = MULTI30K_SHA256,
-        timeout: float = DOWNLOAD_TIMEOUT_S,
-    ) -> None:
+    def __init__(self, cache_dir: Path, mirror: Path | None = None) -> None:
         self.dir = Path(cache_dir) / self.name
         self.mirror = mirror
-        self.url_template = url_template
-        self.sha256 = dict(sha256)
-        self.timeout = timeout
 
     def split_files(self, split: str, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
         if split not in MULTI30K_SPLITS:
@@ -128,19 +112,9 @@ class Multi30k(Corpus):
         return self.fetch(f"{split}.{src_lang}.gz"), self.fetch(f"{split}.{tgt_lang}.gz")
 
     def fetch(self, name: str) -> Path:
-        """Fetch (or find in the cache) one file by name, verifying its hash when known."""
-        sha = self.sha256.get(name)
-        if sha is None and not (self.dir / name).is_file():
-            log.warning("no known sha256 for multi30k %s; it will not be verified", name)
-        return fetch_file(
-            name,
-            self.url_template.format(name=name),
-            self.dir,
-            sha256=sha,
-            corpus=self.name,
-            mirror=self.mirror,
-            timeout=self.timeout,
-        )
+        """Fetch (or find in the cache) one file of ``MULTI30K_SPLITS`` by name, verifying its hash."""
+        return fetch_file(name, MULTI30K_URL.format(name=name), self.dir, sha256=self.sha256[name], corpus=self.name,
+                          mirror=self.mirror)
 
 
 @register_corpus

@@ -33,13 +33,13 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def download_url(url: str, dest: Path, timeout: float = DOWNLOAD_TIMEOUT_S) -> None:
+def download_url(url: str, dest: Path) -> None:
     """Stream ``url`` into ``dest``. Tests monkeypatch this function so they never touch the network.
 
     Raises:
         urllib.error.URLError, OSError: the download failed (no network, 404, timeout, ...).
     """
-    with urllib.request.urlopen(url, timeout=timeout) as response, open(dest, "wb") as out:
+    with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response, open(dest, "wb") as out:
         shutil.copyfileobj(response, out, _CHUNK)
 
 
@@ -47,11 +47,9 @@ def mirror_folder(configured: str | Path | None) -> Path | None:
     """``data.mirror`` when it is a folder here, else ``$NMT_DATA_MIRROR`` when that is one, else None (warning
     about a mirror that is not a folder): a run trained elsewhere then decodes here with no edited config.
     """
-    path = Path(str(configured)).expanduser() if configured else None
+    path, fallback = (Path(str(p)).expanduser() if p else None for p in (configured, os.environ.get(MIRROR_ENV)))
     if path is not None and path.is_dir():
         return path
-    env = os.environ.get(MIRROR_ENV)
-    fallback = Path(env).expanduser() if env else None
     if fallback is not None and fallback.is_dir():
         if path is not None:
             log.warning("data mirror %s is not a folder; using %s=%s instead", path, MIRROR_ENV, fallback)
@@ -74,7 +72,6 @@ def fetch_file(
     sha256: str | None,
     corpus: str,
     mirror: Path | None = None,
-    timeout: float = DOWNLOAD_TIMEOUT_S,
 ) -> Path:
     """Return ``dest_dir/name``, verified, fetching it from the mirror or ``url`` when needed.
 
@@ -85,7 +82,6 @@ def fetch_file(
         name: file name, the same in the cache, the mirror and the URL (``train.de.gz``).
         sha256: the known hex sha256, or None (then the file is not verified).
         corpus: the corpus name, for the ``<mirror>/<corpus>/<name>`` layout and messages.
-        timeout: network timeout in seconds.
 
     Raises:
         DataError: the hash does not match (the bad copy is removed), or the file could not be had.
@@ -106,7 +102,7 @@ def fetch_file(
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        source = _fill_from_mirror_or_url(tmp, name, url, corpus=corpus, mirror=mirror, timeout=timeout)
+        source = _fill_from_mirror_or_url(tmp, name, url, corpus=corpus, mirror=mirror)
         if sha256 is not None:
             actual = sha256_of(tmp)
             if actual != sha256:
@@ -122,9 +118,7 @@ def fetch_file(
     return dest
 
 
-def _fill_from_mirror_or_url(
-    tmp: Path, name: str, url: str, *, corpus: str, mirror: Path | None, timeout: float
-) -> str:
+def _fill_from_mirror_or_url(tmp: Path, name: str, url: str, *, corpus: str, mirror: Path | None) -> str:
     """Copy the file into ``tmp`` from the mirror or the network; return where it came from."""
     if mirror is not None:
         for candidate in _mirror_candidates(mirror, corpus, name):
@@ -132,7 +126,7 @@ def _fill_from_mirror_or_url(
                 shutil.copyfile(candidate, tmp)
                 return str(candidate)
     try:
-        download_url(url, tmp, timeout)
+        download_url(url, tmp)
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
         looked = (
             f"the mirror {mirror} (looked for {' and '.join(map(str, _mirror_candidates(mirror, corpus, name)))})"

@@ -8,7 +8,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from itertools import chain, islice
 from pathlib import Path
@@ -137,15 +137,6 @@ class SplitSource:
         return pairs if self.tag is None else ((f"{self.tag} {s}", t) for s, t in pairs)
 
 
-def _to_plain(cfg: Any) -> dict[str, Any]:
-    """A plain dict from a DictConfig (interpolations resolved) or a mapping."""
-    if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-    if not isinstance(cfg, Mapping):
-        raise DataError(f"data config must be a mapping or DictConfig, got {type(cfg).__name__}.")
-    return dict(cfg)
-
-
 def resolve_data_config(data_cfg: Any) -> dict[str, Any]:
     """Check a complete ``data`` section (as in configs/data/*.yaml) and return it as plain values; train.py's
     config check calls it too.
@@ -153,7 +144,7 @@ def resolve_data_config(data_cfg: Any) -> dict[str, Any]:
     Raises:
         DataError: an unknown key (naming the nearest valid one), a wrong type, a missing key or a bad value.
     """
-    given = _to_plain(data_cfg)
+    given = OmegaConf.to_container(data_cfg, resolve=True) if isinstance(data_cfg, DictConfig) else dict(data_cfg)
     if problem := first_unknown_key(given, DataSettings, "data."):
         raise DataError(problem)
     if given.get("invalid_utf8", STRICT_UTF8) not in INVALID_UTF8_MODES:
@@ -167,7 +158,7 @@ def resolve_data_config(data_cfg: Any) -> dict[str, Any]:
         raise DataError(f"the data config lacks {', '.join('data.' + key for key in missing)}; start from "
                         "configs/data/multi30k.yaml or configs/data/files.yaml")
     cfg: dict[str, Any] = OmegaConf.to_container(merged)  # type: ignore[assignment]
-    TokenizerSettings.from_mapping(cfg["tokenizer"])  # its own checks: model type, sizes
+    TokenizerSettings(**cfg["tokenizer"])  # its own checks: model type, sizes
     for key in ("max_tokens", "valid_max_tokens"):
         if cfg[key] <= 0:
             raise DataError(f"data.{key}={cfg[key]!r} must be positive")
@@ -201,7 +192,7 @@ def prepare_data(data_cfg: Any, cache_dir: str | Path | None = None) -> Prepared
     train_parts, scored = split_sources(cfg, cache, seconds)
 
     start = time.perf_counter()
-    settings = TokenizerSettings.from_mapping(cfg["tokenizer"])
+    settings = TokenizerSettings(**cfg["tokenizer"])
     tokenizer = prepare_tokenizer(train_parts, settings, cache / "spm")
     seconds["tokenizer"] = time.perf_counter() - start
 
@@ -210,7 +201,7 @@ def prepare_data(data_cfg: Any, cache_dir: str | Path | None = None) -> Prepared
     for name, parts in [(cfg["train_split"], train_parts), *((n, [source]) for n, source in scored.items())]:
         src_ids, tgt_ids, manifests[name], hit = encode_split(name, parts, tokenizer, cache / "encoded")
         stats["encoded_cache_hits"] += int(hit)
-        text = read_text(parts[0]) if name in scored else (None, None)
+        text = [list(side) for side in zip(*parts[0].pairs())] if name in scored else (None, None)  # small
         split_parts = [SplitPart(p.name, m["pairs"], p.weight) for p, m in zip(parts, manifests[name]["parts"])]
         encoded[name] = EncodedSplit(name, src_ids, tgt_ids, *text, parts=split_parts if name not in scored else ())
     seconds["encode"] = time.perf_counter() - start
@@ -344,16 +335,6 @@ def encode_split(
         raise DataError(f"the encoded split {stem} could not be read back after writing it; is {encoded_dir} "
                         "on a full or failing disk?")
     return (*found, False)
-
-
-def read_text(source: SplitSource) -> tuple[list[str], list[str]]:
-    """The lines of a split that is scored (stripped; cleaned if the split is): small, so held in memory."""
-    src: list[str] = []
-    tgt: list[str] = []
-    for s, t in source.pairs(source.new_filter()):
-        src.append(s)
-        tgt.append(t)
-    return src, tgt
 
 
 def _chunks(pairs: Iterable[tuple[str, str]], size: int) -> Iterator[list[tuple[str, str]]]:

@@ -121,30 +121,6 @@ def iter_pairs(name: str, src_path: Path, tgt_path: Path, invalid_utf8: str = ST
 
 
 @dataclass
-class ParallelText:
-    """One split as two aligned lists of stripped lines (for the splits that are scored: small)."""
-
-    name: str
-    src: list[str]
-    tgt: list[str]
-    src_path: Path | None = None
-    tgt_path: Path | None = None
-
-    def __len__(self) -> int:
-        return len(self.src)
-
-
-def read_parallel(name: str, src_path: Path, tgt_path: Path, invalid_utf8: str = STRICT_UTF8) -> ParallelText:
-    """Read a split's two files into memory, checking they align (``iter_pairs``' errors)."""
-    src: list[str] = []
-    tgt: list[str] = []
-    for s, t in iter_pairs(name, src_path, tgt_path, invalid_utf8):
-        src.append(s)
-        tgt.append(t)
-    return ParallelText(name, src, tgt, src_path, tgt_path)
-
-
-@dataclass
 class CleanStats:
     """How many training pairs cleaning kept, and how many it dropped for each reason."""
 
@@ -191,18 +167,3 @@ class PairFilter:
                 f"are the right ones, or loosen data.clean.max_len / data.clean.max_ratio (null = off)."
             )
         return stats
-
-
-def clean_pairs(
-    text: ParallelText, max_len: int | None = None, max_ratio: float | None = None
-) -> tuple[ParallelText, CleanStats]:
-    """``PairFilter`` over a split in memory: the kept pairs (in their original order) and the counts.
-
-    Raises:
-        DataError: cleaning dropped every pair.
-    """
-    keep = PairFilter(max_len, max_ratio)
-    kept = [pair for pair in zip(text.src, text.tgt) if keep(pair)]
-    stats = keep.report(text.name)
-    src, tgt = [s for s, _ in kept], [t for _, t in kept]
-    return ParallelText(text.name, src, tgt, text.src_path, text.tgt_path), stats

@@ -18,7 +18,6 @@ from typing import Any
 import sentencepiece as spm
 
 from nmt.common.files import write_bytes_durably
-from nmt.common.settings import first_unknown_key
 from nmt.data.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -66,15 +65,6 @@ class TokenizerSettings:
             raise DataError(f"data.tokenizer.vocab_size={self.vocab_size} must be > 4 (4 ids are special).")
         if not 0.0 < float(self.character_coverage) <= 1.0:
             raise DataError(f"data.tokenizer.character_coverage={self.character_coverage} must be in (0, 1].")
-
-    @classmethod
-    def from_mapping(cls, cfg: Mapping[str, Any]) -> TokenizerSettings:
-        """Build from a complete ``data.tokenizer`` mapping; an unknown or missing key raises, naming it."""
-        if problem := first_unknown_key(dict(cfg), cls, "data.tokenizer."):
-            raise DataError(problem)
-        if missing := sorted(set(cls.__dataclass_fields__) - set(cfg)):
-            raise DataError(f"data.tokenizer.{missing[0]} is missing; configs/data/multi30k.yaml sets every key")
-        return cls(**cfg)
 
 
 class Tokenizer:
@@ -171,12 +161,7 @@ class Tokenizer:
 
     def to_state(self) -> dict[str, Any]:
         """Plain values only (str/int/bool/bytes), so it survives ``torch.load(weights_only=True)``."""
-        state: dict[str, Any] = {
-            "format": _STATE_FORMAT,
-            "kind": "sentencepiece",
-            "joint": self.joint,
-            "src_model": self._src_model,
-        }
+        state = {"format": _STATE_FORMAT, "kind": "sentencepiece", "joint": self.joint, "src_model": self._src_model}
         # A joint model has no "tgt_model": the one proto is not stored twice. (Never b"" either:
         # pickle protocol 2 writes empty bytes as a call to `bytes`, which weights_only refuses.)
         if self._tgt_model is not None:
@@ -198,15 +183,11 @@ class Tokenizer:
         """Write ``joint.model`` (or ``src.model`` + ``tgt.model``), standard SentencePiece models, into a folder."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        if self.joint:
-            named = {"joint.model": self._src_model}
-        else:
-            named = {"src.model": self._src_model, "tgt.model": self._tgt_model or b""}
-        paths = []
+        named = {"joint.model": self._src_model} if self._tgt_model is None else {
+            "src.model": self._src_model, "tgt.model": self._tgt_model}
         for name, blob in named.items():
             write_bytes_durably(directory / name, blob)
-            paths.append(directory / name)
-        return paths
+        return [directory / name for name in named]
 
     @classmethod
     def load(cls, directory: str | Path) -> Tokenizer:
@@ -220,12 +201,9 @@ class Tokenizer:
         raise DataError(f"no joint.model or src.model + tgt.model in {directory}.")
 
     def __repr__(self) -> str:
-        sizes = (
-            f"vocab={self.src_vocab_size}"
-            if self.joint
-            else f"src_vocab={self.src_vocab_size}, tgt_vocab={self.tgt_vocab_size}"
-        )
-        return f"Tokenizer(joint={self.joint}, {sizes})"
+        if self.joint:
+            return f"Tokenizer(joint=True, vocab={self.src_vocab_size})"
+        return f"Tokenizer(joint=False, src_vocab={self.src_vocab_size}, tgt_vocab={self.tgt_vocab_size})"
 
 
 def _load_processor(model: bytes) -> spm.SentencePieceProcessor:
@@ -267,30 +245,19 @@ def _train_model(sentences: Iterable[str], settings: TokenizerSettings, tags: Se
     writer = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences),
-            model_writer=writer,
-            model_type=settings.model_type,
-            vocab_size=int(settings.vocab_size),
-            character_coverage=float(settings.character_coverage),
-            pad_id=PAD_ID,
-            unk_id=UNK_ID,
-            bos_id=BOS_ID,
-            eos_id=EOS_ID,
+            sentence_iterator=iter(sentences), model_writer=writer, model_type=settings.model_type,
+            vocab_size=int(settings.vocab_size), character_coverage=float(settings.character_coverage),
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
             # A soft limit, so tiny corpora (tests, a quick look) get a smaller vocabulary, not an error.
-            hard_vocab_limit=False,
-            input_sentence_size=INPUT_SENTENCE_SIZE,
-            shuffle_input_sentence=True,
+            hard_vocab_limit=False, input_sentence_size=INPUT_SENTENCE_SIZE, shuffle_input_sentence=True,
             # A fixed count, not the machine's cores: SentencePiece's result depends on how many threads
             # share the work, and the same data must give the same model bytes on any machine.
-            num_threads=TRAINER_THREADS,
-            user_defined_symbols=list(tags),
+            num_threads=TRAINER_THREADS, user_defined_symbols=list(tags),
             minloglevel=2,  # errors only (its warnings are noise here); we log one summary line ourselves
         )
     except RuntimeError as exc:
-        raise DataError(
-            f"SentencePiece training failed: {exc}. With a small corpus, lower "
-            f"data.tokenizer.vocab_size or use data.tokenizer.model_type=unigram."
-        ) from exc
+        raise DataError(f"SentencePiece training failed: {exc}. With a small corpus, lower "
+                        "data.tokenizer.vocab_size or use data.tokenizer.model_type=unigram.") from exc
     return writer.getvalue()
 
 
@@ -320,14 +287,8 @@ def load_cached_tokenizer(key: str, settings: TokenizerSettings, cache_dir: str 
     return tokenizer
 
 
-def train_and_cache(
-    key: str,
-    settings: TokenizerSettings,
-    cache_dir: str | Path | None,
-    sentences: Callable[[str], Iterable[str]],
-    pairs: int,
-    tags: Sequence[str] = (),
-) -> Tokenizer:
+def train_and_cache(key: str, settings: TokenizerSettings, cache_dir: str | Path | None,
+                    sentences: Callable[[str], Iterable[str]], pairs: int, tags: Sequence[str] = ()) -> Tokenizer:
     """Train the model(s) and cache them under ``key`` (from ``tokenizer_key``; no caching when ``cache_dir`` is None).
 
     Args:
@@ -344,18 +305,10 @@ def train_and_cache(
     for path, blob in zip(paths, models):
         path.parent.mkdir(parents=True, exist_ok=True)
         write_bytes_durably(path, blob)
-    log.info(
-        "trained SentencePiece %s %s on %d pairs in %.1f s: %s%s",
-        settings.model_type,
-        "joint" if settings.joint else "src+tgt",
-        pairs,
-        time.perf_counter() - start,
-        tokenizer,
-        f" -> {', '.join(map(str, paths))}" if paths else "",
-    )
-    sizes = [("joint", tokenizer.src_vocab_size)] if tokenizer.joint else [
-        ("src", tokenizer.src_vocab_size), ("tgt", tokenizer.tgt_vocab_size)]
-    for side, size in sizes:
+    log.info("trained SentencePiece %s %s on %d pairs in %.1f s: %s%s", settings.model_type,
+             "joint" if settings.joint else "src+tgt", pairs, time.perf_counter() - start, tokenizer,
+             f" -> {', '.join(map(str, paths))}" if paths else "")
+    for side, size in zip(names, (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)):
         if size < settings.vocab_size:
             log.warning("%s vocabulary has %d pieces, fewer than vocab_size=%d: the corpus is too small to fill it",
                         side, size, settings.vocab_size)
