@@ -179,8 +179,6 @@ class TokenBucketSampler(Sampler[list[int]]):
         name: str = "split",
         parts: Sequence[SplitPart] = (),
     ) -> None:
-        if len(src_lengths) != len(tgt_lengths):
-            raise DataError(f"{len(src_lengths)} source lengths but {len(tgt_lengths)} target lengths.")
         if len(src_lengths) == 0:
             raise DataError(f"cannot batch {name!r}: it has no pairs.")
         if int(max_tokens) <= 0:
@@ -254,9 +252,7 @@ class TokenBucketSampler(Sampler[list[int]]):
         return self._cached[1], self._cached[2]
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """Select ``epoch``'s order and skip the first ``start`` batches of this rank (resume)."""
-        if start < 0:
-            raise ValueError(f"start={start} must be >= 0")
+        """Select ``epoch``'s order and skip the first ``start`` (>= 0) batches of this rank (resume)."""
         self.epoch = int(epoch)
         self.position = int(start)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import operator
 import os
 import shutil
 import tempfile
@@ -70,14 +69,10 @@ class RaggedIds(Sequence[list[int]]):
         return len(self.offsets) - 1
 
     def __getitem__(self, index: int | slice) -> Any:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        i = operator.index(index)
-        if i < 0:
-            i += len(self)
-        if not 0 <= i < len(self):
-            raise IndexError(f"row {index} out of range for {len(self)} rows")
-        return self.tokens[self.offsets[i] : self.offsets[i + 1]].tolist()
+        rows = range(len(self))[index]  # negative indices count from the end; IndexError past it
+        if isinstance(rows, range):
+            return [self[i] for i in rows]
+        return self.tokens[self.offsets[rows] : self.offsets[rows + 1]].tolist()
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, RaggedIds):
@@ -135,27 +130,16 @@ class EncodedSplit:
     def __post_init__(self) -> None:
         self.src_ids = RaggedIds.from_rows(self.src_ids)
         self.tgt_ids = RaggedIds.from_rows(self.tgt_ids)
-        texts = [t for t in (self.src_text, self.tgt_text) if t is not None]
-        sizes = {len(self.src_ids), len(self.tgt_ids), *map(len, texts)}
-        if self.parts and sum(part.pairs for part in self.parts) != len(self.src_ids):
-            raise DataError(f"EncodedSplit {self.name!r}: its parts hold {sum(p.pairs for p in self.parts)} pairs, "
-                            f"the split {len(self.src_ids)}.")
-        if len(sizes) != 1 or len(texts) == 1:
-            raise DataError(
-                f"EncodedSplit {self.name!r}: src_ids/tgt_ids/src_text/tgt_text have different lengths "
-                f"{len(self.src_ids)}/{len(self.tgt_ids)}/"
-                f"{'/'.join(str(None if t is None else len(t)) for t in (self.src_text, self.tgt_text))}."
-            )
+        sizes = [None if x is None else len(x) for x in (self.src_ids, self.tgt_ids, self.src_text, self.tgt_text)]
+        if len(set(sizes) - {None}) != 1 or sizes.count(None) == 1:
+            raise DataError(f"EncodedSplit {self.name!r}: src_ids/tgt_ids/src_text/tgt_text have different lengths "
+                            f"{'/'.join(map(str, sizes))}.")
 
     def __len__(self) -> int:
         return len(self.src_ids)
 
     def __getitem__(self, index: int) -> tuple[int, list[int], list[int]]:
         return index, self.src_ids[index], self.tgt_ids[index]
-
-    def num_tokens(self) -> tuple[int, int]:
-        """Source and target tokens in the split, EOS included (what a batch holds unpadded)."""
-        return len(self.src_ids.tokens) + len(self), len(self.tgt_ids.tokens) + len(self)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -240,9 +224,7 @@ class SplitWriter:
         self.sides = {side: _SideWriter(stem, side, np.dtype(dtype), self.temps) for side in SIDES}
 
     def append(self, src_rows: Sequence[Sequence[int]], tgt_rows: Sequence[Sequence[int]]) -> None:
-        """Add pairs: ``src_rows[i]`` and ``tgt_rows[i]`` are the ids of one pair."""
-        if len(src_rows) != len(tgt_rows):
-            raise ValueError(f"{len(src_rows)} source rows but {len(tgt_rows)} target rows")
+        """Add pairs: ``src_rows[i]`` and ``tgt_rows[i]`` (as many) are the ids of one pair."""
         self.sides["src"].append(src_rows)
         self.sides["tgt"].append(tgt_rows)
 

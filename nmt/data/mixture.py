@@ -4,14 +4,13 @@ folders), each with a ``weight`` (times seen per epoch) and an optional ``tag`` 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nmt.common.settings import unknown_key_message
+from nmt.common.settings import first_unknown_key
 from nmt.data.corpora import CORPORA, build_corpus
 from nmt.data.errors import DataError
 from nmt.data.fetch import mirror_folder
@@ -79,9 +78,8 @@ def resolve_sources(cfg: Mapping[str, Any], cache: Path, mirror: str | Path | No
             a name used twice), or a source whose files are missing or of another language pair.
     """
     if cfg.get("mixture") is None:
-        corpus = build_corpus(cfg["corpus"], cache_dir=cache, mirror=mirror, files=cfg["files"], settings=cfg)
-        src, tgt = corpus.split_files(cfg["train_split"], cfg["src_lang"], cfg["tgt_lang"])
-        return [ResolvedSource(cfg["corpus"], src, tgt, info=corpus_info(corpus))]
+        src, tgt, info = _corpus_split(cfg["corpus"], cfg["train_split"], cfg, cache, mirror)
+        return [ResolvedSource(cfg["corpus"], src, tgt, info=info)]
     if not cfg["mixture"]:
         raise DataError("data.mixture is empty; list at least one source, or set data.mixture=null for the "
                         "corpus's own training split.")
@@ -101,15 +99,14 @@ def check_entry(index: int, entry: Any) -> MixtureSourceSettings:
     where = f"data.mixture[{index}]"
     if not isinstance(entry, Mapping):
         raise DataError(f"{where} is {entry!r}; each source is a mapping such as {{corpus: multi30k, weight: 2}}.")
-    names = [f.name for f in dataclasses.fields(MixtureSourceSettings)]
-    for key in entry:
-        if key not in names:
-            raise DataError(unknown_key_message(f"{where}.", str(key), names))
+    if problem := first_unknown_key(entry, MixtureSourceSettings, f"{where}."):
+        raise DataError(problem)
     source = MixtureSourceSettings(**entry)
     kinds = [kind for kind in KINDS if getattr(source, kind) is not None]
     if len(kinds) != 1 or (source.src is None) != (source.tgt is None):
+        given = [key for key in ("corpus", "split", "src", "tgt", "synthetic") if entry.get(key)]
         raise DataError(f"{where} must name exactly one source: corpus: NAME, or src: PATH with tgt: PATH, or "
-                        f"synthetic: FOLDER (it has {', '.join(k for k in names[:5] if entry.get(k)) or 'none'}).")
+                        f"synthetic: FOLDER (it has {', '.join(given) or 'none'}).")
     if source.corpus is not None and source.corpus not in CORPORA:
         raise DataError(f"{where}.corpus={source.corpus!r} is not a registered corpus; valid: "
                         f"{', '.join(sorted(c for c in CORPORA if c != 'files'))} (or src/tgt for your own files).")
@@ -122,8 +119,8 @@ def check_entry(index: int, entry: Any) -> MixtureSourceSettings:
                         "seen; 0.5 = half of them); drop the source to leave it out.")
     source.weight = weight
     for key in ("backtranslate", "forward_translate"):
-        if getattr(source, key) is not None and (source.synthetic is None or not isinstance(getattr(source, key),
-                                                                                              Mapping)):
+        job = getattr(source, key)
+        if job is not None and (source.synthetic is None or not isinstance(job, Mapping)):
             raise DataError(f"{where}.{key} goes with synthetic: FOLDER and holds backtranslate.py's settings, "
                             "e.g. {checkpoint: runs/best_en-de/seed42, input: multi30k_task2, lang: en}.")
     if source.backtranslate is not None and source.forward_translate is not None:
@@ -138,13 +135,11 @@ def _resolve(index: int, entry: Any, cfg: Mapping[str, Any], cache: Path, mirror
     where, langs = f"data.mixture[{index}]", (cfg["src_lang"], cfg["tgt_lang"])
     info: dict[str, Any] = {}
     if source.corpus is not None:
-        corpus = build_corpus(source.corpus, cache_dir=cache, mirror=mirror, files=cfg["files"], settings=cfg)
         try:
-            src, tgt = corpus.split_files(source.split, *langs)
+            src, tgt, info = _corpus_split(source.corpus, source.split, cfg, cache, mirror)
         except DataError as error:
             raise DataError(f"{where}: {error}") from None
-        default_name, info = source.corpus if source.split == "train" else f"{source.corpus}.{source.split}", \
-            corpus_info(corpus)
+        default_name = source.corpus if source.split == "train" else f"{source.corpus}.{source.split}"
     elif source.synthetic is not None:
         folder = Path(source.synthetic).expanduser()
         src, tgt, info = pair_files(folder, langs, where)
@@ -161,12 +156,13 @@ def _resolve(index: int, entry: Any, cfg: Mapping[str, Any], cache: Path, mirror
 def training_source_file(cfg: Mapping[str, Any]) -> Path:
     """The source-side file of ``data.corpus``'s training split: what a forward translation translates by default."""
     cache = Path(str(cfg["cache_dir"])).expanduser().resolve()
-    corpus = build_corpus(cfg["corpus"], cache_dir=cache, mirror=mirror_folder(cfg["mirror"]), files=cfg["files"],
-                          settings=cfg)
-    return corpus.split_files(cfg["train_split"], cfg["src_lang"], cfg["tgt_lang"])[0]
+    return _corpus_split(cfg["corpus"], cfg["train_split"], cfg, cache, mirror_folder(cfg["mirror"]))[0]
 
 
-def corpus_info(corpus: Any) -> dict[str, Any]:
-    """A corpus's own statistics (Tatoeba's overlap removal), when it keeps any."""
+def _corpus_split(name: str, split: str, cfg: Mapping[str, Any], cache: Path,
+                  mirror: str | Path | None) -> tuple[Path, Path, dict[str, Any]]:
+    """A registered corpus's split in the ``data`` languages, and the corpus's own statistics (Tatoeba's), if any."""
+    corpus = build_corpus(name, cache_dir=cache, mirror=mirror, files=cfg["files"], settings=cfg)
+    src, tgt = corpus.split_files(split, cfg["src_lang"], cfg["tgt_lang"])
     info = getattr(corpus, "info", None)
-    return {"corpus": info()} if callable(info) else {}
+    return src, tgt, {"corpus": info()} if callable(info) else {}
