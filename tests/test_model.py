@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -202,11 +204,12 @@ def test_the_layer_normalised_gru_normalises_each_gate_on_its_own() -> None:
     # step-by-step decoding equals training's teacher forcing: test_teacher_forced_logits_equal_step_by_step
 
 
-def test_the_compiled_training_step_computes_what_the_eager_one_does() -> None:
+def test_the_compiled_training_step_computes_what_the_eager_one_does(monkeypatch: pytest.MonkeyPatch) -> None:
     """``compile_step`` traces the per-step body with dynamo (the eager backend: no C++ compiler needed here)."""
     torch._dynamo.reset()
     model, compiled = tiny_model("additive"), tiny_model("additive")
-    compiled.decoder.compile_step(backend="eager")
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    compiled.decoder.compile_step()
     src, src_lengths, tgt, _, _ = padded_batch()
     for length in (tgt.shape[1], 3):  # a second target length: dynamic shapes, no recompile needed
         expected, got = model(src, src_lengths, tgt[:, :length]), compiled(src, src_lengths, tgt[:, :length])

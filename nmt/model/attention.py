@@ -40,12 +40,9 @@ def attention_names() -> list[str]:
 
 def attention_class(name: str) -> type[Attention]:
     """The class registered as ``name``; an unknown name lists the valid ones."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown attention type {name!r}; valid types: {', '.join(attention_names())}"
-        ) from None
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown attention type {name!r}; valid types: {', '.join(attention_names())}")
+    return _REGISTRY[name]
 
 
 def attention_options(name: str) -> list[str]:
@@ -55,9 +52,7 @@ def attention_options(name: str) -> list[str]:
     return [p for p in params if p not in sizes]
 
 
-def build_attention(
-    name: str, query_size: int, key_size: int, hidden_size: int, **options: Any
-) -> Attention:
+def build_attention(name: str, query_size: int, key_size: int, hidden_size: int, **options: Any) -> Attention:
     """Build the attention type registered as ``name``.
 
     Args:
@@ -68,14 +63,11 @@ def build_attention(
         **options: type-specific options such as ``dropout`` or ``heads``; unknown ones raise an error
             that lists the valid ones.
     """
-    cls = attention_class(name)
     valid = attention_options(name)
     unknown = sorted(set(options) - set(valid))
     if unknown:
-        raise ValueError(
-            f"attention type {name!r} got unknown option(s) {unknown}; valid options: {valid}"
-        )
-    return cls(query_size=query_size, key_size=key_size, hidden_size=hidden_size, **options)
+        raise ValueError(f"attention type {name!r} got unknown option(s) {unknown}; valid options: {valid}")
+    return attention_class(name)(query_size=query_size, key_size=key_size, hidden_size=hidden_size, **options)
 
 
 def masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
@@ -111,7 +103,6 @@ class Attention(nn.Module, metaclass=abc.ABCMeta):
     def __init__(self, query_size: int, key_size: int, hidden_size: int, dropout: float = 0.0) -> None:
         super().__init__()
         self.query_size = query_size
-        self.key_size = key_size
         self.hidden_size = hidden_size
         self.weight_dropout = nn.Dropout(dropout)
 
@@ -143,14 +134,8 @@ class Attention(nn.Module, metaclass=abc.ABCMeta):
         """The weights ``forward`` returns (for plots and alignments), ``[B, T, S]``, from ``score``'s shape."""
         return weights
 
-    def forward(
-        self,
-        query: Tensor,
-        keys: Tensor,
-        values: Tensor,
-        mask: Tensor,
-        prepared_keys: PreparedKeys | None = None,
-    ) -> tuple[Tensor, Tensor]:
+    def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor,
+                prepared_keys: PreparedKeys | None = None) -> tuple[Tensor, Tensor]:
         """Attend from ``query`` over the source.
 
         Args:
@@ -269,9 +254,7 @@ class MultiHeadAttention(Attention):
     are prepared once per batch, stacked as ``[B, 2, S, hidden]``.
     """
 
-    def __init__(
-        self, query_size: int, key_size: int, hidden_size: int, dropout: float = 0.0, heads: int = 4
-    ) -> None:
+    def __init__(self, query_size: int, key_size: int, hidden_size: int, dropout: float = 0.0, heads: int = 4) -> None:
         super().__init__(query_size, key_size, hidden_size, dropout)
         if heads < 1 or hidden_size % heads:
             raise ValueError(f"multihead attention: hidden_size {hidden_size} is not divisible by heads {heads}")
@@ -323,16 +306,8 @@ class NoAttention(Attention):
         """Constant scores ``[B, T, S]``; unused by ``forward``, defined for a uniform interface."""
         return query.new_zeros(query.shape[0], query.shape[1], prepared_keys.shape[1])
 
-    def forward(
-        self,
-        query: Tensor,
-        keys: Tensor,
-        values: Tensor,
-        mask: Tensor,
-        prepared_keys: PreparedKeys | None = None,
-    ) -> tuple[Tensor, Tensor]:
+    def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor,
+                prepared_keys: PreparedKeys | None = None) -> tuple[Tensor, Tensor]:
         """Returns context ``[B, 0]`` / ``[B, T, 0]`` and zero weights ``[B, S]`` / ``[B, T, S]``."""
         lead = query.shape[:-1]  # (B,) or (B, T)
-        context = values.new_zeros(*lead, 0)
-        weights = values.new_zeros(*lead, mask.shape[-1])
-        return context, weights
+        return values.new_zeros(*lead, 0), values.new_zeros(*lead, mask.shape[-1])

@@ -68,8 +68,6 @@ def length_limits(src_lengths: Tensor, max_len: int, max_len_ratio: float | None
 
 def length_penalty_factor(length: int | Tensor, alpha: float) -> float | Tensor:
     """GNMT length penalty ``((5 + length) / 6) ** alpha`` (Wu et al., 2016, Eq. 14), elementwise."""
-    if isinstance(length, Tensor):
-        return ((5.0 + length.float()) / 6.0) ** alpha
     return ((5.0 + length) / 6.0) ** alpha
 
 
@@ -84,14 +82,8 @@ def _sync_every(device: torch.device) -> int:
 
 
 @torch.no_grad()
-def greedy_search(
-    model: StepModel,
-    src: Tensor,
-    src_lengths: Tensor,
-    max_len: int,
-    max_len_ratio: float | None,
-    keep_attention: bool = True,
-) -> list[Hypothesis]:
+def greedy_search(model: StepModel, src: Tensor, src_lengths: Tensor, max_len: int, max_len_ratio: float | None,
+                  keep_attention: bool = True) -> list[Hypothesis]:
     """Decode a batch by taking the most probable token at every step.
 
     Args:
@@ -110,17 +102,9 @@ def greedy_search(
 
 
 @torch.no_grad()
-def sample_search(
-    model: StepModel,
-    src: Tensor,
-    src_lengths: Tensor,
-    max_len: int,
-    max_len_ratio: float | None,
-    temperature: float,
-    top_k: int,
-    generator: torch.Generator,
-    keep_attention: bool = True,
-) -> list[Hypothesis]:
+def sample_search(model: StepModel, src: Tensor, src_lengths: Tensor, max_len: int, max_len_ratio: float | None,
+                  temperature: float, top_k: int, generator: torch.Generator, keep_attention: bool = True
+                  ) -> list[Hypothesis]:
     """Decode a batch by drawing every token from ``softmax(log p / temperature)``: one sample per sentence.
 
     With ``top_k > 0`` the draw is among the ``top_k`` most probable tokens (Edunov et al., 2018 sample
@@ -142,15 +126,8 @@ def sample_search(
     return _token_by_token(model, src, src_lengths, max_len, max_len_ratio, keep_attention, choose=draw)
 
 
-def _token_by_token(
-    model: StepModel,
-    src: Tensor,
-    src_lengths: Tensor,
-    max_len: int,
-    max_len_ratio: float | None,
-    keep_attention: bool,
-    choose: Callable[[Tensor], tuple[Tensor, Tensor]],
-) -> list[Hypothesis]:
+def _token_by_token(model: StepModel, src: Tensor, src_lengths: Tensor, max_len: int, max_len_ratio: float | None,
+                    keep_attention: bool, choose: Callable[[Tensor], tuple[Tensor, Tensor]]) -> list[Hypothesis]:
     """One hypothesis per sentence, one token per step: ``choose(log_probs [B, V]) -> (log-probs [B], tokens [B])``.
     All B rows step until all are finished (a finished row's tokens are discarded).
     """
@@ -180,35 +157,20 @@ def _token_by_token(
         prev = best
         if (step + 1) % sync_every == 0 and bool(finished.all()):
             break
-    return _hypotheses(steps_tokens, steps_attn, out_len, scores, src_lengths)
-
-
-def _hypotheses(steps_tokens: list[Tensor], steps_attn: list[Tensor], out_len: Tensor, scores: Tensor,
-                src_lengths: Tensor) -> list[Hypothesis]:
-    """Per row: tokens ``[B]`` per step cut to ``out_len`` ``[B]``, its score, attention ``[B, S]`` per step."""
-    tokens = torch.stack(steps_tokens, dim=1).cpu()  # [B, T]
     attention = torch.stack(steps_attn, dim=1).cpu() if steps_attn else None  # [B, T, S]
-    lengths, src_lens, score_list = out_len.tolist(), src_lengths.tolist(), scores.tolist()
-    hyps = []
-    for b in range(tokens.shape[0]):
-        n = lengths[b]
-        weights = attention[b, :n, : src_lens[b]].clone() if attention is not None else None  # [n, S_b]
-        hyps.append(Hypothesis(tokens[b, :n].tolist(), score_list[b], weights))
-    return hyps
+    return _hypotheses(torch.stack(steps_tokens, dim=1).cpu(), attention, out_len, scores, src_lengths)
+
+
+def _hypotheses(tokens: Tensor, attention: Tensor | None, lengths: Tensor, scores: Tensor, src_lengths: Tensor
+                ) -> list[Hypothesis]:
+    """Row r's tokens ``[R, T]`` cut to ``lengths[r]``, its score, its attention ``[R, T, S]`` cut to its source."""
+    return [Hypothesis(tokens[r, :n].tolist(), score, None if attention is None else attention[r, :n, :s].clone())
+            for r, (n, score, s) in enumerate(zip(lengths.tolist(), scores.tolist(), src_lengths.tolist()))]
 
 
 @torch.no_grad()
-def beam_search(
-    model: StepModel,
-    src: Tensor,
-    src_lengths: Tensor,
-    beam_size: int,
-    length_penalty: float,
-    max_len: int,
-    max_len_ratio: float | None,
-    n_best: int,
-    keep_attention: bool = True,
-) -> list[list[Hypothesis]]:
+def beam_search(model: StepModel, src: Tensor, src_lengths: Tensor, beam_size: int, length_penalty: float, max_len: int,
+                max_len_ratio: float | None, n_best: int, keep_attention: bool = True) -> list[list[Hypothesis]]:
     """Batched beam search with the GNMT length penalty (Wu et al., 2016, Eq. 14): a finished Y scores
     ``log P(Y|X) / ((5 + |Y|) / 6) ** alpha``, |Y| counting EOS. All B*K hypotheses step at once; as in fairseq,
     an EOS among the first K of the 2K best candidates goes to the sentence's pool and the K best non-EOS go on.
@@ -446,9 +408,7 @@ def _read_back(pool: _Pool, history: _History, src_lengths: Tensor, n_best: int)
     batch, n = score.shape
     # walk back from the last step, all hypotheses at once; a hypothesis joins when its end is reached
     tokens = torch.full((batch, n, steps), PAD_ID, dtype=torch.long)  # [B, N, T]
-    attention = None
-    if attn_hist is not None:
-        attention = torch.zeros(batch, n, steps, attn_hist.shape[-1])  # [B, N, T, S]
+    attention = None if attn_hist is None else torch.zeros(batch, n, steps, attn_hist.shape[-1])  # [B, N, T, S]
     cur = slot.clone()  # [B, N]
     for t in range(steps - 1, -1, -1):
         on = t <= end  # [B, N]
@@ -457,16 +417,7 @@ def _read_back(pool: _Pool, history: _History, src_lengths: Tensor, n_best: int)
             idx = cur.unsqueeze(2).expand(batch, n, attn_hist.shape[-1])  # [B, N, S]
             attention[:, :, t] = torch.where(on.unsqueeze(2), attn_hist[t].gather(1, idx), 0.0)
         cur = torch.where(on, back_hist[t].gather(1, cur), cur)
-
-    results = []
-    src_lens, scores, ends = src_lengths.tolist(), score.tolist(), end.tolist()
-    for b in range(batch):
-        hyps = []
-        for i in range(n):
-            if scores[b][i] == NEG_INF:
-                continue
-            length = ends[b][i] + 1
-            weights = attention[b, i, :length, : src_lens[b]].clone() if attention is not None else None
-            hyps.append(Hypothesis(tokens[b, i, :length].tolist(), scores[b][i], weights))
-        results.append(hyps)
-    return results
+    attention = None if attention is None else attention.flatten(0, 1)  # [B*N, T, S]
+    hyps = _hypotheses(tokens.flatten(0, 1), attention, (end + 1).flatten(), score.flatten(),
+                       src_lengths.repeat_interleave(n))  # B*N, empty pool entries (score -inf) included
+    return [[hyp for hyp in hyps[b * n:(b + 1) * n] if hyp.score != NEG_INF] for b in range(batch)]

@@ -76,14 +76,8 @@ class Encoder(nn.Module):
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, emb_size, padding_idx=pad_id)
         self.dropout = nn.Dropout(dropout)
-        self.rnn = nn.GRU(
-            emb_size,
-            hidden_size,
-            num_layers=num_layers,
-            batch_first=True,
-            bidirectional=True,
-            dropout=dropout if num_layers > 1 else 0.0,
-        )
+        self.rnn = nn.GRU(emb_size, hidden_size, num_layers=num_layers, batch_first=True, bidirectional=True,
+                          dropout=dropout if num_layers > 1 else 0.0)
         self.output_size = 2 * hidden_size
 
     def forward(self, src: Tensor, src_lengths: Tensor) -> tuple[Tensor, Tensor]:
@@ -123,20 +117,9 @@ class Decoder(nn.Module):
         layer_norm: a layer-normalised first GRU layer (``GateNorm`` on its input and recurrent gates).
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        emb_size: int,
-        hidden_size: int,
-        enc_size: int,
-        num_layers: int,
-        dropout: float,
-        attention: Attention,
-        tie_embeddings: bool,
-        pad_id: int,
-        output_hidden_size: int | None = None,
-        layer_norm: bool = False,
-    ) -> None:
+    def __init__(self, vocab_size: int, emb_size: int, hidden_size: int, enc_size: int, num_layers: int, dropout: float,
+                 attention: Attention, tie_embeddings: bool, pad_id: int, output_hidden_size: int | None = None,
+                 layer_norm: bool = False) -> None:
         super().__init__()
         output_hidden_size = output_hidden_size or emb_size
         if tie_embeddings and output_hidden_size != emb_size:
@@ -163,9 +146,8 @@ class Decoder(nn.Module):
         self.output = nn.Linear(output_hidden_size, vocab_size, bias=False)
         if tie_embeddings:
             self.output.weight = self.embedding.weight
-        nn.init.orthogonal_(self.weight_hh.view(3, hidden_size, hidden_size)[0])
-        nn.init.orthogonal_(self.weight_hh.view(3, hidden_size, hidden_size)[1])
-        nn.init.orthogonal_(self.weight_hh.view(3, hidden_size, hidden_size)[2])
+        for gate_weight in self.weight_hh.view(3, hidden_size, hidden_size):  # each gate's [Hd, Hd] on its own
+            nn.init.orthogonal_(gate_weight)
 
     def init_state(self, enc_last: Tensor) -> Tensor:
         """The bridge: ``[B, 2He]`` -> initial states ``[L, B, Hd]``."""
@@ -228,11 +210,11 @@ class Decoder(nn.Module):
         context, weights = self.attention(state[-1], enc_out, enc_out, src_mask, prepared_keys)  # [B, C], [B, S]
         return self._recur(step_gates, context, state), context, weights
 
-    def compile_step(self, backend: str = "inductor") -> None:
+    def compile_step(self) -> None:
         """Train with the per-step body compiled by ``torch.compile`` (dynamic shapes). For GPUs, where the step is
         launch-bound; 6% slower than eager on a 2-core CPU, so off by default (``benchmark.py train --compile-step``).
         """
-        self._forward_step = torch.compile(self._forward_step, dynamic=True, backend=backend)
+        self._forward_step = torch.compile(self._forward_step, dynamic=True)
 
     def step(self, prev_tokens: Tensor, state: Tensor, memory: EncoderMemory) -> tuple[Tensor, Tensor, Tensor]:
         """One search step: prev_tokens ``[B]`` (BOS first), state ``[L, B, Hd]`` -> logits ``[B, V]``, state, weights
@@ -278,19 +260,8 @@ class Seq2Seq(nn.Module):
     ) -> None:
         super().__init__()
         self.encoder = Encoder(src_vocab_size, emb_size, enc_hidden_size, enc_layers, dropout, pad_id)
-        self.decoder = Decoder(
-            tgt_vocab_size,
-            emb_size,
-            dec_hidden_size,
-            self.encoder.output_size,
-            dec_layers,
-            dropout,
-            attention,
-            tie_embeddings,
-            pad_id,
-            output_hidden_size,
-            layer_norm,
-        )
+        self.decoder = Decoder(tgt_vocab_size, emb_size, dec_hidden_size, self.encoder.output_size, dec_layers, dropout,
+                               attention, tie_embeddings, pad_id, output_hidden_size, layer_norm)
         self.has_attention = attention.context_size(self.encoder.output_size) > 0
         self.vocab_size = tgt_vocab_size  # V, the target vocabulary
         self._init_embeddings(emb_size, pad_id)
@@ -310,15 +281,9 @@ class Seq2Seq(nn.Module):
         ``hidden_size`` (default: the decoder size) and the type's own options.
         """
         options = dict(attention_cfg)
-        name = options.pop("name")
-        attention_hidden = options.pop("hidden_size", None) or model_cfg["dec_hidden_size"]
-        attention = build_attention(
-            name,
-            query_size=model_cfg["dec_hidden_size"],
-            key_size=2 * model_cfg["enc_hidden_size"],
-            hidden_size=attention_hidden,
-            **options,
-        )
+        hidden = options.pop("hidden_size", None) or model_cfg["dec_hidden_size"]
+        attention = build_attention(options.pop("name"), query_size=model_cfg["dec_hidden_size"],
+                                    key_size=2 * model_cfg["enc_hidden_size"], hidden_size=hidden, **options)
         return cls(src_vocab_size, tgt_vocab_size, attention, pad_id=pad_id, **dict(model_cfg))
 
     def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[EncoderMemory, Tensor]:
