@@ -27,9 +27,8 @@ log = logging.getLogger(__name__)
 # --------------------------------------------------------------------------------------------------
 
 
-def pack_batches(
-    order: Sequence[int], src_lengths: Sequence[int], tgt_lengths: Sequence[int], max_tokens: int
-) -> list[list[int]]:
+def pack_batches(order: Sequence[int], src_lengths: Sequence[int], tgt_lengths: Sequence[int],
+                 max_tokens: int) -> list[list[int]]:
     """Cut ``order`` (pair indices, length-sorted so neighbours pad little) greedily into consecutive batches with
     ``B * max(S, T) <= max_tokens``, one pair at a time; a pair over the budget forms its own batch. Lengths
     count EOS (source) and BOS/EOS (target). The sampler uses ``cut_sorted``, which makes the same cuts.
@@ -98,11 +97,9 @@ def split_until_divisible(bounds: np.ndarray, world_size: int, name: str = "spli
         sizes = np.diff(bounds)
         largest = int(np.argmax(sizes))  # the first of the largest
         if sizes[largest] < 2:
-            raise DataError(
-                f"cannot give {world_size} ranks an equal number of batches of {name!r} "
-                f"({int(bounds[-1] - bounds[0])} pairs, {len(sizes)} single-pair batches). Use fewer ranks for it, "
-                f"or a larger split."
-            )
+            raise DataError(f"cannot give {world_size} ranks an equal number of batches of {name!r} "
+                            f"({int(bounds[-1] - bounds[0])} pairs, {len(sizes)} single-pair batches). Use fewer ranks "
+                            "for it, or a larger split.")
         bounds = np.insert(bounds, largest + 1, bounds[largest] + sizes[largest] // 2)
     return bounds
 
@@ -125,9 +122,8 @@ def weighted_pairs(parts: Sequence[SplitPart], widths: np.ndarray, generator: to
     return np.concatenate(chosen) if chosen else np.zeros(0, np.int64)
 
 
-def _stratified_draw(
-    indices: np.ndarray, widths: np.ndarray, fraction: float, generator: torch.Generator
-) -> np.ndarray:
+def _stratified_draw(indices: np.ndarray, widths: np.ndarray, fraction: float,
+                     generator: torch.Generator) -> np.ndarray:
     """``round(fraction * len(indices))`` of ``indices``: a fixed count per width (largest remainder), at random."""
     _, counts = np.unique(widths, return_counts=True)
     exact = fraction * counts
@@ -166,19 +162,9 @@ class TokenBucketSampler(Sampler[list[int]]):
     batches (``set_epoch(epoch, start=consumed)``).
     """
 
-    def __init__(
-        self,
-        src_lengths: Sequence[int] | np.ndarray,
-        tgt_lengths: Sequence[int] | np.ndarray,
-        max_tokens: int,
-        *,
-        shuffle: bool,
-        seed: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        name: str = "split",
-        parts: Sequence[SplitPart] = (),
-    ) -> None:
+    def __init__(self, src_lengths: Sequence[int] | np.ndarray, tgt_lengths: Sequence[int] | np.ndarray,
+                 max_tokens: int, *, shuffle: bool, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 name: str = "split", parts: Sequence[SplitPart] = ()) -> None:
         if len(src_lengths) == 0:
             raise DataError(f"cannot batch {name!r}: it has no pairs.")
         if int(max_tokens) <= 0:
@@ -353,17 +339,8 @@ def collate_batch(items: Sequence[tuple[int, list[int], list[int]]]) -> Batch:
     )
 
 
-def build_loader(
-    split: EncodedSplit,
-    max_tokens: int,
-    *,
-    shuffle: bool,
-    seed: int = 0,
-    rank: int = 0,
-    world_size: int = 1,
-    pin_memory: bool = False,
-    num_workers: int = 0,
-) -> DataLoader:
+def build_loader(split: EncodedSplit, max_tokens: int, *, shuffle: bool, seed: int = 0, rank: int = 0,
+                 world_size: int = 1, pin_memory: bool = False, num_workers: int = 0) -> DataLoader:
     """A DataLoader of ``Batch`` es over ``split``; ``loader.batch_sampler`` is its ``TokenBucketSampler``.
 
     Args:
@@ -373,9 +350,8 @@ def build_loader(
         pin_memory: page-locked batches for ``Batch.to(cuda, non_blocking=True)``; ignored without CUDA.
         num_workers: DataLoader worker processes (0 = collate in the main process).
     """
-    sampler = TokenBucketSampler.from_split(
-        split, max_tokens, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size
-    )
+    sampler = TokenBucketSampler.from_split(split, max_tokens, shuffle=shuffle, seed=seed, rank=rank,
+                                            world_size=world_size)
     return DataLoader(
         split,  # type: ignore[arg-type]  # a map-style dataset: __len__ and __getitem__
         batch_sampler=sampler,

@@ -105,10 +105,8 @@ class Multi30k(Corpus):
         langs = MULTI30K_SPLITS[split]
         for lang in (src_lang, tgt_lang):
             if lang not in langs:
-                raise DataError(
-                    f"multi30k split {split!r} has no language {lang!r}; it has {', '.join(langs)}. "
-                    f"Set data.src_lang / data.tgt_lang to two of them, or drop {split!r} from the splits."
-                )
+                raise DataError(f"multi30k split {split!r} has no language {lang!r}; it has {', '.join(langs)}. Set "
+                                f"data.src_lang / data.tgt_lang to two of them, or drop {split!r} from the splits.")
         return self.fetch(f"{split}.{src_lang}.gz"), self.fetch(f"{split}.{tgt_lang}.gz")
 
     def fetch(self, name: str) -> Path:
@@ -132,19 +130,15 @@ class ParallelFiles(Corpus):
 
     def __init__(self, files: Mapping[str, Mapping[str, Any]] | None) -> None:
         if not files:
-            raise DataError(
-                "data.corpus=files needs data.files: a mapping {split: {src: path, tgt: path}} "
-                "for the train, validation and test splits (see configs/data/files.yaml)."
-            )
+            raise DataError("data.corpus=files needs data.files: a mapping {split: {src: path, tgt: path}} for the "
+                            "train, validation and test splits (see configs/data/files.yaml).")
         self.files = {str(k): dict(v) if isinstance(v, Mapping) else v for k, v in files.items()}
 
     def split_files(self, split: str, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
         entry = self.files.get(split)
         if not isinstance(entry, dict):
-            raise DataError(
-                f"data.files has no entry for split {split!r} (it has: {', '.join(self.files) or 'none'}). "
-                f"Add data.files.{split}.src=<path> and data.files.{split}.tgt=<path>."
-            )
+            raise DataError(f"data.files has no entry for split {split!r} (it has: {', '.join(self.files) or 'none'}). "
+                            f"Add data.files.{split}.src=<path> and data.files.{split}.tgt=<path>.")
         paths = []
         for side in ("src", "tgt"):
             value = entry.get(side)
@@ -152,22 +146,15 @@ class ParallelFiles(Corpus):
                 raise DataError(f"data.files.{split} has no {side!r} path; set data.files.{split}.{side}=<path>.")
             path = Path(str(value)).expanduser()
             if not path.is_file():
-                raise DataError(
-                    f"data.files.{split}.{side} = {path} does not exist (resolved to {path.absolute()}). "
-                    f"Relative paths resolve against the working directory; give an absolute path."
-                )
+                raise DataError(f"data.files.{split}.{side} = {path} does not exist (resolved to {path.absolute()}). "
+                                "Relative paths resolve against the working directory; give an absolute path.")
             paths.append(path)
         return paths[0], paths[1]
 
 
-def build_corpus(
-    name: str,
-    *,
-    cache_dir: Path,
-    mirror: str | Path | None = None,
-    files: Mapping[str, Mapping[str, Any]] | None = None,
-    settings: Mapping[str, Any] | None = None,
-) -> Corpus:
+def build_corpus(name: str, *, cache_dir: Path, mirror: str | Path | None = None,
+                 files: Mapping[str, Mapping[str, Any]] | None = None,
+                 settings: Mapping[str, Any] | None = None) -> Corpus:
     """The registered corpus ``name`` (a key of ``CORPORA``), constructed from the data settings.
 
     Args:

@@ -64,15 +64,7 @@ def _mirror_candidates(mirror: Path, corpus: str, name: str) -> list[Path]:
     return [mirror / corpus / name, mirror / name]
 
 
-def fetch_file(
-    name: str,
-    url: str,
-    dest_dir: Path,
-    *,
-    sha256: str | None,
-    corpus: str,
-    mirror: Path | None = None,
-) -> Path:
+def fetch_file(name: str, url: str, dest_dir: Path, *, sha256: str, corpus: str, mirror: Path | None = None) -> Path:
     """Return ``dest_dir/name``, verified, fetching it from the mirror or ``url`` when needed.
 
     A file already in ``dest_dir`` whose hash matches is used as is; a fetched one is renamed into place only
@@ -80,7 +72,7 @@ def fetch_file(
 
     Args:
         name: file name, the same in the cache, the mirror and the URL (``train.de.gz``).
-        sha256: the known hex sha256, or None (then the file is not verified).
+        sha256: the known hex sha256.
         corpus: the corpus name, for the ``<mirror>/<corpus>/<name>`` layout and messages.
 
     Raises:
@@ -88,10 +80,7 @@ def fetch_file(
     """
     dest = dest_dir / name
     if dest.is_file():
-        if sha256 is None:
-            return dest
-        actual = sha256_of(dest)
-        if actual == sha256:
+        if (actual := sha256_of(dest)) == sha256:
             return dest
         # A cached copy that went bad (disk, manual edit): fetch it again rather than fail.
         log.warning("cached %s has sha256 %s, expected %s; fetching it again", dest, actual, sha256)
@@ -103,18 +92,14 @@ def fetch_file(
     tmp = Path(tmp_name)
     try:
         source = _fill_from_mirror_or_url(tmp, name, url, corpus=corpus, mirror=mirror)
-        if sha256 is not None:
-            actual = sha256_of(tmp)
-            if actual != sha256:
-                raise DataError(
-                    f"sha256 mismatch for {name} (from {source}): expected {sha256}, got {actual}. "
-                    f"The bad copy was removed. If it came from the mirror, replace the mirror's file "
-                    f"with a fresh download of {url}; otherwise retry (the download may have been cut)."
-                )
+        if (actual := sha256_of(tmp)) != sha256:
+            raise DataError(f"sha256 mismatch for {name} (from {source}): expected {sha256}, got {actual}. The bad "
+                            "copy was removed. If it came from the mirror, replace the mirror's file with a fresh "
+                            f"download of {url}; otherwise retry (the download may have been cut).")
         replace_durably(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
-    log.info("fetched %s from %s%s", dest, source, " (sha256 ok)" if sha256 else "")
+    log.info("fetched %s from %s (sha256 ok)", dest, source)
     return dest
 
 

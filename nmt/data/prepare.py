@@ -27,19 +27,12 @@ from nmt.data.fetch import mirror_folder, sha256_of
 from nmt.data.mixture import check_entry, resolve_sources
 from nmt.data.tatoeba import TatoebaSettings
 from nmt.data.text import INVALID_UTF8_MODES, STRICT_UTF8, PairFilter, iter_pairs
-from nmt.data.tokenizer import (
-    Tokenizer,
-    TokenizerSettings,
-    load_cached_tokenizer,
-    tokenizer_key,
-    train_and_cache,
-)
+from nmt.data.tokenizer import Tokenizer, TokenizerSettings, load_cached_tokenizer, tokenizer_key, train_and_cache
 
 log = logging.getLogger(__name__)
 ENCODE_CHUNK_LINES = 50_000  # pairs per SentencePiece batch call (the progress bar moves once per chunk)
 # Bumped when reading, cleaning or encoding changes what a cache derived from the same files holds.
 PREPARE_VERSION = 3  # 3: splits are lists of sources (mixtures, tags)
-
 
 
 @dataclass

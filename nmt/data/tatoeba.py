@@ -4,6 +4,7 @@ test the Tatoeba Translation Challenge set v2021-08-07 (Tiedemann, 2020), traini
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -11,6 +12,7 @@ import logging
 import random
 import zipfile
 import zlib
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -68,7 +70,6 @@ class Tatoeba(Corpus):
         self.dir = Path(cache_dir) / self.name
         self.mirror = mirror
         self.settings = settings or TatoebaSettings()
-        self._derived: Path | None = None
 
     @classmethod
     def from_settings(cls, cache_dir: Path, mirror: Path | None, data_cfg: Mapping[str, Any]) -> Tatoeba:
@@ -81,17 +82,15 @@ class Tatoeba(Corpus):
             if lang not in LANG_CODES:
                 raise DataError(f"tatoeba (deu-eng) has no language {lang!r}; set data.src_lang and data.tgt_lang "
                                 "to de and en (either way round).")
-        folder = self.derive()
-        return folder / f"{split}.{src_lang}", folder / f"{split}.{tgt_lang}"
+        return self.derived / f"{split}.{src_lang}", self.derived / f"{split}.{tgt_lang}"
 
     def info(self) -> dict[str, Any]:
         """What the splits were made from and what was dropped (``stats.json``), for results.json."""
-        return json.loads((self.derive() / "stats.json").read_text())
+        return json.loads((self.derived / "stats.json").read_text())
 
-    def derive(self) -> Path:
+    @functools.cached_property
+    def derived(self) -> Path:
         """The folder of the derived splits, made on first use (cached by the inputs' hashes and settings)."""
-        if self._derived is not None:
-            return self._derived
         export = self._export()
         tests = {lang: self._fetch_test(f"tatoeba-test-v2021-08-07.{code}") for lang, code in LANG_CODES.items()}
         identity = {"version": DERIVE_VERSION, "export": self.settings.sha256,
@@ -102,7 +101,6 @@ class Tatoeba(Corpus):
             stats = write_splits(export, tests, folder, self.settings)
             write_bytes_durably(folder / "stats.json", json.dumps({**identity, **stats}, indent=1).encode())
             log.info("tatoeba: %s", stats)
-        self._derived = folder
         return folder
 
     def _export(self) -> Path:
@@ -116,8 +114,7 @@ class Tatoeba(Corpus):
         path = Path(self.settings.zip).expanduser()
         if not path.is_file():
             raise DataError(f"data.tatoeba.zip = {path} does not exist; give the path of a deu-eng.zip export.")
-        actual = sha256_of(path)
-        if actual != self.settings.sha256:
+        if (actual := sha256_of(path)) != self.settings.sha256:
             raise DataError(
                 f"{path} has sha256 {actual}, not the expected {self.settings.sha256} (the pinned 2018-05-13 "
                 f"export): a different Tatoeba export. To train on it anyway, add data.tatoeba.sha256={actual} "
@@ -168,10 +165,8 @@ def write_splits(export: Path, tests: dict[str, Path], folder: Path, settings: T
             pairs.append((de, en))
     english = sorted({en for _, en in pairs})
     random.Random(settings.dev_seed).shuffle(english)
+    translations = Counter(en for _, en in pairs)
     dev_sentences: set[str] = set()
-    translations: dict[str, int] = {}
-    for _, en in pairs:
-        translations[en] = translations.get(en, 0) + 1
     dev_pairs = 0
     for en in english:
         if dev_pairs >= settings.dev_size:

@@ -11,13 +11,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO
 
 from nmt.common.progress import iterate_with_progress
 from nmt.data.errors import DataError
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 INVALID_UTF8_MODES = ("error", "replace")
 STRICT_UTF8 = INVALID_UTF8_MODES[0]  # every reader's default: a bad byte stops it, naming the line
@@ -44,11 +43,9 @@ def iter_decoded(
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             if invalid_utf8 == "error":
-                raise DataError(
-                    f"{name}, line {lineno:,}: invalid UTF-8 (byte {raw[exc.start]:#04x} at column "
-                    f"{exc.start + 1}). Convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8), or {fix} "
-                    "to substitute U+FFFD."
-                ) from None
+                raise DataError(f"{name}, line {lineno:,}: invalid UTF-8 (byte {raw[exc.start]:#04x} at column "
+                                f"{exc.start + 1}). Convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8), or "
+                                f"{fix} to substitute U+FFFD.") from None
             text = raw.decode("utf-8", errors="replace")
             first_bad, n_bad = first_bad or lineno, n_bad + 1
         if lineno == 1:
@@ -88,10 +85,8 @@ def read_lines(path: Path, invalid_utf8: str = STRICT_UTF8) -> list[str]:
 
 def _open_binary(path: Path) -> IO[bytes]:
     with open(path, "rb") as f:
-        magic = f.read(2)
-    if path.suffix == ".gz" or magic == b"\x1f\x8b":
-        return gzip.open(path, "rb")
-    return open(path, "rb")
+        gzipped = path.suffix == ".gz" or f.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rb") if gzipped else open(path, "rb")
 
 
 def iter_pairs(name: str, src_path: Path, tgt_path: Path, invalid_utf8: str = STRICT_UTF8) -> Iterator[tuple[str, str]]:
@@ -108,16 +103,14 @@ def iter_pairs(name: str, src_path: Path, tgt_path: Path, invalid_utf8: str = ST
             rest = count + sum(1 for _ in lines)  # the longer file's line count
             n_src, n_tgt = (count - 1, rest) if src is None else (rest, count - 1)
             longer = tgt_path if src is None else src_path
-            raise DataError(
-                f"split {name!r}: source and target have different line counts: {src_path} has {n_src:,} "
-                f"lines, {tgt_path} has {n_tgt:,}; line {count:,} of {longer} has no partner. Parallel files must "
-                f"align line by line; check for a missing or extra line (or a stray newline inside a sentence)."
-            )
+            raise DataError(f"split {name!r}: source and target have different line counts: {src_path} has {n_src:,} "
+                            f"lines, {tgt_path} has {n_tgt:,}; line {count:,} of {longer} has no partner. Parallel "
+                            "files must align line by line; check for a missing or extra line (or a stray newline "
+                            "inside a sentence).")
         yield src, tgt
     if count == 0:
-        raise DataError(
-            f"split {name!r} is empty: {src_path} and {tgt_path} have no lines. Point the split at non-empty files."
-        )
+        raise DataError(f"split {name!r} is empty: {src_path} and {tgt_path} have no lines. Point the split at "
+                        "non-empty files.")
 
 
 @dataclass
@@ -162,8 +155,6 @@ class PairFilter:
         log.info("cleaned %s: kept %d of %d pairs; dropped %s", name, stats.kept, stats.total,
                  ", ".join(f"{n} ({reason})" for reason, n in dropped.items()) or "none")
         if not stats.kept:
-            raise DataError(
-                f"cleaning dropped every pair of split {name!r} ({dropped}). Check that the files "
-                f"are the right ones, or loosen data.clean.max_len / data.clean.max_ratio (null = off)."
-            )
+            raise DataError(f"cleaning dropped every pair of split {name!r} ({dropped}). Check that the files are the "
+                            "right ones, or loosen data.clean.max_len / data.clean.max_ratio (null = off).")
         return stats
