@@ -18,9 +18,9 @@ from nmt.common.provenance import command_line, library_versions
 from nmt.data.fetch import sha256_of
 from nmt.export.hub import write_hub_folder_of
 from nmt.export.onnx_folder import write_onnx_folder
-from nmt.export.run_results import recorded_results
 from nmt.inference.engine import USER_ERRORS as ENGINE_USER_ERRORS
-from nmt.inference.engine import SearchOptions, Translator
+from nmt.inference.engine import SearchOptions, Translator, recorded_results
+from nmt.model.hub_folder import WEIGHTS_FILE as HUB_WEIGHTS_FILE
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +71,10 @@ def export_main(cfg: Any) -> Path:
     output = Path(str(cfg.output))
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ExportError(f"output {output} exists and is not an empty folder; name a new folder")
-    paths = _plain(cfg.checkpoint)
-    paths = [str(p) for p in paths] if isinstance(paths, (list, tuple)) else str(paths)
-    if cfg.format == "hub" and isinstance(paths, list) and len(paths) > 1:
+    if cfg.format == "hub" and OmegaConf.is_list(cfg.checkpoint) and len(cfg.checkpoint) > 1:
         raise ExportError("a Hub folder holds one model; export the ensemble with format=onnx, or each member alone")
-    translator = Translator.from_checkpoint(paths, device="cpu", precision="fp32",
-                                            max_input_words=_plain(cfg.max_input_words))
+    translator = Translator.from_checkpoint(cfg.checkpoint, device="cpu", precision="fp32",
+                                            max_input_words=cfg.max_input_words)
     partial = output.with_name(f".{output.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)  # what an interrupted export left
     partial.mkdir(parents=True)
@@ -97,7 +95,9 @@ def export_main(cfg: Any) -> Path:
 
 def provenance_record(translator: Translator) -> dict[str, Any]:
     """Where the exported models came from and what exported them: checkpoints with sha256 and recorded scores."""
-    sources = [{"checkpoint": str(path), "sha256": sha256_of(path), "results": recorded_results(path)}
+    # a run's scores are its best.pt's
+    sources = [{"checkpoint": str(path), "sha256": sha256_of(path),
+                "results": recorded_results(path) if path.name in ("best.pt", HUB_WEIGHTS_FILE) else None}
                for path in translator.checkpoints]
     return {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -112,11 +112,6 @@ def _version(distribution: str) -> str | None:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def _plain(value: Any) -> Any:
-    """Plain Python values from an OmegaConf node (a list of checkpoints); others unchanged."""
-    return OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
 
 
 USER_ERRORS: tuple[type[Exception], ...] = (*ENGINE_USER_ERRORS, ExportError)

@@ -79,21 +79,6 @@ def _example_inputs(model: SearchModel) -> dict[str, tuple[Tensor, ...]]:
             "step": (prev_tokens, rows_state, memory.enc_out, memory.prepared_keys, memory.src_mask)}
 
 
-_SIGNATURES: dict[str, tuple[list[str], list[str], dict[str, dict[int, str]]]] = {
-    "encoder": (["src", "src_lengths"], ["enc_out", "state"],
-                {"src": {0: "batch", 1: "src_len"}, "src_lengths": {0: "batch"},
-                 "enc_out": {0: "batch", 1: "src_len"}, "state": {1: "batch"}}),
-    "prepare": (["enc_out"], ["prepared_keys"],
-                {"enc_out": {0: "batch", 1: "src_len"}}),
-    "step": (["prev_tokens", "state", "enc_out", "prepared_keys", "src_mask"], ["log_probs", "new_state"],
-             {"prev_tokens": {0: "rows"}, "state": {1: "rows"}, "enc_out": {0: "batch", 1: "src_len"},
-              "src_mask": {0: "batch", 1: "src_len"},
-              "log_probs": {0: "rows"}, "new_state": {1: "rows"}}),
-}
-"""Per graph: input names, output names, and the dynamic axes (the same names across graphs); the prepared
-keys' axes depend on the attention type (``_with_prepared_axes``)."""
-
-
 @contextlib.contextmanager
 def _native_stderr_silenced() -> Iterator[None]:
     """File descriptor 2 to /dev/null: the exporter's C++ shape-inference warnings about ``PackPadded`` (the packed
@@ -109,16 +94,20 @@ def _native_stderr_silenced() -> Iterator[None]:
         os.close(saved)
 
 
-def _with_prepared_axes(prepared_shape: torch.Size) -> dict[str, tuple[list[str], list[str], dict]]:
-    """``_SIGNATURES`` with the prepared keys' source-length axis where this attention puts it: the first axis after
-    the batch of size 5 (``[2, 5, ...]``, or ``[2, 2, 5, hidden]`` for multihead's stacked keys and values).
+def _signatures(prepared_shape: torch.Size) -> dict[str, tuple[list[str], list[str], dict[str, dict[int, str]]]]:
+    """Per graph: input names, output names, and the dynamic axes (the same names across graphs). The prepared keys'
+    source-length axis is where this attention puts it: the first axis after the batch of size 5 (``[2, 5, ...]``,
+    or ``[2, 2, 5, hidden]`` for multihead's stacked keys and values).
     """
-    src_axis = list(prepared_shape).index(5, 1)
-    axes = {0: "batch", src_axis: "src_len"}
-    signatures = {name: (inputs, outputs, dict(dynamic)) for name, (inputs, outputs, dynamic) in _SIGNATURES.items()}
-    signatures["prepare"][2]["prepared_keys"] = axes
-    signatures["step"][2]["prepared_keys"] = axes
-    return signatures
+    source, prepared = {0: "batch", 1: "src_len"}, {0: "batch", list(prepared_shape).index(5, 1): "src_len"}
+    return {
+        "encoder": (["src", "src_lengths"], ["enc_out", "state"],
+                    {"src": source, "src_lengths": {0: "batch"}, "enc_out": source, "state": {1: "batch"}}),
+        "prepare": (["enc_out"], ["prepared_keys"], {"enc_out": source, "prepared_keys": prepared}),
+        "step": (["prev_tokens", "state", "enc_out", "prepared_keys", "src_mask"], ["log_probs", "new_state"],
+                 {"prev_tokens": {0: "rows"}, "state": {1: "rows"}, "enc_out": source, "src_mask": source,
+                  "log_probs": {0: "rows"}, "new_state": {1: "rows"}, "prepared_keys": prepared}),
+    }
 
 
 def export_graphs(model: SearchModel, folder: Path, prefix: str = "") -> dict[str, str]:
@@ -127,7 +116,7 @@ def export_graphs(model: SearchModel, folder: Path, prefix: str = "") -> dict[st
     """
     modules = {"encoder": EncoderGraph(model), "prepare": PrepareGraph(model), "step": StepGraph(model)}
     examples = _example_inputs(model)
-    signatures = _with_prepared_axes(examples["step"][3].shape)
+    signatures = _signatures(examples["step"][3].shape)
     files = {}
     # Grad mode on while tracing: under no_grad on a CPU additive attention scores in a Python loop over
     # row chunks (AdditiveAttention._score_in_chunks), which a trace would unroll for the example's batch.

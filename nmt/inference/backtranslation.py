@@ -12,6 +12,7 @@ import zlib
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, fields, replace
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -57,12 +58,11 @@ class BacktranslationError(ValueError):
 
 
 @dataclass
-class BacktranslateSettings(SearchOptions):
-    """``backtranslate.py``'s keys, types and defaults: the search options (``SearchOptions``; ``n_best``
-    stays 1), the sampling options (``SamplingOptions``' defaults), the engine's device and precision
-    (``EngineSettings``'), and these. ``configs/backtranslate.yaml`` comments every key."""
+class BacktranslateSettings(EngineSettings):
+    """``backtranslate.py``'s keys, types and defaults: the engine's (``EngineSettings``; ``n_best`` stays 1),
+    the sampling options (``SamplingOptions``' defaults), and these. ``configs/backtranslate.yaml`` comments
+    every key."""
 
-    checkpoint: Any = MISSING
     input: str = MISSING
     lang: str = MISSING
     output: str = MISSING
@@ -71,10 +71,7 @@ class BacktranslateSettings(SearchOptions):
     temperature: float = SamplingOptions.temperature
     top_k: int = SamplingOptions.top_k
     seed: int = SamplingOptions.seed
-    max_input_words: Any = EngineSettings.max_input_words
     chunk_lines: int = 2000
-    device: str = EngineSettings.device
-    precision: str = EngineSettings.precision
     invalid_utf8: str = STRICT_UTF8
     log_every_s: float = 30.0
     cache_dir: str = "data"
@@ -173,23 +170,9 @@ def iter_input_lines(path: Path, invalid_utf8: str, skip: int = 0) -> Iterator[s
             gz = probe.read(2) == b"\x1f\x8b"
         with (gzip.open(path, "rb") if gz else open(path, "rb")) as stream:
             lines = iter_decoded(stream, str(path), invalid_utf8, fix="pass invalid_utf8=replace")
-            for lineno, line in enumerate(lines):
-                if lineno >= skip:
-                    yield line
+            yield from islice(lines, skip, None)
     except (OSError, EOFError, zlib.error) as exc:
         raise DataError(f"cannot read {path}: {exc}. Is the file truncated or not really gzip?") from None
-
-
-def chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
-    """Lists of ``size`` consecutive lines (the last may be shorter)."""
-    chunk: list[str] = []
-    for line in lines:
-        chunk.append(line)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
 
 
 # --------------------------------------------------------------------------------------------- Models
@@ -200,10 +183,9 @@ def load_reverse_model(cfg: DictConfig, text: InputText) -> tuple[Translator, st
         BacktranslationError: the model does not translate from the input's language, or writes it itself.
         CheckpointError, TranslationError: what ``Translator.from_checkpoint`` refuses.
     """
-    paths = OmegaConf.to_object(cfg.checkpoint) if OmegaConf.is_config(cfg.checkpoint) else cfg.checkpoint
-    paths = [str(p) for p in paths] if isinstance(paths, (list, tuple)) else str(paths)
     # never cut a line: over-long lines are left untranslated instead (max_input_words)
-    translator = Translator.from_checkpoint(paths, device=cfg.device, precision=cfg.precision, max_input_words=None)
+    translator = Translator.from_checkpoint(cfg.checkpoint, device=cfg.device, precision=cfg.precision,
+                                            max_input_words=None)
     info = translator.info()
     src, tgt, lang = info["src_lang"], info["tgt_lang"], text.lang
     if src != lang or not tgt or tgt == lang:
@@ -215,38 +197,19 @@ def load_reverse_model(cfg: DictConfig, text: InputText) -> tuple[Translator, st
     return translator, tgt
 
 
-def decoding_precision(translator: Translator) -> str:
-    """What the models compute in: ``bf16`` (autocast), ``int8`` or ``fp32``; ``auto`` resolved for the device."""
-    if translator.precision == "int8":
-        return "int8"
-    return "bf16" if uses_bf16(translator.precision, translator.device) else "fp32"
-
-
-def models_record(translator: Translator) -> list[dict[str, str]]:
-    """Each model's checkpoint file and sha256, in ensemble order."""
-    return [{"checkpoint": str(path), "sha256": sha256_of(path)} for path in translator.checkpoints]
-
-
 # ---------------------------------------------------------------------------------------------- A chunk
 def translate_chunk(translator: Translator, lines: list[str], chunk_index: int, search: SearchOptions,
                     sampling: SamplingOptions | None, max_words: int | None) -> tuple[list[str], Counter[str]]:
     """The synthetic line of each input line (empty for an empty or over-long one), and what was counted."""
-    counts: Counter[str] = Counter(lines=len(lines))
-    todo = []
-    for i, line in enumerate(lines):
-        if not line:
-            counts["empty"] += 1
-        elif max_words is not None and len(line.split()) > max_words:
-            counts["over_long"] += 1
-        else:
-            todo.append(i)
+    over_long = [max_words is not None and len(line.split()) > max_words for line in lines]
+    todo = [i for i, line in enumerate(lines) if line and not over_long[i]]
+    counts = Counter(lines=len(lines), empty=lines.count(""), over_long=sum(over_long), translated=len(todo))
     # a seed per chunk: a run resumed at chunk n draws what an uninterrupted run drew there
     chunk_sampling = replace(sampling, seed=sampling.seed + chunk_index) if sampling else None
     results = translator.translate([lines[i] for i in todo], sampling=chunk_sampling, **asdict(search))
     synthetic = [""] * len(lines)
     for i, result in zip(todo, results):
         synthetic[i] = " ".join(result.text.split())  # one line: no newline or tab can split it
-    counts["translated"] = len(todo)
     counts["empty_translations"] = sum(1 for i in todo if not synthetic[i])
     return synthetic, counts
 
@@ -256,9 +219,7 @@ def job_record(text: InputText, models: list[dict[str, str]], tgt: str, job: dic
                argv: list[str] | None, direction: str) -> dict[str, Any]:
     """provenance.json of a job not started yet: ``job`` (what a resume must match) and what people read."""
     first_run = provenance("backtranslate.py", argv)  # date, command, host, library versions
-    return new_record(direction, text.lang, tgt, first_run,
-                      input={"path": str(text.path), "lang": text.lang, "sha256": text.sha256, "lines": text.lines,
-                             "corpus": text.corpus},
+    return new_record(direction, text.lang, tgt, first_run, input={**asdict(text), "path": str(text.path)},
                       models=models, model_languages={"src": text.lang, "tgt": tgt}, job=job,
                       lines={"input": text.lines, "done": 0, "translated": 0, "empty": 0, "over_long": 0,
                              "empty_translations": 0})
@@ -285,13 +246,16 @@ def backtranslate(cfg: DictConfig, argv: list[str] | None = None) -> dict[str, A
     search, sampling = check_settings(cfg)
     text = open_input(cfg)
     translator, tgt = load_reverse_model(cfg, text)
-    max_words, models = resolve_max_input_words(cfg.max_input_words, translator.configs), models_record(translator)
+    max_words = resolve_max_input_words(cfg.max_input_words, translator.configs)
+    models = [{"checkpoint": str(path), "sha256": sha256_of(path)} for path in translator.checkpoints]
     # what decides the output: a resumed run must match all of it
     job = {"input_sha256": text.sha256, "input_lines": text.lines, "lang": text.lang,
            "model_sha256": [m["sha256"] for m in models], "model_languages": f"{text.lang}-{tgt}",
            "search": search_record(cfg.method, search, sampling), "max_input_words": max_words,
            "chunk_lines": cfg.chunk_lines, "device": translator.device.type,
-           "precision": decoding_precision(translator), "direction": cfg.direction}
+           "precision": "int8" if translator.precision == "int8"  # what the models compute in
+           else "bf16" if uses_bf16(translator.precision, translator.device) else "fp32",
+           "direction": cfg.direction}
     out = Path(str(cfg.output))
     try:
         check_output_folder(out)
@@ -309,23 +273,11 @@ def backtranslate(cfg: DictConfig, argv: list[str] | None = None) -> dict[str, A
 
 def _run(translator: Translator, text: InputText, out: Path, record: dict[str, Any], search: SearchOptions,
          sampling: SamplingOptions | None, max_words: int | None, cfg: DictConfig) -> dict[str, Any]:
-    """The chunks still to do, logged before and after; ``backtranslate``'s summary."""
-    log.info("%s-translating %s (%s, %d lines%s) with %s into %s", cfg.direction, text.path, text.lang, text.lines,
-             f", from line {record['lines']['done'] + 1}" if record["lines"]["done"] else "",
-             " + ".join(m["checkpoint"] for m in record["models"]), out)
-    translated, seconds = run_chunks(translator, text, out, record, search, sampling, max_words, cfg)
-    log.info("%s: %d lines (%d translated, %d empty, %d over %s words) in %s; %s", out, text.lines,
-             record["lines"]["translated"], record["lines"]["empty"], record["lines"]["over_long"], max_words,
-             format_duration(seconds), record["status"])
-    return {"output": str(out), "status": record["status"], "lines": text.lines, "done": record["lines"]["done"],
-            "translated": translated, "seconds": seconds,
-            "sentences_per_s": translated / seconds if seconds > 0 else None, "max_input_words": max_words}
-
-
-def run_chunks(translator: Translator, text: InputText, out: Path, record: dict[str, Any], search: SearchOptions,
-               sampling: SamplingOptions | None, max_words: int | None, cfg: DictConfig) -> tuple[int, float]:
-    """Translate the chunks after ``record``'s lines done, committing each; this run's translated lines and seconds."""
+    """Translate the chunks after ``record``'s lines done, committing each, logged before and after;
+    ``backtranslate``'s summary."""
     chunk_lines, done = cfg.chunk_lines, record["lines"]["done"]
+    log.info("%s-translating %s (%s, %d lines%s) with %s into %s", cfg.direction, text.path, text.lang, text.lines,
+             f", from line {done + 1}" if done else "", " + ".join(m["checkpoint"] for m in record["models"]), out)
     sides = {pair["side"]: pair["file"] for pair in record["pairs"].values()}
     synthetic_name, real_name = sides["synthetic"], sides["real"]
     progress = ProgressDisplay(text.lines, " lines", f"{cfg.direction}-translating", done, cfg.log_every_s, log)
@@ -333,7 +285,8 @@ def run_chunks(translator: Translator, text: InputText, out: Path, record: dict[
     try:
         with open(out / synthetic_name, "ab") as synthetic_file, open(out / real_name, "ab") as real_file:
             lines_in = iter_input_lines(text.path, cfg.invalid_utf8, skip=done)
-            for index, lines in enumerate(chunks(lines_in, chunk_lines), start=done // chunk_lines):
+            chunks = iter(lambda: list(islice(lines_in, chunk_lines)), [])  # the last may be shorter
+            for index, lines in enumerate(chunks, start=done // chunk_lines):
                 synthetic, counts = translate_chunk(translator, lines, index, search, sampling, max_words)
                 sizes = {synthetic_name: append_lines(synthetic_file, synthetic),
                          real_name: append_lines(real_file, lines)}
@@ -349,7 +302,13 @@ def run_chunks(translator: Translator, text: InputText, out: Path, record: dict[
         progress.close()
     record.update(status="complete", finished=provenance("backtranslate.py")["date"])
     write_record(out, record)
-    return translated, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    log.info("%s: %d lines (%d translated, %d empty, %d over %s words) in %s; %s", out, text.lines,
+             record["lines"]["translated"], record["lines"]["empty"], record["lines"]["over_long"], max_words,
+             format_duration(seconds), record["status"])
+    return {"output": str(out), "status": record["status"], "lines": text.lines, "done": record["lines"]["done"],
+            "translated": translated, "seconds": seconds,
+            "sentences_per_s": translated / seconds if seconds > 0 else None, "max_input_words": max_words}
 
 
 def commit_chunk(out: Path, record: dict[str, Any], counts: Counter[str], sizes: dict[str, int]) -> None:

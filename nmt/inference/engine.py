@@ -70,20 +70,16 @@ class SearchOptions:
 
     def checked(self) -> SearchOptions:
         """These options if they are valid; else a TranslationError naming the option and its range."""
-        for name in ("beam_size", "n_best", "max_len", "batch_tokens"):
-            value, high = getattr(self, name), OPTION_BOUNDS[name][1]
-            if not _whole_number(value) or value > high:
-                limit = ">= 1" if high == math.inf else f"from 1 to {high}"
-                raise TranslationError(f"{name} must be a whole number {limit}, got {_brief(value)}")
+        for name, (low, high) in OPTION_BOUNDS.items():
+            value = getattr(self, name)
+            if isinstance(low, int):  # a count: beam_size, n_best, max_len, batch_tokens
+                wanted = "a whole number " + (">= 1" if high == math.inf else f"from 1 to {high}")
+                check_option(is_number(value, int) and low <= value <= high, name, wanted, value)
+            elif value is not None or name != "max_len_ratio":  # (a NaN fails the range test too)
+                wanted = f"a number from {low:g} to {high:g}"
+                check_option(is_number(value) and low <= value <= high, name, wanted, value)
         if self.n_best > self.beam_size:
             raise TranslationError(f"n_best ({self.n_best}) cannot exceed beam_size ({self.beam_size})")
-        for name in ("length_penalty", "max_len_ratio"):
-            value, (low, high) = getattr(self, name), OPTION_BOUNDS[name]
-            if value is None and name == "max_len_ratio":
-                continue
-            # a NaN fails every comparison, so the range test is written to fail on it too
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-                raise TranslationError(f"{name} must be a number from {low:g} to {high:g}, got {_brief(value)}")
         return self
 
 
@@ -105,14 +101,11 @@ class SamplingOptions:
 
     def checked(self) -> SamplingOptions:
         """These options if they are valid; else a TranslationError naming the option and its range."""
-        temperature = self.temperature
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
-            raise TranslationError(f"temperature must be a number > 0, got {temperature!r}")
-        for name, upper in (("top_k", math.inf), ("seed", 2**62)):  # (room to add a chunk number to the seed)
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < upper:
-                limit = "" if upper == math.inf else " and < 2**62"
-                raise TranslationError(f"{name} must be a whole number >= 0{limit}, got {value!r}")
+        temperature, top_k, seed = self.temperature, self.top_k, self.seed
+        check_option(is_number(temperature) and 0 < temperature < math.inf, "temperature", "a number > 0", temperature)
+        check_option(is_number(top_k, int) and top_k >= 0, "top_k", "a whole number >= 0", top_k)
+        # below 2**62: room to add a chunk number to the seed
+        check_option(is_number(seed, int) and 0 <= seed < 2**62, "seed", "a whole number >= 0 and < 2**62", seed)
         return self
 
 
@@ -132,6 +125,17 @@ def _brief(value: Any) -> str:
     """``repr`` of a value for an error message, at most 40 characters (a request may send anything)."""
     text = repr(value) if isinstance(value, (bool, int, float, str, type(None))) else f"a {type(value).__name__}"
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def is_number(value: Any, kind: type | tuple[type, ...] = (int, float)) -> bool:
+    """An int or float (an int with ``kind=int``), not a bool, which Python counts as an int."""
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def check_option(ok: bool, name: str, wanted: str, value: Any) -> None:
+    """Unless ``ok``, a TranslationError: ``{name} must be {wanted}, got {value}``."""
+    if not ok:
+        raise TranslationError(f"{name} must be {wanted}, got {_brief(value)}")
 
 
 @dataclass
@@ -248,7 +252,7 @@ class Translator:
     ) -> None:
         self.models = [models] if isinstance(models, Seq2Seq) else list(models)
         self.device = next(self.models[0].parameters()).device
-        self.precision = _checked_precision(precision, self.device)
+        self.precision = _checked_device(self.device, precision)[1]
         if self.precision == "int8":
             self.models = [quantize_int8(model) for model in self.models]  # copies: the caller's stay float32
         with autocast(self.precision, self.device):  # the gate tables in the dtype the search will use
@@ -281,14 +285,11 @@ class Translator:
             TranslationError: an empty list, members whose tokenizers or language pairs differ, or a bad
                 device or precision.
         """
-        paths = [path] if isinstance(path, (str, Path)) else list(path)
+        paths = _plain(path)  # an OmegaConf list from a config, too
+        paths = [str(p) for p in paths] if isinstance(paths, (list, tuple)) else [str(paths)]
         if not paths:
             raise TranslationError("no checkpoint given; pass a run dir or a .pt file written by train.py")
-        try:
-            device = resolve_device(device)
-        except DeviceError as error:
-            raise TranslationError(str(error)) from None
-        precision = _checked_precision(precision, device)
+        device, precision = _checked_device(device, precision)
         if warning := slow_bf16_warning(precision, device):
             log.warning(warning)
         configure_matmul(precision, device)
@@ -309,7 +310,15 @@ class Translator:
         """
         folder = Path(name)
         if not folder.exists():
-            folder = _download_snapshot(str(name))
+            from huggingface_hub import snapshot_download  # only this way of loading needs it
+            from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+            try:
+                folder = Path(snapshot_download(str(name)))
+            except (HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError, OSError) as error:
+                first_line = (str(error).strip() or type(error).__name__).splitlines()[0]
+                raise CheckpointError(f"{name} is neither a local folder nor a Hub repo that can be fetched "
+                                      f"({first_line})") from None
         return cls.from_checkpoint(folder, device=device, precision=precision, max_input_words=max_input_words)
 
     @classmethod
@@ -318,9 +327,7 @@ class Translator:
         if OmegaConf.is_missing(settings, "checkpoint") or not settings.checkpoint:
             raise TranslationError("no checkpoint given; pass checkpoint=PATH (a run dir or a .pt file from "
                                    "train.py), or checkpoint=[RUN_A,RUN_B] for an ensemble")
-        paths = _plain(settings.checkpoint)
-        return cls.from_checkpoint([str(p) for p in paths] if isinstance(paths, (list, tuple)) else str(paths),
-                                   device=str(settings.device), precision=str(settings.precision),
+        return cls.from_checkpoint(settings.checkpoint, device=str(settings.device), precision=str(settings.precision),
                                    max_input_words=_plain(settings.max_input_words))
 
     @property
@@ -360,9 +367,8 @@ class Translator:
             raise TranslationError(f"attention was asked for, but this model was trained with "
                                    f"attention={self.attention_name}, which has none")
         src_ids = self.encode(sentences)
-        searched = search
-        if rerank is not None:
-            searched = replace(search, n_best=max(search.n_best, rerank.checked(search.beam_size).n_best))
+        searched = search if rerank is None else replace(
+            search, n_best=max(search.n_best, rerank.checked(search.beam_size).n_best))
         results = self.translate_ids(src_ids, searched, progress=progress, attention=attention, sampling=sampling)
         if rerank is not None:
             results = self._rerank(rerank, sentences, src_ids, results, search.n_best)
@@ -432,10 +438,8 @@ class Translator:
 
     def _result(self, src_ids: list[int], nbest: list[Hypothesis], attention: bool) -> Translation:
         candidates = [Candidate(self.tokenizer.decode_tgt(h.tokens), h.score) for h in nbest]
-        best = nbest[0]
-        words = None
-        if attention and src_ids and best.attention is not None:
-            words = self.word_attention(src_ids, best)
+        keeps_attention = attention and src_ids and nbest[0].attention is not None
+        words = self.word_attention(src_ids, nbest[0]) if keeps_attention else None
         return Translation(candidates[0].text, candidates[0].score, candidates, words, list(src_ids), nbest)
 
     def word_attention(self, src_ids: Sequence[int], hypothesis: Hypothesis) -> WordAttention:
@@ -451,6 +455,13 @@ class Translator:
         names = {(cfg.get("attention") or {}).get("name", "?") for cfg in self.configs} or {"?"}
         return "+".join(sorted(names))
 
+    def _recorded_bleu(self) -> dict[str, float] | None:
+        """Test BLEU per test set that a single model's run recorded (None for ensembles or when absent)."""
+        results = recorded_results(self.checkpoints[0]) if len(self.checkpoints) == 1 else None
+        scores = {name: entry.get("bleu") for name, entry in (results or {"test": {}})["test"].items()
+                  if isinstance(entry, dict)}
+        return {name: float(bleu) for name, bleu in scores.items() if isinstance(bleu, (int, float))} or None
+
     def info(self) -> dict[str, Any]:
         """What a client may want to know: attention type, languages, size, and the run's test BLEU if recorded."""
         data = (self.configs[0].get("data") or {}) if self.configs else {}
@@ -461,28 +472,10 @@ class Translator:
             "parameters": sum(count_parameters(model) for model in self.models),
             "models": len(self.models),
             "checkpoints": [str(path) for path in self.checkpoints],
-            "bleu": _recorded_bleu(self.checkpoints),  # {test set: BLEU} or None
+            "bleu": self._recorded_bleu(),  # {test set: BLEU} or None
             "device": str(self.device),
             "precision": self.precision,
         }
-
-
-def _download_snapshot(repo_id: str) -> Path:
-    """The local folder of Hub repo ``repo_id`` (downloaded, or from the cache); a one-line error if there is none."""
-    from huggingface_hub import snapshot_download  # only this way of loading needs it
-    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
-
-    try:
-        return Path(snapshot_download(repo_id))
-    except (HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError, OSError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise CheckpointError(f"{repo_id} is neither a local folder nor a Hub repo that can be fetched "
-                              f"({first_line})") from None
-
-
-def _whole_number(value: Any) -> bool:
-    """An int >= 1 (and not a bool, which Python counts as an int)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _plain(value: Any) -> Any:
@@ -500,26 +493,22 @@ def resolve_max_input_words(value: Any, configs: Sequence[dict[str, Any]]) -> in
     if value == "auto":
         limits = [((cfg.get("data") or {}).get("clean") or {}).get("max_len") for cfg in configs]
         return max((n for n in limits if n is not None), default=None)
-    if value is not None and not _whole_number(value):
-        raise TranslationError(f"max_input_words must be auto, null or a whole number >= 1, got {_brief(value)}")
+    check_option(value is None or (is_number(value, int) and value >= 1), "max_input_words",
+           "auto, null or a whole number >= 1", value)
     return value
 
 
 def truncate_words(lines: Sequence[str], max_words: int | None) -> tuple[list[str], int]:
     """Lines cut to at most ``max_words`` whitespace words (None = no limit), and how many were cut."""
-    if max_words is None:
-        return list(lines), 0
-    out, cut = [], 0
-    for line in lines:
-        words = line.split()
-        cut += len(words) > max_words
-        out.append(" ".join(words[:max_words]) if len(words) > max_words else line)
-    return out, cut
+    cut = [max_words is not None and len(line.split()) > max_words for line in lines]
+    return [" ".join(line.split()[:max_words]) if long else line for line, long in zip(lines, cut)], sum(cut)
 
 
-def _checked_precision(precision: str, device: torch.device) -> str:
+def _checked_device(device: str | torch.device, precision: str) -> tuple[torch.device, str]:
+    """The resolved device and ``precision`` if a model can decode in it there; else a TranslationError."""
     try:
-        return check_inference_precision(precision, device)
+        device = resolve_device(device)
+        return device, check_inference_precision(precision, device)
     except DeviceError as error:
         raise TranslationError(str(error)) from None
 
@@ -543,21 +532,21 @@ def _language_pair(config: dict[str, Any]) -> str:
     return f"{data.get('src_lang', '?')}-{data.get('tgt_lang', '?')}"
 
 
-def _recorded_bleu(checkpoints: Sequence[Path]) -> dict[str, float] | None:
-    """Test BLEU per test set from the run dir's results.json (a single model's; None for ensembles or when absent)."""
-    if len(checkpoints) != 1:
-        return None
-    hub = checkpoints[0].name == HUB_WEIGHTS_FILE  # a Hub folder's config.json carries its run's results
-    results = checkpoints[0].parent / HUB_CONFIG_FILE if hub else checkpoints[0].parent.parent / "results.json"
+def recorded_results(checkpoint: Path) -> dict[str, Any] | None:
+    """The test scores recorded for ``checkpoint``'s run (its results.json; a Hub folder: what its config.json
+    carried over), or None: ``{"test": {set: {"bleu", "chrf", signatures...}}, "beam_size", "length_penalty"}``.
+    """
+    hub = checkpoint.name == HUB_WEIGHTS_FILE
+    path = checkpoint.parent / HUB_CONFIG_FILE if hub else checkpoint.parent.parent / "results.json"
     try:
-        recorded = json.loads(results.read_text(encoding="utf-8"))
-        test = ((recorded.get("results") or {}) if hub else recorded).get("test")
-    except (OSError, ValueError, AttributeError):
+        results = json.loads(path.read_text(encoding="utf-8"))
+        results = results.get("results") if hub else results
+        test = results.get("test")
+    except (OSError, ValueError, AttributeError):  # missing, unreadable, or not an object
         return None
     if not isinstance(test, dict):
         return None
-    scores = {name: entry.get("bleu") for name, entry in test.items() if isinstance(entry, dict)}
-    return {name: float(bleu) for name, bleu in scores.items() if isinstance(bleu, (int, float))} or None
+    return {key: results.get(key) for key in ("test", "beam_size", "length_penalty")}
 
 
 USER_ERRORS: tuple[type[Exception], ...] = (TranslationError, CheckpointError, DataError)

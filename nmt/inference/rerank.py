@@ -10,11 +10,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
 from nmt.common.device import autocast
 from nmt.data.batching import Batch, collate_batch, token_batches
-from nmt.inference.engine import SearchOptions, TranslationError, Translator
+from nmt.inference.engine import SearchOptions, TranslationError, Translator, check_option, is_number
 from nmt.model.search import Hypothesis
 
 
@@ -125,23 +124,17 @@ def check_weights(options: RerankSettings | Rerank, beam_size: int) -> None:
     """Refuse a weight that is not a finite number, or an ``n_best`` outside 1..``beam_size`` (one line)."""
     for name in ("weight", "length_weight"):
         value = getattr(options, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise TranslationError(f"rerank.{name} must be a finite number, got {value!r}")
-    n_best = options.n_best
-    if isinstance(n_best, bool) or not isinstance(n_best, int) or not 1 <= n_best <= beam_size:
-        raise TranslationError(f"rerank.n_best must be a whole number from 1 to beam_size ({beam_size}), "
-                               f"got {n_best!r}")
+        check_option(is_number(value) and math.isfinite(value), f"rerank.{name}", "a finite number", value)
+    check_option(is_number(options.n_best, int) and 1 <= options.n_best <= beam_size, "rerank.n_best",
+                 f"a whole number from 1 to beam_size ({beam_size})", options.n_best)
 
 
 def from_settings(settings: Any, forward: Translator) -> Rerank | None:
     """The ``Rerank`` a ``rerank`` settings block (translate.py's, serve.py's) asks for; None when it is off."""
     if settings.checkpoint in (None, "", []):
         return None
-    paths = settings.checkpoint
-    paths = OmegaConf.to_object(paths) if OmegaConf.is_config(paths) else paths
-    paths = [str(p) for p in paths] if isinstance(paths, (list, tuple)) else str(paths)
-    return Rerank(NoisyChannel.load(paths, forward), float(settings.weight), float(settings.length_weight),
-                  int(settings.n_best))
+    channel = NoisyChannel.load(settings.checkpoint, forward)
+    return Rerank(channel, float(settings.weight), float(settings.length_weight), int(settings.n_best))
 
 
 def combine(hyps: list[Hypothesis], channel: list[float], weight: float, length_weight: float

@@ -4,12 +4,10 @@ line; optionally scored against a reference, with heatmaps and Pharaoh alignment
 
 from __future__ import annotations
 
-import gzip
 import logging
 import os
 import sys
 import time
-import zlib
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,6 +19,7 @@ from omegaconf import DictConfig
 from nmt.common.metrics import corpus_scores
 from nmt.data import DataError
 from nmt.data.text import STRICT_UTF8, decode_lines
+from nmt.inference.backtranslation import iter_input_lines
 from nmt.inference.engine import EngineSettings, SearchOptions, Translation, TranslationError, Translator
 from nmt.inference.plotting import save_attention_png
 from nmt.inference.rerank import Rerank, RerankSettings, check_weights, from_settings
@@ -43,26 +42,16 @@ def read_input_lines(path: str | Path, invalid_utf8: str = STRICT_UTF8) -> list[
     Raises:
         TranslationError: missing file, invalid UTF-8 (``error`` mode) or an unknown mode.
     """
-    name = "<stdin>" if str(path) == STDIO else str(path)
     try:
-        with _open_input(path) as stream:
-            return decode_lines(stream, name, invalid_utf8, fix="pass invalid_utf8=replace")
-    except DataError as exc:
+        if str(path) == STDIO:
+            stdin = sys.stdin  # a test's StringIO has no .buffer: its lines are encoded back
+            raw = getattr(stdin, "buffer", None) or (s.encode("utf-8", "surrogateescape") for s in stdin)
+            return decode_lines(raw, "<stdin>", invalid_utf8, fix="pass invalid_utf8=replace")
+        if not Path(path).is_file():
+            raise TranslationError(f"file {path} does not exist")
+        return list(iter_input_lines(Path(path), invalid_utf8))
+    except DataError as exc:  # invalid UTF-8, or an unreadable file (a truncated or fake .gz)
         raise TranslationError(str(exc)) from None
-    except (OSError, EOFError, zlib.error) as exc:  # unreadable, or a truncated / fake .gz
-        raise TranslationError(f"cannot read {name}: {exc}") from exc
-
-
-def _open_input(path: str | Path) -> AbstractContextManager[Any]:
-    if str(path) == STDIO:  # nullcontext: reading must not close stdin
-        stdin = sys.stdin  # a test's StringIO has no .buffer: its lines are encoded back
-        return nullcontext(getattr(stdin, "buffer", None) or (s.encode("utf-8", "surrogateescape") for s in stdin))
-    path = Path(path)
-    if not path.is_file():
-        raise TranslationError(f"file {path} does not exist")
-    with open(path, "rb") as f:
-        magic = f.read(2)
-    return gzip.open(path, "rb") if path.suffix == ".gz" or magic == b"\x1f\x8b" else open(path, "rb")
 
 
 # ---------------------------------------------------------------------- The job behind translate.py
@@ -132,24 +121,6 @@ def check_writable(path: str, key: str, folder: bool = False) -> None:
         raise TranslationError(f"{key}={path} cannot be created: {parent} is not writable; choose another path")
 
 
-def _check_outputs(cfg: DictConfig) -> None:
-    """``check_writable`` on every file or folder the job will write."""
-    if str(cfg.output) != STDIO:
-        check_writable(str(cfg.output), "output")
-    if cfg.alignments:
-        check_writable(str(cfg.alignments), "alignments")
-    if cfg.attention_dir:
-        check_writable(str(cfg.attention_dir), "attention_dir", folder=True)
-
-
-def _read_reference(path: str, n_lines: int, invalid_utf8: str) -> list[str]:
-    refs = read_input_lines(path, invalid_utf8)
-    if len(refs) != n_lines:
-        raise TranslationError(f"reference {path} has {len(refs)} lines but the input has {n_lines}; "
-                               "they must align line by line")
-    return refs
-
-
 def _write_attention(cfg: DictConfig, translator: Translator, lines: list[str], results: list[Translation]) -> None:
     """Heatmaps (``attention_dir``) and Pharaoh alignments (``alignments``) of the 1-best outputs."""
     digits = len(str(len(lines)))
@@ -184,7 +155,9 @@ def translate_main(cfg: DictConfig) -> dict[str, Any]:
     options = SearchOptions.from_settings(cfg)
     if cfg.rerank.checkpoint:
         check_weights(cfg.rerank, options.beam_size)
-    _check_outputs(cfg)  # now, not after the whole input has been decoded
+    for key in ("output", "alignments", "attention_dir"):  # now, not after the whole input has been decoded
+        if cfg[key] and (key != "output" or str(cfg.output) != STDIO):
+            check_writable(str(cfg[key]), key, folder=key == "attention_dir")
     translator = Translator.from_settings(cfg)
     rerank = from_settings(cfg.rerank, translator)
     wants_attention = bool(cfg.attention_dir or cfg.alignments)
@@ -199,7 +172,10 @@ def translate_main(cfg: DictConfig) -> dict[str, Any]:
         return _interactive(translator, options, cfg.n_best, rerank)
 
     lines = read_input_lines(input_path, cfg.invalid_utf8)
-    refs = _read_reference(str(cfg.reference), len(lines), cfg.invalid_utf8) if cfg.reference else None
+    refs = read_input_lines(str(cfg.reference), cfg.invalid_utf8) if cfg.reference else None
+    if refs is not None and len(refs) != len(lines):
+        raise TranslationError(f"reference {cfg.reference} has {len(refs)} lines but the input has {len(lines)}; "
+                               "they must align line by line")
     show_bar = len(lines) > PROGRESS_MIN_LINES if cfg.progress == "auto" else bool(cfg.progress)
 
     start = time.perf_counter()
