@@ -10,9 +10,11 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from nmt.analysis.decoding import setting_label
@@ -22,7 +24,6 @@ from nmt.common.provenance import provenance
 from nmt.common.settings import unknown_key_message
 from nmt.data.synthetic import is_complete
 
-SETTINGS = ("recipe", "workdir", "parallel", "dry_run", "device")
 DEFAULTS = {"recipe": "bt_best", "workdir": ".", "parallel": 1, "dry_run": False, "device": "auto"}
 
 
@@ -80,10 +81,10 @@ def parse_arguments(args: Sequence[str], recipes: Path) -> tuple[dict[str, Any],
             raise ChainError(f"{arg!r} is not key=value; e.g. recipe=bt_best parallel=2 data.mirror=/corpora")
         if key.startswith("data."):
             data.append(arg)
-        elif key in SETTINGS:
+        elif key in DEFAULTS:
             settings[key] = OmegaConf.from_dotlist([arg])[key]
         else:
-            raise ChainError(unknown_key_message("", key, [*SETTINGS, "data.<key> (train.py's data overrides)"]))
+            raise ChainError(unknown_key_message("", key, [*DEFAULTS, "data.<key> (train.py's data overrides)"]))
     if not isinstance(settings["parallel"], int) or isinstance(settings["parallel"], bool) or settings["parallel"] < 1:
         raise ChainError(f"parallel={settings['parallel']!r} must be a whole number >= 1 (stages run at once)")
     if settings["device"] not in ("auto", "cpu", "cuda"):
@@ -105,15 +106,20 @@ def load_recipe(recipes: Path, name: str) -> DictConfig:
 
 
 # ------------------------------------------------------------------------------------------------ Stages
+def train_overrides(chain: Chain, experiment: str, pair: str, *more: str) -> list[str]:
+    """train.py's overrides for ``experiment`` (``more`` right after it) in ``pair``, then the chain's own."""
+    src, tgt = pair.split("-")
+    return [f"experiment={experiment}", *more, f"data.src_lang={src}", f"data.tgt_lang={tgt}", *chain.data_overrides,
+            *chain.recipe.train_overrides]
+
+
 def compose_training(chain: Chain, experiment: str, pair: str) -> DictConfig:
     """train.py's config for ``experiment`` in ``pair`` with the chain's overrides (checked by Hydra as it composes;
     call it inside ``plan``'s ``initialize_config_dir``)."""
     from hydra import compose
     from hydra.errors import HydraException
 
-    src, tgt = pair.split("-")
-    overrides = [f"experiment={experiment}", f"data.src_lang={src}", f"data.tgt_lang={tgt}", *chain.data_overrides,
-                 *chain.recipe.train_overrides]
+    overrides = train_overrides(chain, experiment, pair)
     try:
         return compose("train", overrides=overrides)
     except HydraException as error:
@@ -135,27 +141,20 @@ def training_stages(chain: Chain, training: DictConfig, pair: str) -> list[Stage
             makes.append(folder)  # the first training to reach it makes it; the others wait for that one
         elif folder is not None:
             needs.append(folder)
-    seeds = list(chain.recipe.seeds)[: training.get("seeds") or None]
-    for seed in seeds:
+    for seed in list(chain.recipe.seeds)[: training.get("seeds") or None]:  # each done once it holds results.json
         run_dir = chain.path(f"runs/{training.runs}_{pair}/seed{seed}")
-        stages.append(train_stage(chain, f"{training.name} {pair} seed{seed}", training.name, [run_dir, *makes], needs,
-                                  [f"experiment={experiment}", f"trainer.seed={seed}"], pair))
+        stages.append(Stage(f"{training.name} {pair} seed{seed}", training.name, [run_dir, *makes], list(needs),
+                            partial(train_command, chain, run_dir, experiment, pair, seed),
+                            (run_dir / "results.json").is_file))
     return stages
 
 
-def train_stage(chain: Chain, name: str, kind: str, outputs: list[Path], needs: list[Path], overrides: list[str],
-                pair: str) -> Stage:
-    """train.py into ``outputs[0]`` (the run dir; the rest: folders its mixture makes): done when the run holds
-    results.json; resumed from its last.pt when it has one."""
-    src, tgt, run_dir = *pair.split("-"), outputs[0]
-
-    def command() -> list[str]:
-        if (run_dir / "checkpoints" / "last.pt").is_file():
-            return [*chain.programs["train"], f"trainer.resume={run_dir}"]
-        return [*chain.programs["train"], *overrides, f"data.src_lang={src}", f"data.tgt_lang={tgt}",
-                *chain.data_overrides, *chain.recipe.train_overrides, f"hydra.run.dir={run_dir}"]
-
-    return Stage(name, kind, outputs, list(needs), command, lambda: (run_dir / "results.json").is_file())
+def train_command(chain: Chain, run_dir: Path, experiment: str, pair: str, seed: int) -> list[str]:
+    """train.py into ``run_dir``, or resumed from its last.pt when it has one."""
+    if (run_dir / "checkpoints" / "last.pt").is_file():
+        return [*chain.programs["train"], f"trainer.resume={run_dir}"]
+    return [*chain.programs["train"], *train_overrides(chain, experiment, pair, f"trainer.seed={seed}"),
+            f"hydra.run.dir={run_dir}"]
 
 
 def backtranslate_stage(chain: Chain, entry: DictConfig, folder: Path) -> Stage:
@@ -175,11 +174,9 @@ def backtranslate_stage(chain: Chain, entry: DictConfig, folder: Path) -> Stage:
 def tune_stage(chain: Chain, system: DictConfig, pair: str) -> Stage:
     """tune_decoding.py on val for one system (a run, an ensemble; reranked by the reverse pair's runs)."""
     out, members, rerank = system_paths(chain, system, pair)
-    grid = chain.recipe.tune
-    command = tune_command(chain, members, rerank, out, str(chain.recipe.test_split), grid)
+    command = tune_command(chain, members, rerank, out, str(chain.recipe.test_split), chain.recipe.tune)
     report = Path(f"{out}.json")
-    return Stage(f"tune {pair} {system.name}", "tune", [report], [*members, *rerank], lambda: command,
-                 report.is_file)
+    return Stage(f"tune {pair} {system.name}", "tune", [report], [*members, *rerank], lambda: command, report.is_file)
 
 
 def score_stage(chain: Chain, system: DictConfig, pair: str, split: str) -> Stage:
@@ -204,8 +201,7 @@ def system_paths(chain: Chain, system: DictConfig, pair: str) -> tuple[Path, lis
     seeds = list(chain.recipe.seeds)[: system.get("members") or None]
     members = [chain.path(f"runs/{system.runs}_{pair}/seed{seed}") for seed in seeds]
     reverse = "-".join(reversed(pair.split("-")))
-    rerank = [chain.path(f"runs/{system.rerank}_{reverse}/seed{s}") for s in chain.recipe.seeds] \
-        if system.get("rerank") else []
+    rerank = [chain.path(f"runs/{system.rerank}_{reverse}/seed{s}") for s in chain.recipe.seeds if system.get("rerank")]
     return chain.path(f"runs/systems/{pair}/{system.name.replace(' ', '_')}"), members, rerank
 
 
@@ -224,10 +220,8 @@ def tune_command(chain: Chain, members: list[Path], rerank: list[Path], out: Pat
 
 def extra_test_splits(chain: Chain) -> list[str]:
     """The test splits of a ``data.test_splits=[...]`` override besides the recipe's ``test_split``."""
-    splits: list[str] = []
-    for arg in chain.data_overrides:
-        if arg.startswith("data.test_splits="):
-            splits = [str(s) for s in OmegaConf.from_dotlist([arg]).data.test_splits or []]
+    overrides = OmegaConf.from_dotlist([a for a in chain.data_overrides if a.startswith("data.test_splits=")])
+    splits = map(str, OmegaConf.select(overrides, "data.test_splits") or [])  # the last override counts
     return [s for s in splits if s != str(chain.recipe.test_split)]
 
 
@@ -247,10 +241,7 @@ def plan(chain: Chain) -> list[Stage]:
     stages += [tune_stage(chain, system, pair) for system in chain.recipe.systems for pair in chain.recipe.pairs]
     stages += [score_stage(chain, system, pair, split) for split in extra_test_splits(chain)
                for system in chain.recipe.systems for pair in chain.recipe.pairs]
-    makers: dict[Path, str] = {}
-    for stage in stages:
-        for path in stage.outputs:
-            makers.setdefault(path, stage.name)
+    makers = {path: stage.name for stage in reversed(stages) for path in stage.outputs}  # the first stage making it
     for stage in stages:
         for need in stage.needs:
             if need in makers:
@@ -395,8 +386,7 @@ def summary(chain: Chain, stages: list[Stage]) -> dict[str, Any]:
                          "minutes": results.get("wall_seconds", 0) / 60})
     students = {}  # per pair, the student system val prefers (the recipe may train several)
     for pair in chain.recipe.pairs:
-        mine = [s for s in systems if s["system"].startswith(f"{pair} student")]
-        if mine:
+        if mine := [s for s in systems if s["system"].startswith(f"{pair} student")]:
             students[pair] = max(mine, key=lambda s: s["val_bleu"])["system"]
     return {"recipe": chain.recipe_name, "test_split": split, "runs": runs, "systems": systems,
             "student_chosen_on_val": students, **provenance("reproduce.py")}
@@ -436,24 +426,20 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
         ChainError: a bad setting or recipe, or a stage that failed (rerun to resume).
     """
     settings, data, recipe = parse_arguments(args, repo / "configs" / "recipe")
-    python = [sys.executable]
-    programs = {"train": [*python, str(repo / "train.py")], "backtranslate": [*python, str(repo / "backtranslate.py")],
-                "tune": [*python, str(repo / "scripts" / "tune_decoding.py")]}
+    scripts = {"train": "train.py", "backtranslate": "backtranslate.py", "tune": "scripts/tune_decoding.py"}
+    programs = {kind: [sys.executable, str(repo / script)] for kind, script in scripts.items()}
     workdir = Path(str(settings["workdir"])).expanduser().resolve()
     chain = Chain(workdir, programs, recipe, str(settings["recipe"]), data, repo / "configs")
-    stages = plan(chain)
-    device = settings["device"]
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    stages, parallel = plan(chain), int(settings["parallel"])
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    device = auto if settings["device"] == "auto" else settings["device"]  # whose eta_minutes to use
     clock = Clock(workdir / "runs" / ".reproduce" / "times.json", dict(recipe.eta_minutes[str(device)]))
     if settings["dry_run"]:
         show_plan(stages)
-        done, parallel = {s.name for s in stages if s.done()}, int(settings["parallel"])
+        done = {s.name for s in stages if s.done()}
         say(f"ETA {eta(stages, done, {}, clock, parallel)} ({device}, parallel={parallel})")
         return None
-    run_stages(chain, stages, int(settings["parallel"]), clock)
+    run_stages(chain, stages, parallel, clock)
     report = summary(chain, stages)
     out = workdir / "runs" / f"reproduce_{chain.recipe_name}"
     write_json_durably(f"{out}.json", report)
