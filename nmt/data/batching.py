@@ -173,16 +173,11 @@ class TokenBucketSampler(Sampler[list[int]]):
             raise DataError(f"rank={rank} must be in [0, world_size={world_size}).")
         self.src_lengths = np.asarray(src_lengths, dtype=np.int64)
         self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64)
-        self.max_tokens = int(max_tokens)
-        self.shuffle = shuffle
-        self.seed = int(seed)
-        self.rank = rank
-        self.world_size = world_size
-        self.name = name
+        self.max_tokens, self.seed = int(max_tokens), int(seed)
+        self.shuffle, self.rank, self.world_size, self.name = shuffle, rank, world_size, name
         # One source seen once is the plain epoch; anything else is planned by weighted_pairs.
         self.parts = tuple(parts) if len(parts) > 1 or any(p.weight != 1.0 for p in parts) else ()
-        self.epoch = 0
-        self.position = 0
+        self.epoch = self.position = 0
         self._cached: tuple[int, np.ndarray, np.ndarray] | None = None  # (epoch, order, this rank's spans)
 
     @classmethod

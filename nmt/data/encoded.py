@@ -50,8 +50,7 @@ class RaggedIds(Sequence[list[int]]):
             return rows
         rows = rows if isinstance(rows, Sequence) else list(rows)
         lengths = np.fromiter(map(len, rows), np.int64, count=len(rows))
-        offsets = np.zeros(len(rows) + 1, np.int64)
-        np.cumsum(lengths, out=offsets[1:])
+        offsets = np.concatenate([np.zeros(1, np.int64), np.cumsum(lengths)])
         return cls(np.fromiter(chain.from_iterable(rows), np.int32, count=int(offsets[-1])), offsets)
 
     @property

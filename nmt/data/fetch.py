@@ -113,17 +113,12 @@ def _fill_from_mirror_or_url(tmp: Path, name: str, url: str, *, corpus: str, mir
     try:
         download_url(url, tmp)
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
-        looked = (
-            f"the mirror {mirror} (looked for {' and '.join(map(str, _mirror_candidates(mirror, corpus, name)))})"
-            if mirror is not None
-            else "no mirror (none set)"
-        )
-        raise DataError(
-            f"could not get {name}: tried {looked}, then {url} ({exc}). Without network, put the "
-            f"file in a mirror folder as <mirror>/{corpus}/{name} or <mirror>/{name} and set "
-            f"data.mirror=<mirror> or the environment variable {MIRROR_ENV}=<mirror>; or copy it "
-            f"into {tmp.parent}/ yourself."
-        ) from exc
+        looked = "no mirror (none set)" if mirror is None else (
+            f"the mirror {mirror} (looked for {' and '.join(map(str, _mirror_candidates(mirror, corpus, name)))})")
+        raise DataError(f"could not get {name}: tried {looked}, then {url} ({exc}). Without network, put the file in "
+                        f"a mirror folder as <mirror>/{corpus}/{name} or <mirror>/{name} and set data.mirror=<mirror> "
+                        f"or the environment variable {MIRROR_ENV}=<mirror>; or copy it into {tmp.parent}/ "
+                        "yourself.") from exc
     return url
 
 

@@ -81,27 +81,23 @@ class MonolingualText:
     info: dict[str, Any]
 
 
-def monolingual_text(
-    name: str, lang: str, *, cache_dir: str | Path, mirror: str | Path | None = None
-) -> MonolingualText:
+def monolingual_text(name: str, lang: str, *, cache_dir: str | Path,
+                     mirror: str | Path | None = None) -> MonolingualText:
     """The registered monolingual corpus ``name`` in ``lang``: fetched, verified, deduplicated, cached.
 
     Raises:
         DataError: unknown corpus or language, or a file that cannot be had or does not verify.
     """
-    corpus = MONOLINGUAL.get(name)
-    if corpus is None:
+    if (corpus := MONOLINGUAL.get(name)) is None:
         raise DataError(f"unknown monolingual corpus {name!r}; registered: {', '.join(sorted(MONOLINGUAL))} "
                         "(or give the path of a text file, one sentence per line).")
     if lang not in corpus.langs:
         raise DataError(f"monolingual corpus {name!r} has no language {lang!r}; it has {', '.join(corpus.langs)}.")
     cache = Path(cache_dir).expanduser().resolve()
     mirror_path = Path(str(mirror)).expanduser() if mirror else None
-    inputs = []
-    for pattern in corpus.file_names:
-        file_name = pattern.format(lang=lang)
-        inputs.append(fetch_file(file_name, corpus.url_template.format(name=file_name), cache / corpus.name,
-                                 sha256=corpus.sha256[file_name], corpus=corpus.name, mirror=mirror_path))
+    names = [pattern.format(lang=lang) for pattern in corpus.file_names]
+    inputs = [fetch_file(file, corpus.url_template.format(name=file), cache / corpus.name, sha256=corpus.sha256[file],
+                         corpus=corpus.name, mirror=mirror_path) for file in names]
     parallel = corpus.parallel_train(cache, mirror_path)
     task1 = parallel.fetch(f"train.{lang}.gz")
     hashes = [corpus.sha256[p.name] for p in inputs] + [parallel.sha256[task1.name]]

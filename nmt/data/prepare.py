@@ -207,15 +207,12 @@ def prepare_data(data_cfg: Any, cache_dir: str | Path | None = None) -> Prepared
     data = PreparedData(tokenizer=tokenizer, train=encoded[cfg["train_split"]], valid=encoded[cfg["valid_split"]],
                         tests={name: encoded[name] for name in cfg["test_splits"]}, stats=stats,
                         fingerprint=fingerprint.hexdigest())
-    log.info(
-        "data %s %s->%s: train %d (%s), %s %d, %s; %s; fingerprint %s; %.1f s",
-        cfg["corpus"], cfg["src_lang"], cfg["tgt_lang"], len(data.train),
-        ", ".join(f"{s['name']} {s['pairs']} x{s['weight']:g}{' ' + s['tag'] if s['tag'] else ''}"
-                  for s in stats["sources"]),
-        cfg["valid_split"], len(data.valid),
-        ", ".join(f"{k} {len(v)}" for k, v in data.tests.items()) or "no test splits",
-        tokenizer, data.fingerprint[:16], sum(seconds.values()),
-    )
+    sources = [f"{s['name']} {s['pairs']} x{s['weight']:g}{' ' + s['tag'] if s['tag'] else ''}"
+               for s in stats["sources"]]
+    log.info("data %s %s->%s: train %d (%s), %s %d, %s; %s; fingerprint %s; %.1f s", cfg["corpus"], cfg["src_lang"],
+             cfg["tgt_lang"], len(data.train), ", ".join(sources), cfg["valid_split"], len(data.valid),
+             ", ".join(f"{k} {len(v)}" for k, v in data.tests.items()) or "no test splits", tokenizer,
+             data.fingerprint[:16], sum(seconds.values()))
     return data
 
 
@@ -226,9 +223,8 @@ def source_records(parts: list[SplitSource], manifests: list[dict[str, Any]]) ->
             for p, m in zip(parts, manifests)]
 
 
-def split_sources(
-    cfg: dict[str, Any], cache: Path, seconds: dict[str, float]
-) -> tuple[list[SplitSource], dict[str, SplitSource]]:
+def split_sources(cfg: dict[str, Any], cache: Path,
+                  seconds: dict[str, float]) -> tuple[list[SplitSource], dict[str, SplitSource]]:
     """The training sources and each scored split, fetched, verified and hashed (timed in ``seconds``).
 
     Returns:
@@ -284,11 +280,10 @@ def prepare_tokenizer(train: list[SplitSource], settings: TokenizerSettings, spm
     if (tokenizer := load_cached_tokenizer(key, settings, spm_dir)) is not None:
         return tokenizer
     kept = 0
-    for source in train:
+    for source in train:  # training sources are always cleaned
         keep = source.new_filter()
-        for _ in source.pairs(keep):
-            pass
-        kept += keep.report(source.name).kept if keep is not None else 0
+        kept += sum(1 for _ in source.pairs(keep))
+        keep.report(source.name)
 
     def side(index: int) -> Iterator[str]:
         return (pair[index] for source in train for pair in source.pairs(source.new_filter()))
@@ -299,9 +294,8 @@ def prepare_tokenizer(train: list[SplitSource], settings: TokenizerSettings, spm
     return train_and_cache(key, settings, spm_dir, sentences, kept, tags)
 
 
-def encode_split(
-    name: str, parts: list[SplitSource], tokenizer: Tokenizer, encoded_dir: Path
-) -> tuple[RaggedIds, RaggedIds, dict[str, Any], bool]:
+def encode_split(name: str, parts: list[SplitSource], tokenizer: Tokenizer,
+                 encoded_dir: Path) -> tuple[RaggedIds, RaggedIds, dict[str, Any], bool]:
     """A split's ids (its sources one after the other), memory-mapped from ``encoded_dir``, encoded in chunks and
     written first when not there. Returns ``(src_ids, tgt_ids, manifest, cache_hit)``; ``manifest["parts"]``
     holds each source's pair and cleaning counts.

@@ -22,9 +22,8 @@ INVALID_UTF8_MODES = ("error", "replace")
 STRICT_UTF8 = INVALID_UTF8_MODES[0]  # every reader's default: a bad byte stops it, naming the line
 
 
-def iter_decoded(
-    raw_lines: Iterable[bytes], name: str, invalid_utf8: str = STRICT_UTF8, fix: str = "set data.invalid_utf8=replace"
-) -> Iterator[str]:
+def iter_decoded(raw_lines: Iterable[bytes], name: str, invalid_utf8: str = STRICT_UTF8,
+                 fix: str = "set data.invalid_utf8=replace") -> Iterator[str]:
     """Decode byte lines as UTF-8 and strip them, one at a time, naming the first bad line.
 
     Args:
@@ -56,9 +55,8 @@ def iter_decoded(
                     name, n_bad, first_bad)
 
 
-def decode_lines(
-    raw_lines: Iterable[bytes], name: str, invalid_utf8: str = STRICT_UTF8, fix: str = "set data.invalid_utf8=replace"
-) -> list[str]:
+def decode_lines(raw_lines: Iterable[bytes], name: str, invalid_utf8: str = STRICT_UTF8,
+                 fix: str = "set data.invalid_utf8=replace") -> list[str]:
     """``iter_decoded`` as a list (shared by training and translation, whose inputs are small)."""
     return list(iter_decoded(raw_lines, name, invalid_utf8, fix))
 

@@ -58,9 +58,8 @@ class TokenizerSettings:
 
     def __post_init__(self) -> None:
         if self.model_type not in MODEL_TYPES:
-            raise DataError(
-                f"data.tokenizer.model_type={self.model_type!r} is not valid; use one of {', '.join(MODEL_TYPES)}."
-            )
+            raise DataError(f"data.tokenizer.model_type={self.model_type!r} is not valid; use one of "
+                            f"{', '.join(MODEL_TYPES)}.")
         if int(self.vocab_size) <= 4:
             raise DataError(f"data.tokenizer.vocab_size={self.vocab_size} must be > 4 (4 ids are special).")
         if not 0.0 < float(self.character_coverage) <= 1.0:
@@ -153,9 +152,7 @@ class Tokenizer:
     @property
     def fingerprint(self) -> str:
         """A sha256 of the model bytes: equal fingerprints encode identically (a cache key)."""
-        digest = hashlib.sha256(self._src_model)
-        digest.update(b"\0" + (self._tgt_model or b""))
-        return digest.hexdigest()
+        return hashlib.sha256(self._src_model + b"\0" + (self._tgt_model or b"")).hexdigest()
 
     # -- serialisation -------------------------------------------------------------------------------
 
@@ -172,12 +169,9 @@ class Tokenizer:
     def from_state(cls, state: Mapping[str, Any]) -> Tokenizer:
         """Rebuild the tokenizer that ``to_state`` described."""
         if state.get("kind", "sentencepiece") != "sentencepiece" or "src_model" not in state:
-            raise DataError(
-                f"not a tokenizer state (keys: {sorted(state)}); expected the dict of Tokenizer.to_state()."
-            )
-        if state.get("joint", False) or "tgt_model" not in state:
-            return cls(state["src_model"])
-        return cls(state["src_model"], state["tgt_model"])
+            raise DataError(f"not a tokenizer state (keys: {sorted(state)}); expected the dict of "
+                            "Tokenizer.to_state().")
+        return cls(state["src_model"], None if state.get("joint", False) else state.get("tgt_model"))
 
     def save(self, directory: str | Path) -> list[Path]:
         """Write ``joint.model`` (or ``src.model`` + ``tgt.model``), standard SentencePiece models, into a folder."""
@@ -210,10 +204,8 @@ def _load_processor(model: bytes) -> spm.SentencePieceProcessor:
     sp = spm.SentencePieceProcessor(model_proto=model)
     ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
     if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-        raise DataError(
-            f"SentencePiece model has special ids pad/unk/bos/eos = {ids}, expected "
-            f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; retrain it with train_tokenizer."
-        )
+        raise DataError(f"SentencePiece model has special ids pad/unk/bos/eos = {ids}, expected "
+                        f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; retrain it with train_tokenizer.")
     return sp
 
 
@@ -233,8 +225,7 @@ def text_hash(*sides: Sequence[str]) -> str:
     for lines in sides:
         digest.update(len(lines).to_bytes(8, "little"))
         for line in lines:
-            digest.update(line.encode("utf-8", errors="surrogatepass"))
-            digest.update(b"\n")
+            digest.update(line.encode("utf-8", errors="surrogatepass") + b"\n")
     return digest.hexdigest()
 
 
@@ -315,13 +306,8 @@ def train_and_cache(key: str, settings: TokenizerSettings, cache_dir: str | Path
     return tokenizer
 
 
-def train_tokenizer(
-    src_texts: Sequence[str],
-    tgt_texts: Sequence[str],
-    settings: TokenizerSettings,
-    cache_dir: str | Path | None = None,
-    tags: Sequence[str] = (),
-) -> Tokenizer:
+def train_tokenizer(src_texts: Sequence[str], tgt_texts: Sequence[str], settings: TokenizerSettings,
+                    cache_dir: str | Path | None = None, tags: Sequence[str] = ()) -> Tokenizer:
     """Train (or reuse from ``cache_dir``) the subword model(s) on training sentences in memory.
 
     The cache key hashes the training text and the settings: changing either trains a new model.
