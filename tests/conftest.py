@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -155,3 +159,31 @@ def tiny_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("tiny_run")
     save_tiny_checkpoint(root / "checkpoints" / "best.pt", "additive")
     return root
+
+
+# --- nmt.serve: a real server on a background thread ---------------------------------------------
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: object) -> Iterator[str]:
+    """Run ``app`` (``create_app``) with uvicorn on a background thread, on a free port of 127.0.0.1; yields its
+    base URL."""
+    import uvicorn
+
+    from nmt.serve.server import bind_socket, uvicorn_config
+
+    sock = bind_socket("127.0.0.1", 0)  # 0: the system chooses the port
+    server = uvicorn.Server(uvicorn_config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="uvicorn")
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server thread did not start; see its log above")
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import SRC, save_tiny_checkpoint
+from conftest import SRC, save_tiny_checkpoint, serve_in_thread
 from omegaconf import OmegaConf
 
 from nmt import Translator
@@ -95,7 +95,6 @@ def test_a_repo_id_loads_from_the_local_hub_cache_offline(run_and_hub: tuple[Pat
 
 def test_translate_py_and_the_server_take_the_folder(run_and_hub: tuple[Path, Path], tmp_path: Path) -> None:
     from nmt.serve.app import create_app
-    from nmt.serve.server import serve_in_thread
 
     run, hub = run_and_hub
     reference = Translator.from_checkpoint(run, device="cpu").translate(LINES, beam_size=5)

@@ -17,8 +17,7 @@ import torch
 
 from nmt.inference.engine import Translator
 from nmt.serve.app import create_app
-from nmt.serve.server import serve_in_thread
-from tests.conftest import save_tiny_checkpoint
+from tests.conftest import save_tiny_checkpoint, serve_in_thread
 from tests.test_server import serve_settings
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SRC, save_tiny_checkpoint
+from conftest import SRC, save_tiny_checkpoint, serve_in_thread
 
 from nmt import Translator
 from nmt.data import BOS_ID, EOS_ID
@@ -142,7 +142,6 @@ def test_serve_reranks_every_request_and_checks_the_reranker_first(runs: dict[st
     from hydra import compose, initialize_config_dir
 
     from nmt.serve.app import create_app
-    from nmt.serve.server import serve_in_thread
 
     def settings(*overrides: str) -> object:
         with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):

@@ -27,8 +27,7 @@ from omegaconf import DictConfig
 
 from nmt.inference.engine import SearchOptions, Translator
 from nmt.serve.app import create_app
-from nmt.serve.server import serve_in_thread
-from tests.conftest import CONFIG_DIR, REPO_ROOT, SRC, TINY_MAX_WORDS, save_tiny_checkpoint
+from tests.conftest import CONFIG_DIR, REPO_ROOT, SRC, TINY_MAX_WORDS, save_tiny_checkpoint, serve_in_thread
 from tests.test_server_input import hostile_bodies
 
 LIMITS = ["max_body_bytes=2048", "max_sentences=6", "max_sentence_words=12", "max_beam_size=5"]

@@ -23,13 +23,7 @@ from starlette.routing import Route
 from nmt.inference.engine import SearchOptions, TranslationError, Translator
 from nmt.inference.rerank import from_settings as load_rerank
 from nmt.serve.batcher import MicroBatcher
-from nmt.serve.requests import (
-    RequestError,
-    check_lengths,
-    check_media_type,
-    parse_translate_request,
-    read_body,
-)
+from nmt.serve.requests import RequestError, check_lengths, check_media_type, parse_translate_request, read_body
 from nmt.serve.settings import LIMITS, ServeSettings, allowed_hosts, check_serve_settings
 
 log = logging.getLogger(__name__)
@@ -163,11 +157,9 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
 async def http_error(request: Request, error: Exception) -> Response:
     """Starlette's own errors (404, 405) as JSON, naming the endpoints."""
     assert isinstance(error, HTTPException)
-    if error.status_code == 404:
-        return error_response(404, f"no endpoint at {request.url.path}; the endpoints are {ENDPOINTS}")
-    if error.status_code == 405:
-        return error_response(405, f"{request.method} is not allowed on {request.url.path}; the endpoints are "
-                                   f"{ENDPOINTS}")
+    wrong = {404: "no endpoint at", 405: f"{request.method} is not allowed on"}.get(error.status_code)
+    if wrong:
+        return error_response(error.status_code, f"{wrong} {request.url.path}; the endpoints are {ENDPOINTS}")
     return error_response(error.status_code, str(error.detail))
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import contextlib
 import dataclasses
+import itertools
 import logging
 import math
 import time
@@ -15,16 +17,12 @@ from typing import Any
 
 from nmt.inference.engine import SearchOptions, Translator
 from nmt.inference.rerank import Rerank
-from nmt.serve.requests import (
-    RequestError,
-)
+from nmt.serve.requests import RequestError
 
 log = logging.getLogger(__name__)
 
 
 OVERLOAD_MEMORY_S = 5.0
-
-
 """/health says "overloaded" for this long after the last 503, so a probe between two bursts still sees it."""
 
 
@@ -47,12 +45,7 @@ class _Job:
 
     def slice_size(self, budget: int) -> int:
         """How many of the remaining sentences fit in ``budget`` (at least one)."""
-        count, total = 0, 0
-        for cost in self.costs[len(self.results):]:
-            if count and total + cost > budget:
-                break
-            count, total = count + 1, total + cost
-        return count
+        return max(1, bisect.bisect_right(list(itertools.accumulate(self.costs[len(self.results):])), budget))
 
 
 def new_engine_thread() -> ThreadPoolExecutor:
@@ -217,7 +210,7 @@ class MicroBatcher:
             results = await self._run_on_worker(sentences, key)
         except Exception as error:
             if len(pieces) == 1:
-                _settle(pieces[0][0].future, error=error)
+                _fail(pieces[0][0].future, error)
                 return
             # one request can break a shared search (an input the model chokes on): each request is decoded
             # again on its own, so its batch-mates get their answers and only the culprit gets the error
@@ -227,7 +220,7 @@ class MicroBatcher:
                     try:
                         self._deliver(job, await self._run_on_worker(job.sentences[len(job.results):][:n], key))
                     except Exception as alone:  # noqa: BLE001 - handed to that request's handler
-                        _settle(job.future, error=alone)
+                        _fail(job.future, alone)
             return
         start = 0
         for job, n in pieces:
@@ -269,11 +262,7 @@ class MicroBatcher:
         self._executor.shutdown(wait=True)
 
 
-def _settle(future: asyncio.Future[Any], result: Any = None, error: BaseException | None = None) -> None:
-    """Hand a job its result or error, unless its client has gone (a cancelled future)."""
-    if future.done():
-        return
-    if error is not None:
+def _fail(future: asyncio.Future[Any], error: BaseException) -> None:
+    """Hand a job its error, unless its client has gone (a cancelled future)."""
+    if not future.done():
         future.set_exception(error)
-    else:
-        future.set_result(result)

@@ -109,7 +109,7 @@ def parse_translate_request(body: bytes, limits: Any, defaults: SearchOptions) -
         raise RequestError(413, f"the request has {len(sentences)} sentences; the limit is "
                                 f"max_sentences={limits.max_sentences}")
     for number, sentence in enumerate(sentences, start=1):
-        if not _encodable(sentence):
+        if _escaped(sentence) != sentence:  # it holds a lone surrogate, which JSON escapes can make, UTF-8 cannot hold
             raise RequestError(422, f"sentence {number} holds a lone surrogate (an unpaired \\ud800-\\udfff "
                                     "escape), which is not text; send valid Unicode")
         words = len(sentence.split())
@@ -168,15 +168,6 @@ def _finite_float(literal: str) -> float:
 
 def _refuse_constant(name: str) -> None:
     raise RequestError(422, f"{name} is not a JSON number; every number must be finite")
-
-
-def _encodable(text: str) -> bool:
-    """False for a string with a lone surrogate, which JSON escapes can make but UTF-8 cannot hold."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _escaped(message: str) -> str:

@@ -1,15 +1,11 @@
-"""Running the app under uvicorn: the socket, per-connection deadlines, shutdown, and a server in a thread."""
+"""Running the app under uvicorn: the socket, per-connection deadlines and shutdown."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import socket
-import threading
-import time
-from collections.abc import Iterator
 
 import h11
 import uvicorn
@@ -129,23 +125,3 @@ def serve_main(cfg: DictConfig) -> None:
 def _exit_after_shutdown(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
-
-@contextlib.contextmanager
-def serve_in_thread(app: Starlette) -> Iterator[str]:
-    """Run ``app`` (``create_app``) with uvicorn on a background thread, on a free port of 127.0.0.1 (tests);
-    yields its base URL."""
-    sock = bind_socket("127.0.0.1", 0)  # 0: the system chooses the port
-    server = uvicorn.Server(uvicorn_config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="uvicorn")
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the server thread did not start; see its log above")
-            time.sleep(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()

@@ -15,9 +15,7 @@ from uvicorn.config import LOG_LEVELS
 from nmt.common.settings import ConfigError
 from nmt.inference.engine import EngineSettings, SearchOptions
 from nmt.inference.rerank import RerankSettings, check_weights
-from nmt.serve.requests import (
-    TOO_LONG_CHOICES,
-)
+from nmt.serve.requests import TOO_LONG_CHOICES
 
 LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
 
@@ -58,6 +56,7 @@ LIMITS = ("max_body_bytes", "max_sentences", "max_sentence_words", "max_subwords
 
 
 POSITIVE = (*LIMITS, "batch_sentences", "slice_subwords", "max_queued_sentences", "max_connections", "keep_alive_s")
+FINITE = {"batch_wait_ms": 0.0, "shutdown_timeout_s": 0.0, "request_timeout_s": 0.1, "max_queue_wait_s": 0.1}  # lowest
 
 
 def check_serve_settings(settings: Any) -> SearchOptions:
@@ -68,20 +67,17 @@ def check_serve_settings(settings: Any) -> SearchOptions:
         TranslationError: a search option the Translator refuses.
     """
     search = SearchOptions.from_settings(settings)
-    for name in POSITIVE:
+    rules = [(name, int, 1, math.inf, "must be a whole number >= 1") for name in POSITIVE]  # types, range, message
+    rules += [(name, (int, float), low, math.inf, f"must be a finite number >= {low:g}")
+              for name, low in FINITE.items()]
+    rules.append(("port", int, 0, 65536, "is not a TCP port; choose one from 0 to 65535 (0: any free port)"))
+    for name, kind, low, high, rule in rules:
         value = getattr(settings, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name}={value} must be a whole number >= 1")
+        if isinstance(value, bool) or not isinstance(value, kind) or not low <= value < high:
+            raise ConfigError(f"{name}={value} {rule}")
     if search.beam_size > settings.max_beam_size:
         raise ConfigError(f"beam_size={search.beam_size} is over max_beam_size={settings.max_beam_size}; "
                           "raise max_beam_size or lower beam_size")
-    for name, low in (("batch_wait_ms", 0.0), ("shutdown_timeout_s", 0.0), ("request_timeout_s", 0.1),
-                      ("max_queue_wait_s", 0.1)):
-        value = getattr(settings, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < math.inf:
-            raise ConfigError(f"{name}={value} must be a finite number >= {low:g}")
-    if isinstance(settings.port, bool) or not isinstance(settings.port, int) or not 0 <= settings.port <= 65535:
-        raise ConfigError(f"port={settings.port} is not a TCP port; choose one from 0 to 65535 (0: any free port)")
     _check_host(settings.host)
     if str(settings.log_level).lower() not in LOG_LEVELS:
         raise ConfigError(f"log_level={settings.log_level} is not a log level; choose one of {', '.join(LOG_LEVELS)}")
