@@ -49,10 +49,7 @@ class Ensemble(nn.Module):
         if len(vocab_sizes) > 1:
             raise ValueError(f"ensemble members have different target vocabularies: {sorted(vocab_sizes)}")
         self.members = nn.ModuleList(models)
-
-    @property
-    def has_attention(self) -> bool:
-        return any(model.has_attention for model in self.members)
+        self.has_attention = any(model.has_attention for model in models)
 
     def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[EnsembleMemory, EnsembleState]:
         """src ``[R, S]``, src_lengths ``[R]`` -> every member's memory and initial decoder state."""

@@ -177,10 +177,7 @@ class Decoder(nn.Module):
         G > 1 (beam hypotheses in consecutive rows) a source's G queries attend to its one copy of the memory together.
         """
         sources = memory.enc_out.shape[0]
-        group = query.shape[0] // sources
-        if group == 1:
-            return self.attention(query, memory.enc_out, memory.enc_out, memory.src_mask, memory.prepared_keys)
-        queries = query.view(sources, group, -1)  # [B, G, Hd]
+        queries = query.view(sources, query.shape[0] // sources, -1)  # [B, G, Hd]
         context, weights = self.attention(queries, memory.enc_out, memory.enc_out, memory.src_mask,
                                           memory.prepared_keys)  # [B, G, C], [B, G, S]
         return context.reshape(query.shape[0], -1), weights.reshape(query.shape[0], -1)
@@ -241,23 +238,9 @@ class Seq2Seq(nn.Module):
     as in ``Decoder``, with no defaults here: their one home is configs/model/default.yaml (``from_config``).
     """
 
-    def __init__(
-        self,
-        src_vocab_size: int,
-        tgt_vocab_size: int,
-        attention: Attention,
-        *,
-        emb_size: int,
-        enc_hidden_size: int,
-        dec_hidden_size: int,
-        enc_layers: int,
-        dec_layers: int,
-        dropout: float,
-        tie_embeddings: bool,
-        output_hidden_size: int | None,
-        layer_norm: bool,
-        pad_id: int = 0,
-    ) -> None:
+    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, attention: Attention, *, emb_size: int,
+                 enc_hidden_size: int, dec_hidden_size: int, enc_layers: int, dec_layers: int, dropout: float,
+                 tie_embeddings: bool, output_hidden_size: int | None, layer_norm: bool, pad_id: int = 0) -> None:
         super().__init__()
         self.encoder = Encoder(src_vocab_size, emb_size, enc_hidden_size, enc_layers, dropout, pad_id)
         self.decoder = Decoder(tgt_vocab_size, emb_size, dec_hidden_size, self.encoder.output_size, dec_layers, dropout,
@@ -319,16 +302,9 @@ class SearchModel(nn.Module):
     def __init__(self, model: Seq2Seq) -> None:
         super().__init__()
         self.model = model
+        self.has_attention, self.vocab_size = model.has_attention, model.vocab_size
         with torch.no_grad():
             self.gate_table = model.decoder.gate_table()  # [V, 3Hd], in the autocast dtype when built under it
-
-    @property
-    def has_attention(self) -> bool:
-        return self.model.has_attention
-
-    @property
-    def vocab_size(self) -> int:
-        return self.model.vocab_size
 
     def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[EncoderMemory, Tensor]:
         """As ``Seq2Seq.encode``, with the gate table in the memory."""

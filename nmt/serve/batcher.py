@@ -36,8 +36,8 @@ class _Job:
     results: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # of its first sentences, so far
 
     @property
-    def left(self) -> int:
-        return len(self.sentences) - len(self.results)
+    def todo(self) -> list[str]:
+        return self.sentences[len(self.results):]
 
     @property
     def cost_left(self) -> int:
@@ -111,9 +111,9 @@ class MicroBatcher:
         """Requests waiting for the worker (not the batch it is decoding)."""
         return sum(not job.future.done() for job in self._pending)
 
-    @property
-    def queued_sentences(self) -> int:
-        return sum(job.left for job in self._pending if not job.future.done())
+    def queued_sentences(self, key: tuple[SearchOptions, bool] | None = None) -> int:
+        """Sentences waiting for the worker (of the requests with this ``key``, if given)."""
+        return sum(len(job.todo) for job in self._pending if not job.future.done() and key in (None, job.key))
 
     def seconds_per_sentence(self) -> float:
         """The worker's mean decoding time per sentence so far (0 before the first batch)."""
@@ -128,7 +128,7 @@ class MicroBatcher:
         Raises:
             RequestError: 503 with ``Retry-After``: the queued work in seconds (1-60).
         """
-        queued = self.queued_sentences
+        queued = self.queued_sentences()
         wait_s = (queued + sentences) * self.seconds_per_sentence()
         if queued > 0 and (queued + sentences > max_queued or wait_s > max_wait_s):
             self._last_overload = time.monotonic()
@@ -141,12 +141,12 @@ class MicroBatcher:
     def counters(self) -> dict[str, Any]:
         """What the queue has done and holds, for ``/health``."""
         return {"abandoned": self.abandoned, "sentences": self.sentences, "batches": self.batches,
-                "queued": self.queued, "queued_sentences": self.queued_sentences,
+                "queued": self.queued, "queued_sentences": self.queued_sentences(),
                 "busy_seconds": round(self.busy_seconds, 3)}
 
     def overloaded(self, max_queued: int, max_wait_s: float = math.inf) -> bool:
         """The queue is full, or refused a request within the last ``OVERLOAD_MEMORY_S``."""
-        queued = self.queued_sentences
+        queued = self.queued_sentences()
         return (queued >= max_queued or queued * self.seconds_per_sentence() >= max_wait_s
                 or time.monotonic() - self._last_overload < OVERLOAD_MEMORY_S)
 
@@ -162,8 +162,8 @@ class MicroBatcher:
         self.abandoned += len(self._pending) - len(live)
         self._pending = live
 
-    async def _next_batch(self) -> list[tuple[_Job, int]]:
-        """The next batch: (job, how many of its remaining sentences) pairs, taken out of the queue."""
+    async def _next_batch(self) -> list[tuple[_Job, list[str]]]:
+        """The next batch: (job, the next of its sentences) pairs, taken out of the queue."""
         loop = asyncio.get_running_loop()
         while True:
             self._drop_abandoned()
@@ -174,7 +174,7 @@ class MicroBatcher:
         first = self._pending[0]
         if first.cost_left > self.slice_subwords:  # a large request: one slice, alone, at once
             self._pending.popleft()
-            return [(first, first.slice_size(self.slice_subwords))]
+            return [(first, first.todo[:first.slice_size(self.slice_subwords)])]
         # The window opens when the worker is free, not only when the first job came: under load the clients
         # answered a moment ago are about to send again, and a batch that waits for them holds all the
         # clients instead of half of them (at idle the worker has long been free: the first job's time rules).
@@ -182,29 +182,26 @@ class MicroBatcher:
         # ... and it closes early once as many sentences wait as the last batch held: under steady load that
         # is every client, and a lone request at idle (last batch: 1) does not wait at all.
         enough = min(self.batch_sentences, self._last_batch_sentences or self.batch_sentences)
-        while self._same_key_sentences(first.key) < enough and loop.time() < deadline:
+        while self.queued_sentences(first.key) < enough and loop.time() < deadline:
             self._arrival.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._arrival.wait(), deadline - loop.time())
         self._drop_abandoned()
-        pieces: list[tuple[_Job, int]] = []
+        pieces: list[tuple[_Job, list[str]]] = []
         count, rest = 0, collections.deque()
         for job in self._pending:  # in arrival order: the first small job always, then others that fit
             small = job.cost_left <= self.slice_subwords
-            if small and job.key == first.key and (not pieces or count + job.left <= self.batch_sentences):
-                pieces.append((job, job.left))
-                count += job.left
+            if small and job.key == first.key and (not pieces or count + len(job.todo) <= self.batch_sentences):
+                pieces.append((job, job.todo))
+                count += len(job.todo)
             else:
                 rest.append(job)
         self._pending = rest
         return pieces
 
-    def _same_key_sentences(self, key: tuple[SearchOptions, bool]) -> int:
-        return sum(job.left for job in self._pending if job.key == key and not job.future.done())
-
-    async def _decode(self, pieces: list[tuple[_Job, int]]) -> None:
+    async def _decode(self, pieces: list[tuple[_Job, list[str]]]) -> None:
         key = pieces[0][0].key
-        sentences = [s for job, n in pieces for s in job.sentences[len(job.results):len(job.results) + n]]
+        sentences = [sentence for _, part in pieces for sentence in part]
         self._last_batch_sentences = len(sentences)
         try:
             results = await self._run_on_worker(sentences, key)
@@ -215,24 +212,23 @@ class MicroBatcher:
             # one request can break a shared search (an input the model chokes on): each request is decoded
             # again on its own, so its batch-mates get their answers and only the culprit gets the error
             log.warning("a batch of %d requests failed (%r); decoding them one at a time", len(pieces), error)
-            for job, n in pieces:
+            for job, part in pieces:
                 if not job.future.done():
                     try:
-                        self._deliver(job, await self._run_on_worker(job.sentences[len(job.results):][:n], key))
+                        self._deliver(job, await self._run_on_worker(part, key))
                     except Exception as alone:  # noqa: BLE001 - handed to that request's handler
                         _fail(job.future, alone)
             return
-        start = 0
-        for job, n in pieces:
-            self._deliver(job, results[start:start + n])
-            start += n
+        answers = iter(results)
+        for job, part in pieces:
+            self._deliver(job, list(itertools.islice(answers, len(part))))
 
     def _deliver(self, job: _Job, results: list[dict[str, Any]]) -> None:
         """Add a slice's results to its job: the answer when it was the last slice, else back into the queue."""
         if job.future.done():  # its client has gone
             return
         job.results.extend(results)
-        if job.left:
+        if job.todo:
             self._pending.append(job)  # behind the requests that came while this slice was decoded
             self._arrival.set()
         else:
