@@ -99,12 +99,9 @@ def provenance_record(translator: Translator) -> dict[str, Any]:
     sources = [{"checkpoint": str(path), "sha256": sha256_of(path),
                 "results": recorded_results(path) if path.name in ("best.pt", HUB_WEIGHTS_FILE) else None}
                for path in translator.checkpoints]
-    return {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": command_line("export.py"),
-        "sources": sources,
-        "versions": {**library_versions(), **{name: _version(name) for name in ("onnx", "onnxruntime", "safetensors")}},
-    }
+    versions = {**library_versions(), **{name: _version(name) for name in ("onnx", "onnxruntime", "safetensors")}}
+    date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return {"date": date, "command": command_line("export.py"), "sources": sources, "versions": versions}
 
 
 def _version(distribution: str) -> str | None:

@@ -41,15 +41,13 @@ def write_onnx_folder(translator: Translator, folder: Path, search: SearchOption
         entries.append({"graphs": files, "attention": (config.get("attention") or {}).get("name")})
     tokenizer_files = [path.name for path in translator.tokenizer.save(folder)]
     data = translator.configs[0].get("data") or {}
-    manifest = {
+    return write_json_durably(folder / MANIFEST, {
         "format": FORMAT, "format_version": FORMAT_VERSION, "src_lang": data.get("src_lang"),
         "tgt_lang": data.get("tgt_lang"),
         "tokenizer": {"source": tokenizer_files[0], "target": tokenizer_files[-1],
                       "source_tags": list(translator.tokenizer.tags)},
         "max_input_words": translator.max_input_words, "search": asdict(search), "members": entries,
-        "int8": int8, "opset": OPSET, "provenance": provenance,
-    }
-    return write_json_durably(folder / MANIFEST, manifest)
+        "int8": int8, "opset": OPSET, "provenance": provenance})
 
 
 def quantize_int8(path: Path) -> None:

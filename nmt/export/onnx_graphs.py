@@ -147,6 +147,10 @@ def _add_top_k(path: Path, vocab: int) -> None:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
+    def values_and_indices(values: str, indices: str, shape: list[int | None]) -> list[onnx.ValueInfoProto]:
+        return [helper.make_tensor_value_info(values, TensorProto.FLOAT, shape),
+                helper.make_tensor_value_info(indices, TensorProto.INT64, shape)]
+
     model = onnx.load(str(path))
     graph = model.graph
     blocked = np.zeros(vocab, dtype=np.float32)
@@ -154,25 +158,20 @@ def _add_top_k(path: Path, vocab: int) -> None:
     graph.initializer.extend([numpy_helper.from_array(blocked, "blocked_tokens"),
                               numpy_helper.from_array(np.zeros(1, dtype=np.int64), "zero_k")])
     graph.input.append(helper.make_tensor_value_info("top_k", TensorProto.INT64, [1]))
-    outputs = [helper.make_tensor_value_info("top_log_probs", TensorProto.FLOAT, [None, None]),
-               helper.make_tensor_value_info("top_tokens", TensorProto.INT64, [None, None])]
     with_top_k = helper.make_graph([
         helper.make_node("Add", ["log_probs", "blocked_tokens"], ["log_probs_blocked"], name="BlockTokens"),
         helper.make_node("TopK", ["log_probs_blocked", "top_k"], ["top_values", "top_indices"], name="RowTopK",
                          axis=-1, largest=1, sorted=1),
-    ], "with_top_k", [], [helper.make_tensor_value_info("top_values", TensorProto.FLOAT, [None, None]),
-                          helper.make_tensor_value_info("top_indices", TensorProto.INT64, [None, None])])
+    ], "with_top_k", [], values_and_indices("top_values", "top_indices", [None, None]))
     empty = [numpy_helper.from_array(np.zeros((0, 0), dtype=dtype), name)
              for dtype, name in ((np.float32, "no_values"), (np.int64, "no_indices"))]
     without = helper.make_graph([helper.make_node("Constant", [], [tensor.name], value=tensor) for tensor in empty],
-                                "without_top_k", [],
-                                [helper.make_tensor_value_info("no_values", TensorProto.FLOAT, [0, 0]),
-                                 helper.make_tensor_value_info("no_indices", TensorProto.INT64, [0, 0])])
+                                "without_top_k", [], values_and_indices("no_values", "no_indices", [0, 0]))
     graph.node.extend([
         helper.make_node("Greater", ["top_k", "zero_k"], ["wants_top_k"], name="WantsTopK"),
         helper.make_node("If", ["wants_top_k"], ["top_log_probs", "top_tokens"], name="TopKIfAsked",
                          then_branch=with_top_k, else_branch=without),
     ])
-    graph.output.extend(outputs)
+    graph.output.extend(values_and_indices("top_log_probs", "top_tokens", [None, None]))
     onnx.checker.check_model(model)
     onnx.save(model, str(path))

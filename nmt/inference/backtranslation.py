@@ -39,13 +39,7 @@ from nmt.data.synthetic import (
     writing,
 )
 from nmt.data.text import STRICT_UTF8, iter_decoded
-from nmt.inference.engine import (
-    EngineSettings,
-    SamplingOptions,
-    SearchOptions,
-    Translator,
-    resolve_max_input_words,
-)
+from nmt.inference.engine import EngineSettings, SamplingOptions, SearchOptions, Translator, resolve_max_input_words
 from nmt.model.checkpoint import CheckpointError, resolve_checkpoint
 
 log = logging.getLogger(__name__)
@@ -125,13 +119,10 @@ def settings_as_arguments(cfg: DictConfig) -> list[str]:
 
 def search_record(method: str, search: SearchOptions, sampling: SamplingOptions | None) -> dict[str, Any]:
     """The options that decide the output, for provenance.json (what ``method`` does not use is left out)."""
-    record: dict[str, Any] = {"method": method}
-    if sampling is None:
-        record.update(beam_size=search.beam_size, length_penalty=search.length_penalty)
-    else:
-        record.update(asdict(sampling), seed_per_chunk="seed + chunk number (0-based)")
-    record.update(max_len=search.max_len, max_len_ratio=search.max_len_ratio, batch_tokens=search.batch_tokens)
-    return record
+    used = ({"beam_size": search.beam_size, "length_penalty": search.length_penalty} if sampling is None
+            else {**asdict(sampling), "seed_per_chunk": "seed + chunk number (0-based)"})
+    return {"method": method, **used, "max_len": search.max_len, "max_len_ratio": search.max_len_ratio,
+            "batch_tokens": search.batch_tokens}
 
 
 # ---------------------------------------------------------------------------------------------- Input
@@ -215,16 +206,6 @@ def translate_chunk(translator: Translator, lines: list[str], chunk_index: int, 
 
 
 # ----------------------------------------------------------------------------------------- The output
-def job_record(text: InputText, models: list[dict[str, str]], tgt: str, job: dict[str, Any],
-               argv: list[str] | None, direction: str) -> dict[str, Any]:
-    """provenance.json of a job not started yet: ``job`` (what a resume must match) and what people read."""
-    first_run = provenance("backtranslate.py", argv)  # date, command, host, library versions
-    return new_record(direction, text.lang, tgt, first_run, input={**asdict(text), "path": str(text.path)},
-                      models=models, model_languages={"src": text.lang, "tgt": tgt}, job=job,
-                      lines={"input": text.lines, "done": 0, "translated": 0, "empty": 0, "over_long": 0,
-                             "empty_translations": 0})
-
-
 def backtranslate(cfg: DictConfig, argv: list[str] | None = None) -> dict[str, Any]:
     """Back-translate ``cfg.input`` into ``cfg.output`` (the composed ``backtranslate`` config), or resume it.
 
@@ -260,8 +241,13 @@ def backtranslate(cfg: DictConfig, argv: list[str] | None = None) -> dict[str, A
     try:
         check_output_folder(out)
         with writing(out, f"backtranslate.py (pid {os.getpid()})"):
-            argv = settings_as_arguments(cfg) if argv is None else argv
-            record = prepare_output(out, job_record(text, models, tgt, job, argv, cfg.direction))
+            # provenance.json of a job not started yet: the job and what people read (date, command, host, ...)
+            first_run = provenance("backtranslate.py", settings_as_arguments(cfg) if argv is None else argv)
+            record = prepare_output(out, new_record(
+                cfg.direction, text.lang, tgt, first_run, input={**asdict(text), "path": str(text.path)},
+                models=models, model_languages={"src": text.lang, "tgt": tgt}, job=job,
+                lines={"input": text.lines, "done": 0, "translated": 0, "empty": 0, "over_long": 0,
+                       "empty_translations": 0}))
             if record is None:
                 log.info("%s already holds this %s-translation, complete: nothing to do", out, cfg.direction)
                 return {"output": str(out), "status": "complete", "lines": text.lines, "done": text.lines,

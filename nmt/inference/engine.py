@@ -219,12 +219,8 @@ class Translation:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: ``{"text", "score", "nbest": [{"text", "score"}], "attention": {...} | None}``."""
-        return {
-            "text": self.text,
-            "score": self.score,
-            "nbest": [asdict(c) for c in self.nbest],
-            "attention": asdict(self.attention) if self.attention is not None else None,
-        }
+        return {"text": self.text, "score": self.score, "nbest": [asdict(c) for c in self.nbest],
+                "attention": asdict(self.attention) if self.attention is not None else None}
 
 
 class Translator:
@@ -240,16 +236,9 @@ class Translator:
         checkpoints: the checkpoint files the models came from, if any.
     """
 
-    def __init__(
-        self,
-        models: Seq2Seq | Sequence[Seq2Seq],
-        tokenizer: Tokenizer,
-        *,
-        precision: str = "auto",
-        max_input_words: int | None = None,
-        configs: Sequence[dict[str, Any]] = (),
-        checkpoints: Sequence[Path] = (),
-    ) -> None:
+    def __init__(self, models: Seq2Seq | Sequence[Seq2Seq], tokenizer: Tokenizer, *, precision: str = "auto",
+                 max_input_words: int | None = None, configs: Sequence[dict[str, Any]] = (),
+                 checkpoints: Sequence[Path] = ()) -> None:
         self.models = [models] if isinstance(models, Seq2Seq) else list(models)
         self.device = next(self.models[0].parameters()).device
         self.precision = _checked_device(self.device, precision)[1]
@@ -265,13 +254,8 @@ class Translator:
         self.search_calls = 0  # one per decoded batch: lets a server show how well it batches
 
     @classmethod
-    def from_checkpoint(
-        cls,
-        path: str | Path | Sequence[str | Path],
-        device: str | torch.device = "auto",
-        precision: str = "auto",
-        max_input_words: int | str | None = "auto",
-    ) -> Translator:
+    def from_checkpoint(cls, path: str | Path | Sequence[str | Path], device: str | torch.device = "auto",
+                        precision: str = "auto", max_input_words: int | str | None = "auto") -> Translator:
         """Load a run dir or ``.pt`` file, or a list of them (an ensemble).
 
         Args:
@@ -294,12 +278,10 @@ class Translator:
             log.warning(warning)
         configure_matmul(precision, device)
         files = [resolve_checkpoint(p) for p in paths]
-        loaded = [load_for_inference(f, device=device) for f in files]
-        _check_members(files, [tok for _, tok, _ in loaded], [cfg for _, _, cfg in loaded])
-        configs = [cfg for _, _, cfg in loaded]
-        return cls([model for model, _, _ in loaded], loaded[0][1], precision=precision,
-                   max_input_words=resolve_max_input_words(max_input_words, configs), configs=configs,
-                   checkpoints=files)
+        models, tokenizers, configs = zip(*(load_for_inference(f, device=device) for f in files))
+        _check_members(files, tokenizers, configs)
+        return cls(models, tokenizers[0], precision=precision, configs=configs, checkpoints=files,
+                   max_input_words=resolve_max_input_words(max_input_words, configs))
 
     @classmethod
     def from_pretrained(cls, name: str | Path, device: str | torch.device = "auto", precision: str = "auto",
@@ -370,25 +352,17 @@ class Translator:
         searched = search if rerank is None else replace(
             search, n_best=max(search.n_best, rerank.checked(search.beam_size).n_best))
         results = self.translate_ids(src_ids, searched, progress=progress, attention=attention, sampling=sampling)
-        if rerank is not None:
-            results = self._rerank(rerank, sentences, src_ids, results, search.n_best)
+        if rerank is not None:  # the non-empty sentences' n-best lists reranked, cut to n_best
+            lines, _ = truncate_words([sentence.strip() for sentence in sentences], self.max_input_words)
+            todo = [i for i, ids in enumerate(src_ids) if ids]
+            texts = [[self.tokenizer.decode_tgt(h.tokens) for h in results[i]] for i in todo]
+            for i, hyps in zip(todo, rerank.rerank([lines[i] for i in todo], [results[i] for i in todo], texts)):
+                results[i] = hyps[:search.n_best]
         return [self._result(ids, nbest, attention) for ids, nbest in zip(src_ids, results)]
 
-    def _rerank(self, rerank: NbestReranker, sentences: Sequence[str], src_ids: list[list[int]],
-                results: list[list[Hypothesis]], n_best: int) -> list[list[Hypothesis]]:
-        """The non-empty sentences' n-best lists reranked, cut to ``n_best``."""
-        lines, _ = truncate_words([sentence.strip() for sentence in sentences], self.max_input_words)
-        todo = [i for i, ids in enumerate(src_ids) if ids]
-        texts = [[self.tokenizer.decode_tgt(h.tokens) for h in results[i]] for i in todo]
-        reranked = rerank.rerank([lines[i] for i in todo], [results[i] for i in todo], texts)
-        for i, hyps in zip(todo, reranked):
-            results[i] = hyps[:n_best]
-        return results
-
-    def translate_ids(
-        self, src_ids: Sequence[Sequence[int]], options: SearchOptions | None = None, progress: bool = False,
-        attention: bool = True, sampling: SamplingOptions | None = None,
-    ) -> list[list[Hypothesis]]:
+    def translate_ids(self, src_ids: Sequence[Sequence[int]], options: SearchOptions | None = None,
+                      progress: bool = False, attention: bool = True, sampling: SamplingOptions | None = None
+                      ) -> list[list[Hypothesis]]:
         """Decode encoded sentences (ids without EOS; an empty one gives one empty hypothesis) in length-sorted token
         batches; per sentence, up to ``n_best`` hypotheses (one when sampling), best first, in input order.
         ``attention`` keeps each hypothesis' subword attention (validation's heatmaps read it); when ``sampling``,
@@ -455,27 +429,17 @@ class Translator:
         names = {(cfg.get("attention") or {}).get("name", "?") for cfg in self.configs} or {"?"}
         return "+".join(sorted(names))
 
-    def _recorded_bleu(self) -> dict[str, float] | None:
-        """Test BLEU per test set that a single model's run recorded (None for ensembles or when absent)."""
-        results = recorded_results(self.checkpoints[0]) if len(self.checkpoints) == 1 else None
-        scores = {name: entry.get("bleu") for name, entry in (results or {"test": {}})["test"].items()
-                  if isinstance(entry, dict)}
-        return {name: float(bleu) for name, bleu in scores.items() if isinstance(bleu, (int, float))} or None
-
     def info(self) -> dict[str, Any]:
         """What a client may want to know: attention type, languages, size, and the run's test BLEU if recorded."""
         data = (self.configs[0].get("data") or {}) if self.configs else {}
-        return {
-            "attention": self.attention_name,
-            "src_lang": data.get("src_lang"),
-            "tgt_lang": data.get("tgt_lang"),
-            "parameters": sum(count_parameters(model) for model in self.models),
-            "models": len(self.models),
-            "checkpoints": [str(path) for path in self.checkpoints],
-            "bleu": self._recorded_bleu(),  # {test set: BLEU} or None
-            "device": str(self.device),
-            "precision": self.precision,
-        }
+        results = recorded_results(self.checkpoints[0]) if len(self.checkpoints) == 1 else None  # not an ensemble's
+        tests = {name: entry.get("bleu") for name, entry in (results or {"test": {}})["test"].items()
+                 if isinstance(entry, dict)}
+        bleu = {name: float(score) for name, score in tests.items() if isinstance(score, (int, float))} or None
+        return {"attention": self.attention_name, "src_lang": data.get("src_lang"), "tgt_lang": data.get("tgt_lang"),
+                "parameters": sum(count_parameters(model) for model in self.models), "models": len(self.models),
+                "checkpoints": [str(path) for path in self.checkpoints], "bleu": bleu,  # {test set: BLEU} or None
+                "device": str(self.device), "precision": self.precision}
 
 
 def _plain(value: Any) -> Any:
@@ -513,7 +477,7 @@ def _checked_device(device: str | torch.device, precision: str) -> tuple[torch.d
         raise TranslationError(str(error)) from None
 
 
-def _check_members(files: list[Path], tokenizers: list[Tokenizer], configs: list[dict[str, Any]]) -> None:
+def _check_members(files: list[Path], tokenizers: Sequence[Tokenizer], configs: Sequence[dict[str, Any]]) -> None:
     """Refuse an ensemble whose members would not read and write the same subwords and languages."""
     for path, tokenizer, config in zip(files[1:], tokenizers[1:], configs[1:]):
         if tokenizer.fingerprint != tokenizers[0].fingerprint:

@@ -74,10 +74,8 @@ class NoisyChannel:
             batch = collate_batch([(k, y_ids[k], x_ids[owners[k]]) for k in rows]).to(self.reverse.device)
             for k, score in zip(rows, self._batch_scores(batch).tolist()):
                 flat[k] = score
-        scores: list[list[float]] = [[] for _ in candidates]
-        for k, owner in enumerate(owners):
-            scores[owner].append(flat[k])
-        return scores
+        scores = iter(flat)  # in the order of owners: each source's candidates in turn
+        return [[next(scores) for _ in cands] for cands in candidates]
 
     def _batch_scores(self, batch: Batch) -> torch.Tensor:
         """Teacher-forced log P(tgt_out | src) per row ``[R]``, the mean over the reverse models."""

@@ -80,9 +80,7 @@ def format_output(result: Translation, n_best: int) -> str:
     if not result.src_ids:  # an empty input line stays an empty output line, n-best or not
         return ""
     texts = [c.text.replace("\n", " ").replace("\t", " ") for c in result.nbest]
-    if n_best == 1:
-        return texts[0]
-    return "\t".join(f"{text}\t{c.score:.4f}" for text, c in zip(texts, result.nbest))
+    return texts[0] if n_best == 1 else "\t".join(f"{text}\t{c.score:.4f}" for text, c in zip(texts, result.nbest))
 
 
 def _open_output(path: str) -> AbstractContextManager[IO[str]]:
@@ -92,9 +90,8 @@ def _open_output(path: str) -> AbstractContextManager[IO[str]]:
         if encoding != "utf8" and hasattr(stream, "reconfigure"):
             stream.reconfigure(encoding="utf-8")
         return nullcontext(stream)  # writing must not close stdout
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return open(out, "w", encoding="utf-8", newline="\n")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "w", encoding="utf-8", newline="\n")
 
 
 def check_writable(path: str, key: str, folder: bool = False) -> None:
@@ -137,10 +134,9 @@ def _write_attention(cfg: DictConfig, translator: Translator, lines: list[str], 
         save_attention_png(Path(cfg.attention_dir) / f"{lineno:0{digits}d}.png", weights, src_labels, tgt_labels,
                            title=title)
     if cfg.alignments:
-        path = Path(cfg.alignments)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join((r.attention.alignment if r.attention else "") + "\n" for r in results),
-                        encoding="utf-8")
+        Path(cfg.alignments).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.alignments).write_text("".join((r.attention.alignment if r.attention else "") + "\n" for r in results),
+                                        encoding="utf-8")
 
 
 def translate_main(cfg: DictConfig) -> dict[str, Any]:
@@ -162,10 +158,8 @@ def translate_main(cfg: DictConfig) -> dict[str, Any]:
     rerank = from_settings(cfg.rerank, translator)
     wants_attention = bool(cfg.attention_dir or cfg.alignments)
     if wants_attention and not translator.has_attention:
-        raise TranslationError(
-            f"attention_dir and alignments need attention weights, but this model was trained with "
-            f"attention={translator.attention_name}, which has none; drop those options"
-        )
+        raise TranslationError(f"attention_dir and alignments need attention weights, but this model was trained "
+                               f"with attention={translator.attention_name}, which has none; drop those options")
     input_path = str(cfg.input)
     interactive = input_path == STDIO and str(cfg.output) == STDIO and sys.stdin.isatty()
     if interactive and not (cfg.reference or wants_attention):
@@ -183,8 +177,7 @@ def translate_main(cfg: DictConfig) -> dict[str, Any]:
                                    **asdict(options))
     seconds = time.perf_counter() - start
     with _open_output(str(cfg.output)) as out:
-        for result in results:
-            out.write(format_output(result, options.n_best) + "\n")
+        out.writelines(format_output(result, options.n_best) + "\n" for result in results)
         out.flush()
     if wants_attention:
         _write_attention(cfg, translator, lines, results)

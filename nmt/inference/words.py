@@ -18,12 +18,8 @@ UNK_TEXT = "\u2047"  # ⁇, what SentencePiece decodes <unk> to
 
 def as_array(weights: Tensor | np.ndarray, tgt: Sequence[str], src: Sequence[str], what: str) -> np.ndarray:
     """``weights`` as a float64 ``[T, S]`` array, checked against T target and S source ``what`` (pieces, labels)."""
-    if isinstance(weights, Tensor):
-        weights = weights.detach().float().cpu().numpy()
-    array = np.asarray(weights, dtype=np.float64)
-    if array.ndim != 2:
-        raise ValueError(f"attention weights must be a [T, S] matrix, got shape {tuple(array.shape)}")
-    if array.shape != (len(tgt), len(src)):
+    array = np.asarray(weights.detach().float().cpu() if isinstance(weights, Tensor) else weights, dtype=np.float64)
+    if array.shape != (len(tgt), len(src)):  # a [T, S] matrix
         raise ValueError(f"attention shape {array.shape} does not match {len(tgt)} target x {len(src)} source {what}")
     return array
 
