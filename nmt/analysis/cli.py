@@ -7,14 +7,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from nmt.common.entry_point import fail, user_errors
 from nmt.common.files import write_json_durably, write_text_durably
 from nmt.common.provenance import device_name
 from nmt.inference.engine import USER_ERRORS
@@ -23,12 +22,16 @@ TEST_SPLIT = "test_2016_flickr"
 
 
 class _Parser(argparse.ArgumentParser):
-    """Checks ``--project-dir`` (where a command or one of its modes has it) once all arguments are parsed."""
+    """Checks ``--project-dir`` (where a command or one of its modes has it) once all arguments are parsed: resolved,
+    or one line on stderr and exit status 2 if it holds no train.py and configs/."""
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:
         parsed = super().parse_args(args, namespace)
         if getattr(parsed, "project_dir", None) is not None:
-            parsed.project_dir = checked_project_dir(self.prog, parsed.project_dir)
+            parsed.project_dir = folder = Path(parsed.project_dir).resolve()
+            if not ((folder / "train.py").is_file() and (folder / "configs").is_dir()):
+                fail(self.prog, f"--project-dir {folder}: no train.py/configs here; run from the project checkout "
+                     "or pass --project-dir")
         return parsed
 
 
@@ -44,16 +47,6 @@ def add_project_dir(arguments: argparse.ArgumentParser, default: Path | None = N
     """
     arguments.add_argument("--project-dir", type=Path, default=default or Path("."), metavar="DIR",
                            help="the project checkout: train.py, serve.py, configs/ (default: %(default)s)")
-
-
-def checked_project_dir(prog: str, folder: Path) -> Path:
-    """``folder`` resolved, or one line on stderr and exit status 2 if it holds no train.py and configs/."""
-    folder = Path(folder).resolve()
-    if not ((folder / "train.py").is_file() and (folder / "configs").is_dir()):
-        print(f"{prog}: error: --project-dir {folder}: no train.py/configs here; run from the project checkout "
-              "or pass --project-dir", file=sys.stderr)
-        raise SystemExit(2)
-    return folder
 
 
 def mirror_file(lang: str, split: str = TEST_SPLIT) -> Path:
@@ -91,11 +84,6 @@ def write_report(out: Path | str, report: dict[str, Any], markdown: str | None =
     print("wrote " + ", ".join(map(str, paths)), flush=True)
 
 
-@contextmanager
-def one_line_errors(prog: str) -> Iterator[None]:
+def one_line_errors(prog: str) -> AbstractContextManager[None]:
     """A user error (a wrong path, split, device or option) ends the command with one line and exit status 2."""
-    try:
-        yield
-    except USER_ERRORS as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+    return user_errors(prog, USER_ERRORS)

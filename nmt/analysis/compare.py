@@ -70,33 +70,26 @@ def find_run_dirs(run_dirs: Sequence[Path], sweep_dir: Path | None) -> list[Path
     return unique
 
 
-def _read_report(path: Path, buckets: Sequence[int]) -> tuple[list[dict[str, Any]], str]:
-    """An earlier report's runs and date, after checking that they fit this comparison."""
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-        recorded, report_buckets, date = report["runs"], report["buckets"], report["date"]
-    except FileNotFoundError:
-        raise SystemExit(f"--from-report {path}: no such file; pass a .json that compare_runs.py wrote") from None
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise SystemExit(f"--from-report {path} is not a compare_runs.py report ({type(error).__name__}: "
-                         f"{error}); pass a .json that compare_runs.py wrote") from None
-    if list(report_buckets) != list(buckets):
-        raise SystemExit(f"--from-report {path} has length buckets {report_buckets}, this comparison "
-                         f"{list(buckets)}; pass --buckets {' '.join(map(str, report_buckets))}")
-    for index, run in enumerate(recorded):
-        missing = [key for key in RECORDED_FIELDS if key not in run]
-        if missing:
-            raise SystemExit(f"--from-report {path}: run {index} ({run.get('run_dir', '?')}) lacks {missing}; "
-                             "run compare_runs.py on that run dir again, or leave the report out")
-    return recorded, date
-
-
 def load_report_runs(report_paths: Sequence[Path], buckets: Sequence[int]) -> list[dict[str, Any]]:
-    """The runs recorded in earlier reports, each marked with the report it came from (a mark it
-    already had is kept, so a row carried through several reports names the one it was measured for)."""
+    """The runs recorded in earlier reports, once checked to fit this comparison, each marked with the report it came
+    from (a mark it already had is kept, so a row carried through several reports names the one it was measured for)."""
     runs = []
     for path in report_paths:
-        recorded, date = _read_report(path, buckets)
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+            recorded, report_buckets, date = report["runs"], report["buckets"], report["date"]
+        except FileNotFoundError:
+            raise SystemExit(f"--from-report {path}: no such file; pass a .json that compare_runs.py wrote") from None
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            raise SystemExit(f"--from-report {path} is not a compare_runs.py report ({type(error).__name__}: "
+                             f"{error}); pass a .json that compare_runs.py wrote") from None
+        if list(report_buckets) != list(buckets):
+            raise SystemExit(f"--from-report {path} has length buckets {report_buckets}, this comparison "
+                             f"{list(buckets)}; pass --buckets {' '.join(map(str, report_buckets))}")
+        for index, run in enumerate(recorded):
+            if missing := [key for key in RECORDED_FIELDS if key not in run]:
+                raise SystemExit(f"--from-report {path}: run {index} ({run.get('run_dir', '?')}) lacks {missing}; "
+                                 "run compare_runs.py on that run dir again, or leave the report out")
         runs += [{"from_report": f"{path.name}, {date[:10]}", **run} for run in recorded]
     return runs
 
@@ -123,10 +116,8 @@ def analyse_run(run_dir: Path, split: str | None, buckets: Sequence[int], device
     results = json.loads((run_dir / "results.json").read_text())
     cfg = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
     split = split or next(iter(results["test"]))
-    data_cfg = dict(cfg["data"])
-    test_splits = list(data_cfg.get("test_splits") or [])
-    data_cfg["test_splits"] = test_splits if split in test_splits else [*test_splits, split]
-    text = prepare_data(data_cfg).tests[split]
+    test_splits = list(dict.fromkeys([*(cfg["data"].get("test_splits") or []), split]))
+    text = prepare_data({**cfg["data"], "test_splits": test_splits}).tests[split]
     srcs, refs = list(text.src_text), list(text.tgt_text)
     try:  # no input-length cut, as training scores
         loaded = Translator.from_checkpoint(resolve_checkpoint(run_dir), device=device, max_input_words=None)

@@ -9,7 +9,6 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from nmt.analysis.cli import one_line_errors, parser, write_report
 from nmt.common.device import INFERENCE_PRECISIONS, uses_bf16
 from nmt.common.metrics import corpus_scores
 from nmt.common.provenance import device_name, provenance
-from nmt.data import prepare_data
+from nmt.data import EncodedSplit, prepare_data
 from nmt.inference.engine import SearchOptions, Translator
 from nmt.inference.rerank import NoisyChannel, RerankSettings, combine
 from nmt.model.checkpoint import resolve_checkpoint
@@ -47,8 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rerank-n-best", type=int, default=RerankSettings.n_best,
                    help="candidates rescored per sentence (at most the beam size)")
     args = p.parse_args(argv)
-    bad = [b for b in args.beam_sizes if b < 1] or [a for a in args.length_penalties if a < 0]
-    bad = bad or ([args.rerank_n_best] if args.rerank_n_best < 1 else [])
+    bad = [b for b in [*args.beam_sizes, args.rerank_n_best] if b < 1] or [a for a in args.length_penalties if a < 0]
     if bad:
         p.error(f"beam sizes must be >= 1 and length penalties >= 0; got {bad}")
     return args
@@ -59,36 +57,27 @@ def grid(beam_sizes: Sequence[int], length_penalties: Sequence[float]) -> list[t
     return list(dict.fromkeys((beam, 0.0 if beam == 1 else alpha) for beam in beam_sizes for alpha in length_penalties))
 
 
-def score_setting(translator: Translator, src_ids: list[list[int]], refs: list[str], options: SearchOptions
-                  ) -> dict[str, Any]:
-    """Translate one encoded split with one setting and score it."""
+def score_setting(translator: Translator, split: EncodedSplit, src_ids: list[list[int]], options: SearchOptions,
+                  channel: NoisyChannel | None, weights: Sequence[tuple[float, float]] | None) -> list[dict[str, Any]]:
+    """Translate one encoded split with one setting and score it: one row; with ``channel``, one row per (λ, γ) of
+    ``weights``, its 1-best of ``options.n_best`` candidates (one search and one channel pass for all the pairs)."""
     start = time.perf_counter()
-    results = translator.translate_ids(src_ids, options, attention=False)  # only the tokens are scored
-    hyps = [translator.tokenizer.decode_tgt(best[0].tokens) for best in results]
+    nbest = translator.translate_ids(src_ids, options, attention=False)  # only the tokens are scored
+    decode = translator.tokenizer.decode_tgt
+    todo = [i for i, ids in enumerate(src_ids) if ids] if channel else []
+    texts = [[decode(h.tokens) for h in nbest[i]] for i in todo]
+    scores = channel.source_log_probs([split.src_text[i] for i in todo], texts, options.batch_tokens) if todo else []
     seconds = time.perf_counter() - start
-    return {"beam_size": options.beam_size, "length_penalty": options.length_penalty,
-            **corpus_scores(hyps, refs), "seconds": seconds, "sentences_per_s": len(refs) / seconds}
-
-
-def score_reranked(translator: Translator, channel: NoisyChannel, src_ids: list[list[int]], sources: list[str],
-                   refs: list[str], options: SearchOptions, weights: Sequence[tuple[float, float]]
-                   ) -> list[dict[str, Any]]:
-    """One search keeping ``options.n_best`` candidates, the channel scored once, then each (λ, γ) pair's
-    1-best scored: the grid costs one search and one teacher-forced pass per (beam, α), not per weight."""
-    start = time.perf_counter()
-    nbest = translator.translate_ids(src_ids, options, attention=False)
-    todo = [i for i, ids in enumerate(src_ids) if ids]
-    texts = [[translator.tokenizer.decode_tgt(h.tokens) for h in nbest[i]] for i in todo]
-    channel_scores = channel.source_log_probs([sources[i] for i in todo], texts, options.batch_tokens)
-    seconds = time.perf_counter() - start
-    rows = []
-    for weight, length_weight in weights:
-        hyps = [""] * len(src_ids)
-        for i, scores in zip(todo, channel_scores):
-            hyps[i] = translator.tokenizer.decode_tgt(combine(nbest[i], scores, weight, length_weight)[0].tokens)
-        rows.append({"beam_size": options.beam_size, "length_penalty": options.length_penalty,
-                     "rerank_weight": weight, "rerank_length_weight": length_weight, "rerank_n_best": options.n_best,
-                     **corpus_scores(hyps, refs), "seconds": seconds, "sentences_per_s": len(refs) / seconds})
+    refs, rows = list(split.tgt_text), []
+    for pair in weights if channel else [None]:  # None: not reranked
+        best = [hyps[0] for hyps in nbest]
+        for i, channel_scores in zip(todo, scores):
+            best[i] = combine(nbest[i], channel_scores, *pair)[0]
+        reranked = {} if pair is None else {"rerank_weight": pair[0], "rerank_length_weight": pair[1],
+                                            "rerank_n_best": options.n_best}
+        rows.append({"beam_size": options.beam_size, "length_penalty": options.length_penalty, **reranked,
+                     **corpus_scores([decode(h.tokens) for h in best], refs), "seconds": seconds,
+                     "sentences_per_s": len(refs) / seconds})
     return rows
 
 
@@ -112,9 +101,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     rr_head, rr_rule = (" λ | γ |", " ---: | ---: |") if reranked else ("", "")
 
     def rr_cells(row: dict[str, Any]) -> str:
-        if not reranked:
-            return ""
-        weights = (row.get("rerank_weight"), row.get("rerank_length_weight"))
+        weights = (row.get("rerank_weight"), row.get("rerank_length_weight")) if reranked else ()
         return "".join(f" {'–' if w is None else format(w, 'g')} |" for w in weights)
 
     lines = [
@@ -131,7 +118,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {row['beam_size']} | {row['length_penalty']:g} |{rr_cells(row)} "
                      f"{mark}{row['bleu']:.2f}{mark} | {row['chrf']:.2f} | {row['length_ratio']:.3f} | "
                      f"{row['sentences_per_s']:.1f} |")
-    if report.get("rerank_checkpoint"):
+    if reranked:
         lines += ["", f"λ, γ: noisy-channel reranking of the {report['rerank_n_best']}-best with "
                       f"`{report['rerank_checkpoint']}` (score + λ·log P(x|y) + γ·subwords)."]
     lines += ["", f"Best on `{report['split']}`: {setting_label(best)} "
@@ -174,27 +161,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # Encoded with the checkpoint's own tokenizer (prepare_data's cache could hold another one), once per split.
     src_ids = {name: translator.encode(list(splits[name].src_text)) for name in (split, args.test_split) if name}
 
-    channel = NoisyChannel.load([str(c) for c in args.rerank_checkpoint], translator) if args.rerank_checkpoint \
-        else None
+    channel = NoisyChannel.load(args.rerank_checkpoint, translator) if args.rerank_checkpoint else None
     pairs = [(weight, length) for weight in args.rerank_weights for length in args.rerank_length_weights]
 
     def run(name: str, beam: int, alpha: float, weights: list[tuple[float, float]] | None = None
             ) -> list[dict[str, Any]]:
         """The rows of one (beam, α): one plain row, or one per (λ, γ) when reranking (beam >= 2)."""
-        options = SearchOptions(beam_size=beam, length_penalty=alpha, batch_tokens=args.batch_tokens)
-        refs = list(splits[name].tgt_text)
-        if channel is None or beam < 2 or not weights:
-            found = [score_setting(translator, src_ids[name], refs, options)]
-        else:
-            found = score_reranked(translator, channel, src_ids[name], list(splits[name].src_text), refs,
-                                   replace(options, n_best=min(args.rerank_n_best, beam)), weights)
+        reranker = channel if beam >= 2 and weights else None
+        options = SearchOptions(beam_size=beam, length_penalty=alpha, batch_tokens=args.batch_tokens,
+                                n_best=min(args.rerank_n_best, beam) if reranker else 1)
+        found = score_setting(translator, splits[name], src_ids[name], options, reranker, weights)
         for row in found:
             print(f"{name}: {setting_label(row):<36} BLEU {row['bleu']:6.2f}  chrF {row['chrf']:6.2f}  "
                   f"length ratio {row['length_ratio']:.3f}  {row['sentences_per_s']:.1f} sent/s", flush=True)
         return found
 
-    settings = grid(args.beam_sizes, args.length_penalties)
-    rows = [row for beam, alpha in settings for row in run(split, beam, alpha, pairs)]
+    rows = [row for beam, alpha in grid(args.beam_sizes, args.length_penalties)
+            for row in run(split, beam, alpha, pairs)]
     best = max(rows, key=lambda row: row["bleu"])
     own = {"beam_size": t["test_beam_size"], "length_penalty": t["length_penalty"]}
     test: dict[str, Any] = {}

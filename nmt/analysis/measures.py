@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 
 import torch
@@ -49,26 +50,16 @@ def bleu_by_length(srcs: Sequence[str], hyps: Sequence[str], refs: Sequence[str]
     bounds = list(buckets)
     if any(b <= a for a, b in zip(bounds, bounds[1:])) or any(b < 0 for b in bounds):
         raise ValueError(f"buckets must be strictly increasing non-negative bounds, got {bounds}")
-
-    lows = [0] + [b + 1 for b in bounds]
-    highs: list[int | None] = [*bounds, None]
-    members: list[list[int]] = [[] for _ in lows]
-    for i, src in enumerate(srcs):
-        n_words = len(src.split())
-        # first bucket whose upper bound holds it; the open-ended one otherwise
-        k = next((k for k, hi in enumerate(bounds) if n_words <= hi), len(bounds))
-        members[k].append(i)
-
+    members: list[list[int]] = [[] for _ in range(len(bounds) + 1)]
+    for i, src in enumerate(srcs):  # into the first bucket whose upper bound holds it; the open-ended one otherwise
+        members[bisect_left(bounds, len(src.split()))].append(i)
     rows = []
-    for lo, hi, idx in zip(lows, highs, members):
+    for lo, hi, idx in zip([0] + [b + 1 for b in bounds], [*bounds, None], members):
         if hi is None:
             label = "all" if lo == 0 else f">{lo - 1}"
         else:
             label = f"<={hi}" if lo == 0 else f"{lo}-{hi}"
-        bleu = None
-        if idx:
-            score = BLEU().corpus_score([hyps[i] for i in idx], [[refs[i] for i in idx]])
-            bleu = float(score.score)
+        bleu = float(BLEU().corpus_score([hyps[i] for i in idx], [[refs[i] for i in idx]]).score) if idx else None
         rows.append({"range": label, "min_words": lo, "max_words": hi, "n": len(idx), "bleu": bleu})
     return rows
 
