@@ -166,9 +166,8 @@ def backtranslate_stage(chain: Chain, entry: DictConfig, folder: Path) -> Stage:
     cache = [f"cache_dir={a.split('=', 1)[1]}" for a in chain.data_overrides if a.startswith("data.cache_dir=")]
     args = [f"{k}={'[' + ','.join(v) + ']' if isinstance(v, list) else v}" for k, v in settings.items()]
     command = [*chain.programs["backtranslate"], *args, f"output={folder}", *mirror, *cache]
-    needs = [Path(c) for c in settings["checkpoint"]]
-    return Stage(f"backtranslate {folder.name}", "backtranslate", [folder], needs, lambda: command,
-                 lambda: is_complete(folder))
+    return Stage(f"backtranslate {folder.name}", "backtranslate", [folder], list(map(Path, settings["checkpoint"])),
+                 lambda: command, lambda: is_complete(folder))
 
 
 def tune_stage(chain: Chain, system: DictConfig, pair: str) -> Stage:
@@ -205,8 +204,7 @@ def system_paths(chain: Chain, system: DictConfig, pair: str) -> tuple[Path, lis
     return chain.path(f"runs/systems/{pair}/{system.name.replace(' ', '_')}"), members, rerank
 
 
-def tune_command(chain: Chain, members: list[Path], rerank: list[Path], out: Path, split: str, grid: Any
-                 ) -> list[str]:
+def tune_command(chain: Chain, members: list[Path], rerank: list[Path], out: Path, split: str, grid: Any) -> list[str]:
     """scripts/tune_decoding.py's argv for ``members`` (reranked by ``rerank``, if any) over ``grid``."""
     command = [*chain.programs["tune"], str(members[0]), "--checkpoint", *map(str, members), "--test-split", split,
                "--out", str(out), "--beam-sizes", *map(str, grid["beam_sizes"]),
@@ -243,13 +241,10 @@ def plan(chain: Chain) -> list[Stage]:
                for system in chain.recipe.systems for pair in chain.recipe.pairs]
     makers = {path: stage.name for stage in reversed(stages) for path in stage.outputs}  # the first stage making it
     for stage in stages:
-        for need in stage.needs:
-            if need in makers:
-                if makers[need] != stage.name and makers[need] not in stage.after:
-                    stage.after.append(makers[need])
-            elif not need.exists():
-                raise ChainError(f"stage '{stage.name}' needs {need}, which no stage of recipe={chain.recipe_name} "
-                                 "makes and which does not exist; check the recipe's seeds and trainings")
+        if missing := [need for need in stage.needs if need not in makers and not need.exists()]:
+            raise ChainError(f"stage '{stage.name}' needs {missing[0]}, which no stage of recipe={chain.recipe_name} "
+                             "makes and which does not exist; check the recipe's seeds and trainings")
+        stage.after = list(dict.fromkeys(makers[n] for n in stage.needs if makers.get(n, stage.name) != stage.name))
     return stages
 
 
