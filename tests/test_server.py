@@ -445,17 +445,18 @@ def test_the_queue_is_bounded_in_seconds_of_work_too(tiny_run_dir: Path) -> None
     from nmt.serve.requests import RequestError
 
     async def scenario() -> list[int]:
-        batcher = MicroBatcher(Translator.from_checkpoint(tiny_run_dir, device="cpu"), 0.0, 128)
+        batcher = MicroBatcher(Translator.from_checkpoint(tiny_run_dir, device="cpu"),
+                               serve_settings("max_queued_sentences=100", "max_queue_wait_s=3.0"))
         batcher.busy_seconds, batcher.sentences = 10.0, 10  # as if measured
         statuses = []
         for _ in range(5):
             try:
-                batcher.check_room(1, max_queued=100, max_wait_s=3.0)
-                batcher.submit(["Hund"], SearchOptions(), False)
+                batcher.check_room(1)
+                batcher.submit(["Hund"], SearchOptions(), False, [1])
                 statuses.append(200)
             except RequestError as error:
                 statuses.append(error.status)
-        assert batcher.overloaded(100, 3.0)
+        assert batcher.overloaded()
         batcher.close()
         return statuses
 

@@ -242,8 +242,7 @@ class GeneralAttention(Attention):
     def prepare(self, keys: Tensor) -> PreparedKeys:
         return self.bilinear(keys)  # [B, S, Dq]
 
-    def score(self, query: Tensor, prepared_keys: PreparedKeys) -> Tensor:
-        return torch.bmm(query, prepared_keys.transpose(1, 2))  # [B, T, S]
+    score = DotAttention.score  # q . (W k), over the prepared keys
 
 
 @register_attention("multihead")

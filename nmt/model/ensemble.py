@@ -56,9 +56,8 @@ class Ensemble(nn.Module):
         encoded = [model.encode(src, src_lengths) for model in self.members]
         return EnsembleMemory([m for m, _ in encoded]), EnsembleState([s for _, s in encoded])
 
-    def decode_step(
-        self, prev_tokens: Tensor, state: EnsembleState, memory: EnsembleMemory
-    ) -> tuple[Tensor, EnsembleState, Tensor]:
+    def decode_step(self, prev_tokens: Tensor, state: EnsembleState, memory: EnsembleMemory
+                    ) -> tuple[Tensor, EnsembleState, Tensor]:
         """One step of every member; ``memory`` has ``R`` rows, or ``R / K`` for beam search's K hypotheses.
 
         Returns:

@@ -26,9 +26,7 @@ class StepModel(Protocol):
     (``memory.index_select(rows)``, ``state.index_select(1, rows)``, ``repeat_interleave``).
     """
 
-    @property
-    def has_attention(self) -> bool:
-        """Whether ``decode_step`` returns real attention weights (False for ``attention=none``)."""
+    has_attention: bool  # whether decode_step returns real attention weights (False for attention=none)
 
     def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[Any, Any]:
         """Source ids ``[B, S]`` and lengths ``[B]`` -> (memory, initial decoder state)."""
@@ -71,14 +69,10 @@ def length_penalty_factor(length: int | Tensor, alpha: float) -> float | Tensor:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def _blocked_ids(device: torch.device) -> Tensor:
-    """Token ids that are never outputs (PAD, BOS): ``[2]``, for ``index_fill_`` on ``[rows, V]``."""
-    return torch.tensor([PAD_ID, BOS_ID], device=device)
-
-
-def _sync_every(device: torch.device) -> int:
-    # on the CPU a "done?" check costs nothing and saves whole steps; on a GPU it stalls the queue
-    return 1 if device.type == "cpu" else 4
+def _step_constants(device: torch.device) -> tuple[Tensor, int]:
+    """Token ids that are never outputs (PAD, BOS): ``[2]``, for ``index_fill_`` on ``[rows, V]``; steps between two
+    "all done?" checks (on the CPU a check costs nothing and saves whole steps; on a GPU it stalls the queue)."""
+    return torch.tensor([PAD_ID, BOS_ID], device=device), 1 if device.type == "cpu" else 4
 
 
 @torch.no_grad()
@@ -139,9 +133,8 @@ def _token_by_token(model: StepModel, src: Tensor, src_lengths: Tensor, max_len:
     finished = torch.zeros(batch, dtype=torch.bool, device=device)  # [B]
     out_len = limits.clone()  # [B] tokens kept per row, fixed when EOS comes
     scores = torch.zeros(batch, device=device)  # [B]
-    blocked, sync_every = _blocked_ids(device), _sync_every(device)
-    steps_tokens: list[Tensor] = []
-    steps_attn: list[Tensor] = []
+    blocked, sync_every = _step_constants(device)
+    steps_tokens, steps_attn = [], []  # per step: [B] tokens, [B, S] attention
     for step in range(max(limits_list)):
         logits, state, attn = model.decode_step(prev, state, memory)  # [B, V], [L, B, H], [B, S]
         log_probs = F.log_softmax(logits.float(), dim=-1).index_fill_(1, blocked, NEG_INF)  # [B, V]
@@ -193,7 +186,7 @@ def beam_search(model: StepModel, src: Tensor, src_lengths: Tensor, beam_size: i
     beams = _Beams.start(torch.tensor(limits, device=device), k)
     final = _Pool.empty(batch, k, device)  # the pools of the sentences that have left the batch, in original order
     history = _History(batch, keep_attention and model.has_attention)
-    blocked, sync_every = _blocked_ids(device), _sync_every(device)
+    blocked, sync_every = _step_constants(device)
     # after a compaction the A active sentences are rows 0..A-1, so the first A rows of these serve
     row_base = (torch.arange(batch, device=device) * k).unsqueeze(1)  # [B, 1] first beam row of each sentence
     slots = torch.arange(k, device=device).expand(batch, k)  # [B, K] slot numbers

@@ -31,9 +31,8 @@ class EncoderMemory:
         return EncoderMemory(*(field.index_select(0, index) for field in rows), self.gate_table)
 
 
-def gru_cell(
-    input_gates: Tensor, state: Tensor, weight_hh: Tensor, bias_hh: Tensor, hidden_norm: GateNorm | None = None
-) -> Tensor:
+def gru_cell(input_gates: Tensor, state: Tensor, weight_hh: Tensor, bias_hh: Tensor,
+             hidden_norm: GateNorm | None = None) -> Tensor:
     """One GRU step from input gates ``W_ih x + b_ih`` ``[B, 3Hd]`` (reset, update, new; ``nn.GRUCell``'s equations and
     order), state ``[B, Hd]``, ``weight_hh`` ``[3Hd, Hd]``, ``bias_hh`` ``[3Hd]`` -> next state ``[B, Hd]``;
     ``hidden_norm`` normalises ``W_hh h + b_hh`` per gate.
@@ -70,9 +69,8 @@ class GateNorm(nn.Module):
 class Encoder(nn.Module):
     """Embeddings -> dropout -> bidirectional GRU (He per direction) over packed sequences."""
 
-    def __init__(
-        self, vocab_size: int, emb_size: int, hidden_size: int, num_layers: int, dropout: float, pad_id: int
-    ) -> None:
+    def __init__(self, vocab_size: int, emb_size: int, hidden_size: int, num_layers: int, dropout: float,
+                 pad_id: int) -> None:
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, emb_size, padding_idx=pad_id)
         self.dropout = nn.Dropout(dropout)
@@ -247,9 +245,6 @@ class Seq2Seq(nn.Module):
                                attention, tie_embeddings, pad_id, output_hidden_size, layer_norm)
         self.has_attention = attention.context_size(self.encoder.output_size) > 0
         self.vocab_size = tgt_vocab_size  # V, the target vocabulary
-        self._init_embeddings(emb_size, pad_id)
-
-    def _init_embeddings(self, emb_size: int, pad_id: int) -> None:
         # N(0, 1/E) keeps tied output logits O(1) at the start (N(0, 1) would make them O(sqrt(E))).
         for embedding in (self.encoder.embedding, self.decoder.embedding):
             nn.init.normal_(embedding.weight, std=emb_size**-0.5)
@@ -257,9 +252,8 @@ class Seq2Seq(nn.Module):
                 embedding.weight[pad_id].zero_()
 
     @classmethod
-    def from_config(
-        cls, model_cfg: Any, attention_cfg: Any, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = 0
-    ) -> Seq2Seq:
+    def from_config(cls, model_cfg: Any, attention_cfg: Any, src_vocab_size: int, tgt_vocab_size: int,
+                    pad_id: int = 0) -> Seq2Seq:
         """Build from the ``model`` and ``attention`` config groups; ``attention_cfg`` holds ``name``, an optional
         ``hidden_size`` (default: the decoder size) and the type's own options.
         """
@@ -276,9 +270,7 @@ class Seq2Seq(nn.Module):
         memory = EncoderMemory(enc_out, self.decoder.attention.prepare(enc_out), src_mask)
         return memory, self.decoder.init_state(enc_last)
 
-    def decode_step(
-        self, prev_tokens: Tensor, state: Tensor, memory: EncoderMemory
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def decode_step(self, prev_tokens: Tensor, state: Tensor, memory: EncoderMemory) -> tuple[Tensor, Tensor, Tensor]:
         """prev_tokens ``[B]``, state ``[L, B, Hd]`` -> logits ``[B, V]``, state ``[L, B, Hd]``, weights ``[B, S]``."""
         return self.decoder.step(prev_tokens, state, memory)
 

@@ -56,8 +56,7 @@ def create_app(translator: Translator, settings: ServeSettings,
         CheckpointError: a ``rerank.checkpoint`` that cannot be read.
     """
     defaults = check_serve_settings(settings)
-    batcher = MicroBatcher(translator, settings.batch_wait_ms / 1000, settings.batch_sentences,
-                           settings.slice_subwords, engine_thread, load_rerank(settings.rerank, translator))
+    batcher = MicroBatcher(translator, settings, engine_thread, load_rerank(settings.rerank, translator))
     model_info = describe_model(translator, settings, defaults)
     page = resources.files("nmt.serve").joinpath("static", "translate.html").read_text(encoding="utf-8")
     counters = {"requests": 0, "refused": 0, "overloaded": 0}
@@ -76,23 +75,14 @@ def create_app(translator: Translator, settings: ServeSettings,
     model_summary = {key: model_info[key] for key in ("attention", "src_lang", "tgt_lang", "parameters", "bleu")}
 
     async def health(request: Request) -> Response:
-        overloaded = batcher.overloaded(settings.max_queued_sentences, settings.max_queue_wait_s)
-        return JSONResponse({"status": "overloaded" if overloaded else "ok", **model_summary, **counters,
+        return JSONResponse({"status": "overloaded" if batcher.overloaded() else "ok", **model_summary, **counters,
                              **batcher.counters(), "search_calls": translator.search_calls,
                              "uptime_s": round(time.monotonic() - started, 3)})
 
-    async def model(request: Request) -> Response:
-        return JSONResponse(model_info)
-
-    async def index(request: Request) -> Response:
-        return HTMLResponse(page)
-
-    routes = [
-        Route("/", index, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/v1/model", model, methods=["GET"]),
-        Route("/v1/translate", translate, methods=["POST"]),
-    ]
+    routes = [Route("/", HTMLResponse(page), methods=["GET"]),  # the page and /v1/model: fixed answers, built once
+              Route("/health", health, methods=["GET"]),
+              Route("/v1/model", JSONResponse(model_info), methods=["GET"]),
+              Route("/v1/translate", translate, methods=["POST"])]
     hosts = allowed_hosts(settings)
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=hosts)] if hosts else []
     handlers = {HTTPException: http_error, Exception: internal_error}
@@ -112,7 +102,7 @@ def translate_endpoint(translator: Translator, settings: Any, defaults: SearchOp
             checked = parse_translate_request(body, settings, defaults)
             checked = check_lengths(checked, translator.tokenizer, translator.max_input_words, settings.max_subwords,
                                     settings.too_long)
-            batcher.check_room(len(checked.sentences), settings.max_queued_sentences, settings.max_queue_wait_s)
+            batcher.check_room(len(checked.sentences))
             future = batcher.submit(checked.sentences, checked.options, checked.attention, checked.subwords)
             translations = await answer_unless_gone(request, future)
         except (RequestError, TranslationError) as error:

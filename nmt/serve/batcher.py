@@ -60,7 +60,7 @@ class MicroBatcher:
     """Collects requests on the event loop and decodes each batch in one worker thread (the Translator is not
     thread-safe; the event loop never waits on it).
 
-    Requests arriving within ``wait_s`` of the oldest waiting one, with the same search options, are decoded in
+    Requests arriving within ``batch_wait_ms`` of the oldest waiting one, with the same search options, are decoded in
     one ``translate`` call; a sentence's translation does not depend on its batch-mates. The next window opens
     when the worker is free and closes early once as many sentences wait as the last batch held. A failed batch
     is decoded again request by request, so a request that breaks the search fails alone. A request costing
@@ -68,19 +68,15 @@ class MicroBatcher:
     of the queue between slices, so requests that came meanwhile wait for one slice, not all of it.
 
     Args:
-        batch_sentences: at most this many sentences per batch of small requests.
+        settings: ``ServeSettings``: the batching (``batch_*``, ``slice_subwords``) and queue (``max_queue*``) ones.
         engine_thread: the one-thread executor to decode on, best the one that loaded ``translator``
             (``new_engine_thread()``); None: a new one.
         rerank: noisy-channel reranking of every request's n-best (at most its ``beam_size`` candidates).
     """
 
-    def __init__(self, translator: Translator, wait_s: float, batch_sentences: int, slice_subwords: int = 2048,
-                 engine_thread: ThreadPoolExecutor | None = None, rerank: Rerank | None = None) -> None:
-        self.translator = translator
-        self.rerank = rerank
-        self.wait_s = wait_s
-        self.batch_sentences = batch_sentences
-        self.slice_subwords = slice_subwords
+    def __init__(self, translator: Translator, settings: Any, engine_thread: ThreadPoolExecutor | None = None,
+                 rerank: Rerank | None = None) -> None:
+        self.translator, self.settings, self.rerank = translator, settings, rerank
         self.batches = 0
         self.sentences = 0
         self.abandoned = 0  # requests dropped from the queue because their client had gone
@@ -93,23 +89,16 @@ class MicroBatcher:
         self._executor = engine_thread or new_engine_thread()
 
     def submit(self, sentences: list[str], options: SearchOptions, attention: bool,
-               subwords: list[int] | None = None) -> asyncio.Future[list[dict[str, Any]]]:
-        """Queue ``sentences``; the future gets their ``Translation.to_dict()``s. Cancel it to withdraw them.
-
-        ``subwords``: each sentence's source subwords (None: its words stand in for them).
+               subwords: list[int]) -> asyncio.Future[list[dict[str, Any]]]:
+        """Queue ``sentences`` (``subwords``: each one's source subwords); the future gets their
+        ``Translation.to_dict()``s. Cancel it to withdraw them.
         """
         loop = asyncio.get_running_loop()
-        lengths = subwords if subwords is not None else [len(s.split()) for s in sentences]
-        costs = [options.beam_size * (n + 1) for n in lengths]
+        costs = [options.beam_size * (n + 1) for n in subwords]
         job = _Job(sentences, (options, attention), loop.create_future(), loop.time(), costs)
         self._pending.append(job)
         self._arrival.set()
         return job.future
-
-    @property
-    def queued(self) -> int:
-        """Requests waiting for the worker (not the batch it is decoding)."""
-        return sum(not job.future.done() for job in self._pending)
 
     def queued_sentences(self, key: tuple[SearchOptions, bool] | None = None) -> int:
         """Sentences waiting for the worker (of the requests with this ``key``, if given)."""
@@ -119,10 +108,10 @@ class MicroBatcher:
         """The worker's mean decoding time per sentence so far (0 before the first batch)."""
         return self.busy_seconds / self.sentences if self.sentences else 0.0
 
-    def check_room(self, sentences: int, max_queued: int, max_wait_s: float = math.inf) -> None:
+    def check_room(self, sentences: int) -> None:
         """503 when the queue cannot take ``sentences`` more: a bounded wait for everyone admitted.
 
-        Full means ``max_queued`` sentences, or more work than ``max_wait_s`` at the mean decoding time per
+        Full means ``max_queued_sentences``, or more work than ``max_queue_wait_s`` at the mean decoding time per
         sentence so far (a slower model or busier cores then admit fewer). An empty queue takes any request.
 
         Raises:
@@ -130,6 +119,7 @@ class MicroBatcher:
         """
         queued = self.queued_sentences()
         wait_s = (queued + sentences) * self.seconds_per_sentence()
+        max_queued, max_wait_s = self.settings.max_queued_sentences, self.settings.max_queue_wait_s
         if queued > 0 and (queued + sentences > max_queued or wait_s > max_wait_s):
             self._last_overload = time.monotonic()
             retry_after = min(60, max(1, math.ceil(queued * self.seconds_per_sentence())))
@@ -141,13 +131,14 @@ class MicroBatcher:
     def counters(self) -> dict[str, Any]:
         """What the queue has done and holds, for ``/health``."""
         return {"abandoned": self.abandoned, "sentences": self.sentences, "batches": self.batches,
-                "queued": self.queued, "queued_sentences": self.queued_sentences(),
-                "busy_seconds": round(self.busy_seconds, 3)}
+                "queued": sum(not job.future.done() for job in self._pending),  # requests, not the batch decoding
+                "queued_sentences": self.queued_sentences(), "busy_seconds": round(self.busy_seconds, 3)}
 
-    def overloaded(self, max_queued: int, max_wait_s: float = math.inf) -> bool:
+    def overloaded(self) -> bool:
         """The queue is full, or refused a request within the last ``OVERLOAD_MEMORY_S``."""
         queued = self.queued_sentences()
-        return (queued >= max_queued or queued * self.seconds_per_sentence() >= max_wait_s
+        return (queued >= self.settings.max_queued_sentences
+                or queued * self.seconds_per_sentence() >= self.settings.max_queue_wait_s
                 or time.monotonic() - self._last_overload < OVERLOAD_MEMORY_S)
 
     async def run(self) -> None:
@@ -172,16 +163,17 @@ class MicroBatcher:
             self._arrival.clear()
             await self._arrival.wait()
         first = self._pending[0]
-        if first.cost_left > self.slice_subwords:  # a large request: one slice, alone, at once
+        batch_sentences, slice_subwords = self.settings.batch_sentences, self.settings.slice_subwords
+        if first.cost_left > slice_subwords:  # a large request: one slice, alone, at once
             self._pending.popleft()
-            return [(first, first.todo[:first.slice_size(self.slice_subwords)])]
+            return [(first, first.todo[:first.slice_size(slice_subwords)])]
         # The window opens when the worker is free, not only when the first job came: under load the clients
         # answered a moment ago are about to send again, and a batch that waits for them holds all the
         # clients instead of half of them (at idle the worker has long been free: the first job's time rules).
-        deadline = max(first.arrived, self._free_since) + self.wait_s
+        deadline = max(first.arrived, self._free_since) + self.settings.batch_wait_ms / 1000
         # ... and it closes early once as many sentences wait as the last batch held: under steady load that
         # is every client, and a lone request at idle (last batch: 1) does not wait at all.
-        enough = min(self.batch_sentences, self._last_batch_sentences or self.batch_sentences)
+        enough = min(batch_sentences, self._last_batch_sentences or batch_sentences)
         while self.queued_sentences(first.key) < enough and loop.time() < deadline:
             self._arrival.clear()
             with contextlib.suppress(asyncio.TimeoutError):
@@ -190,8 +182,8 @@ class MicroBatcher:
         pieces: list[tuple[_Job, list[str]]] = []
         count, rest = 0, collections.deque()
         for job in self._pending:  # in arrival order: the first small job always, then others that fit
-            small = job.cost_left <= self.slice_subwords
-            if small and job.key == first.key and (not pieces or count + len(job.todo) <= self.batch_sentences):
+            small = job.cost_left <= slice_subwords
+            if small and job.key == first.key and (not pieces or count + len(job.todo) <= batch_sentences):
                 pieces.append((job, job.todo))
                 count += len(job.todo)
             else:

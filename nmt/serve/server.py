@@ -58,11 +58,9 @@ class RequestDeadlineProtocol(H11Protocol):
 
     def _disarm(self) -> None:
         if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+            self._deadline.cancel()  # (nothing, when it has fired)
 
     def _too_slow(self) -> None:
-        self._deadline = None
         if self.conn.their_state not in _REQUEST_RECEIVED and not self.transport.is_closing():
             self.logger.info("closed a connection that sent no whole request in %g s", self.request_timeout_s)
             self.transport.close()
@@ -76,11 +74,10 @@ def uvicorn_config(app: Starlette, log_level: str | None = None) -> uvicorn.Conf
     settings = app.state.settings
     protocol = type("RequestDeadlineProtocol", (RequestDeadlineProtocol,),
                     {"request_timeout_s": float(settings.request_timeout_s)})
-    return uvicorn.Config(
-        app, http=protocol, log_level=(log_level or str(settings.log_level)).lower(),
-        limit_concurrency=settings.max_connections,  # beyond: uvicorn's own plain 503
-        timeout_keep_alive=settings.keep_alive_s, h11_max_incomplete_event_size=MAX_HEADER_BYTES,
-        timeout_graceful_shutdown=settings.shutdown_timeout_s or None)
+    return uvicorn.Config(app, http=protocol, log_level=(log_level or str(settings.log_level)).lower(),
+                          limit_concurrency=settings.max_connections,  # beyond: uvicorn's own plain 503
+                          timeout_keep_alive=settings.keep_alive_s, h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                          timeout_graceful_shutdown=settings.shutdown_timeout_s or None)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
