@@ -92,30 +92,23 @@ def configure_matmul(precision: str, device: torch.device) -> None:
     """TF32 matmuls and cuDNN convolutions/RNNs on CUDA unless ``precision`` is ``fp32`` (no-op on the CPU)."""
     if device.type == "cuda":
         tf32 = check_precision(precision) != "fp32"
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
 
 
 @functools.cache
 def cpu_info() -> dict[str, str]:
     """The first processor's fields in /proc/cpuinfo (``flags``, ``model name``, ``cpu MHz``, ...); {} if unknown."""
     try:
-        text = Path("/proc/cpuinfo").read_text()
+        first = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0]
     except OSError:
         return {}
-    fields: dict[str, str] = {}
-    for line in text.split("\n\n", 1)[0].splitlines():
-        key, _, value = line.partition(":")
-        fields[key.strip()] = value.strip()
-    return fields
+    return {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first.splitlines())}
 
 
 def cpu_has_native_bf16() -> bool | None:
     """True if the CPU has bf16 instructions (AVX512-BF16 or AMX-BF16), False if not, None if unknown."""
-    if "flags" not in cpu_info():
-        return None
-    flags = cpu_info()["flags"].split()
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    flags = cpu_info().get("flags")
+    return None if flags is None else bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
 
 
 def slow_bf16_warning(precision: str, device: torch.device) -> str | None:

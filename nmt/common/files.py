@@ -15,15 +15,6 @@ class FolderInUse(RuntimeError):
     """Another process holds the folder's lock; the message names it and says what to do."""
 
 
-def fsync_folder(folder: str | Path) -> None:
-    """Flush a folder's entries to disk, so that a rename or a new file in it survives a power cut."""
-    handle = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)
-
-
 def replace_durably(tmp: str | Path, path: str | Path) -> Path:
     """Make a finished temp file (in ``path``'s folder, so the rename is atomic) ``path``: fsync it, rename it over
     ``path``, fsync the folder. For writers that fill their temp file themselves (a download, an array in pieces).
@@ -31,7 +22,11 @@ def replace_durably(tmp: str | Path, path: str | Path) -> Path:
     with open(tmp, "rb+") as handle:
         os.fsync(handle.fileno())  # the data is on disk before the rename makes it the file
     os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
-    fsync_folder(Path(path).parent)  # and the rename itself survives a power cut
+    folder = os.open(Path(path).parent, os.O_RDONLY)  # the folder's entries flushed: the rename survives a power cut
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
     return Path(path)
 
 

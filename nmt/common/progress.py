@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
 from tqdm import tqdm
@@ -33,29 +33,26 @@ class ProgressDisplay:
         every_s: the least time between two log lines; 0 logs every update.
         bar: True for a bar even off a terminal, False never; None: on a terminal.
         enabled: False shows nothing (e.g. every DDP rank but 0).
-        leave: keep the finished bar on the screen.
     """
 
     def __init__(self, total: int, unit: str, desc: str = "", done: int = 0, every_s: float = 30.0,
-                 logger: logging.Logger | None = None, bar: bool | None = None, enabled: bool = True,
-                 leave: bool = True) -> None:
-        self.total, self.unit, self.desc, self.done, self.every_s = total, unit, desc, done, every_s
+                 logger: logging.Logger | None = None, bar: bool | None = None, enabled: bool = True) -> None:
+        self.total, self.unit, self.done, self.every_s = total, unit, done, every_s
         self.logger = logger or logging.getLogger(__name__)
         self.enabled = enabled
         self.start, self.start_done = time.perf_counter(), done
         self.last_log = self.start
         use_bar = enabled and (sys.stderr.isatty() if bar is None else bar)
         self.bar = (tqdm(total=total, initial=done, unit=unit, desc=desc or None, file=sys.stderr,
-                         dynamic_ncols=True, leave=leave, mininterval=0.5) if use_bar else None)
+                         dynamic_ncols=True, mininterval=0.5) if use_bar else None)
 
-    def advance(self, n: int = 1, line: str | Callable[[], str] | None = None,
-                postfix: dict[str, str] | None = None) -> None:
-        """``n`` more units done; off a terminal, log ``line`` (default: ``rate_line``) when it is time."""
-        self.move_to(self.done + n, line, postfix)
+    def advance(self, n: int = 1) -> None:
+        """``n`` more units done; off a terminal, log ``rate_line`` when it is time."""
+        self.move_to(self.done + n)
 
-    def move_to(self, done: int, line: str | Callable[[], str] | None = None,
-                postfix: dict[str, str] | None = None) -> None:
-        """``done`` units done in all; as ``advance``."""
+    def move_to(self, done: int, line: str | None = None, postfix: dict[str, str] | None = None) -> None:
+        """``done`` units done in all; off a terminal, log ``line`` (default: ``rate_line``) when it is time, on a
+        terminal show ``postfix`` beside the bar."""
         previous, self.done = self.done, done
         if self.bar is not None:
             if postfix:
@@ -65,8 +62,7 @@ class ProgressDisplay:
         now = time.perf_counter()
         if self.enabled and (now - self.last_log >= self.every_s or done >= self.total):
             self.last_log = now
-            text = line() if callable(line) else line
-            self.logger.info(text if text is not None else self.rate_line())
+            self.logger.info(line if line is not None else self.rate_line())
 
     def rate_line(self) -> str:
         """``12,000/145,000 lines (8%) | 210.4 lines/s | elapsed 57s | ETA 10m32s``."""

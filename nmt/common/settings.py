@@ -17,10 +17,6 @@ class ConfigError(ValueError):
     """A config key, type or value that cannot work; the message says which and how to fix it."""
 
 
-OPEN = object()
-"""What ``field_schema`` returns for a field that takes any keys below it (e.g. ``data.files``)."""
-
-
 def unknown_key_message(path: str, key: str, valid: Iterable[str]) -> str:
     """``unknown config key PATH.KEY: did you mean PATH.NEAR? valid keys under PATH: ...``."""
     valid = sorted(valid)
@@ -37,45 +33,31 @@ def bad_value_message(path: str, error: Exception, key: str | None = None) -> st
     return f"bad value for {path}{key}: {message}"
 
 
-def field_schema(schema: type, name: str) -> type | object | None:
-    """The dataclass of a nested section, ``OPEN`` for a free-form field, None for a plain value."""
-    hint = typing.get_type_hints(schema)[name]
-    if dataclasses.is_dataclass(hint):
-        return hint
-    return OPEN if hint is Any or typing.get_origin(hint) in (dict, Mapping) else None
-
-
 def first_unknown_key(node: Mapping[str, Any], schema: type, path: str = "") -> str | None:
-    """The message for the first key of ``node`` (recursively) that ``schema`` does not have, else None."""
+    """The message for the first key of ``node`` (recursively) that ``schema`` does not have, else None. Below a
+    free-form field (``data.files``: ``Any`` or a dict) any key goes.
+    """
     names = [f.name for f in dataclasses.fields(schema)]
     for key, value in node.items():
         if key not in names:
             return unknown_key_message(path, str(key), names)
-        nested = field_schema(schema, key)
+        nested = typing.get_type_hints(schema)[key]
         if dataclasses.is_dataclass(nested) and isinstance(value, Mapping):
             if problem := first_unknown_key(value, nested, f"{path}{key}."):
                 return problem
     return None
 
 
-def unknown_dotted_key(key: str, schema: type) -> str | None:
-    """The message for a dotted key (``trainer.lrr``) that does not exist in ``schema``, else None."""
-    path = ""
-    for part in key.split("."):
-        names = [f.name for f in dataclasses.fields(schema)]
-        if part not in names:
-            return unknown_key_message(path, part, names)
-        nested = field_schema(schema, part)
-        if not dataclasses.is_dataclass(nested):
-            return None  # a value, or a free-form section: nothing below it to check
-        schema, path = nested, f"{path}{part}."
-    return None
+def _nested(key: str, value: Any) -> dict[str, Any]:
+    """``{"a": {"b": value}}`` for the dotted ``key`` ``a.b``."""
+    for part in reversed(key.split(".")):
+        value = {part: value}
+    return value
 
 
 def to_plain_dict(cfg: DictConfig) -> dict[str, Any]:
     """The resolved config as plain Python values, without Hydra's own section (for checkpoints/JSON)."""
     plain = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(plain, dict)
     plain.pop("hydra", None)
     return plain
 
@@ -99,23 +81,14 @@ def check_command_line_keys(config_dir: str | Path, args: Sequence[str], schema:
         key = override.key_or_group
         if override.is_add() or override.is_delete() or key.startswith("hydra.") or key in groups:
             continue
-        if problem := unknown_dotted_key(key, schema):
+        if problem := first_unknown_key(_nested(key, None), schema):
             return problem
-        if not override.is_sweep_override() and (problem := _bad_value(schema, key, override.value())):
-            return problem
-    return None
-
-
-def _bad_value(schema: type, key: str, value: Any) -> str | None:
-    """A message when ``value`` does not fit the type ``schema`` gives the dotted ``key``."""
-    *parents, leaf = key.split(".")
-    nested: dict[str, Any] = {leaf: value}
-    for part in reversed(parents):
-        nested = {part: nested}
-    try:
-        OmegaConf.merge(OmegaConf.structured(schema), nested)
-    except OmegaConfBaseException as error:
-        return bad_value_message("", error, key)
+        if override.is_sweep_override():
+            continue
+        try:  # the value against the schema's type
+            OmegaConf.merge(OmegaConf.structured(schema), _nested(key, override.value()))
+        except OmegaConfBaseException as error:
+            return bad_value_message("", error, key)
     return None
 
 
@@ -124,7 +97,10 @@ def unknown_group_option(config_dir: str | Path, args: Sequence[str]) -> str | N
     exit 1), naming the valid options; None if all exist. Sweeps are checked option by option; ``null`` is valid
     for any group; ``--config-dir`` folders count as Hydra counts them.
     """
-    roots = [Path(config_dir), *extra_config_dirs(args)]
+    # Hydra's search path: config_dir and the folders of --config-dir=DIR, --config-dir DIR or -cd DIR
+    extra = [arg.split("=", 1)[1] for arg in args if arg.startswith("--config-dir=")]
+    extra += [value for flag, value in zip(args, args[1:]) if flag in ("--config-dir", "-cd")]
+    roots = [Path(folder) for folder in (config_dir, *extra)]
     for arg in args:
         key, sep, value = arg.partition("=")
         key = key.lstrip("+")
@@ -137,14 +113,3 @@ def unknown_group_option(config_dir: str | Path, args: Sequence[str]) -> str | N
                 hint = f"did you mean {key}={near[0]}? " if near else ""
                 return f"unknown {key} option {option!r}: {hint}valid options: {', '.join(valid)}"
     return None
-
-
-def extra_config_dirs(args: Sequence[str]) -> list[Path]:
-    """The folders that ``--config-dir=DIR``, ``--config-dir DIR`` or ``-cd DIR`` add to Hydra's search path."""
-    dirs = []
-    for i, arg in enumerate(args):
-        if arg.startswith("--config-dir="):
-            dirs.append(Path(arg.split("=", 1)[1]))
-        elif arg in ("--config-dir", "-cd") and i + 1 < len(args):
-            dirs.append(Path(args[i + 1]))
-    return dirs
