@@ -4,10 +4,10 @@ training config's schema (keys and types here, values with comments in ``configs
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nmt.common.device import PRECISIONS
@@ -16,13 +16,17 @@ from nmt.data.prepare import DataSettings, resolve_data_config
 from nmt.model.attention import attention_names, attention_options
 
 
+def _positive() -> Any:  # a field whose value must be above 0
+    return field(default=MISSING, metadata={"positive": True})
+
+
 @dataclass
 class ModelSettings:
-    emb_size: int = MISSING
-    enc_hidden_size: int = MISSING
-    dec_hidden_size: int = MISSING
-    enc_layers: int = MISSING
-    dec_layers: int = MISSING
+    emb_size: int = _positive()
+    enc_hidden_size: int = _positive()
+    dec_hidden_size: int = _positive()
+    enc_layers: int = _positive()
+    dec_layers: int = _positive()
     dropout: float = MISSING
     tie_embeddings: bool = MISSING
     output_hidden_size: int | None = MISSING
@@ -33,24 +37,24 @@ class ModelSettings:
 class TrainerSettings:
     seed: int = MISSING
     device: str = MISSING
-    precision: str = MISSING
-    max_epochs: int = MISSING
+    precision: str = field(default=MISSING, metadata={"choices": PRECISIONS})
+    max_epochs: int = _positive()
     max_steps: int | None = MISSING
-    lr: float = MISSING
+    lr: float = _positive()
     betas: list[float] = MISSING
     weight_decay: float = MISSING
-    lr_schedule: str = MISSING
+    lr_schedule: str = field(default=MISSING, metadata={"choices": ("cosine", "inverse_sqrt", "constant")})
     warmup_steps: int = MISSING
     min_lr_ratio: float = MISSING
     clip_grad_norm: float | None = MISSING
     label_smoothing: float = MISSING
     validate_every: int | None = MISSING
-    val_beam_size: int = MISSING
-    test_beam_size: int = MISSING
+    val_beam_size: int = _positive()
+    test_beam_size: int = _positive()
     length_penalty: float = MISSING
     early_stopping_patience: int | None = MISSING
     average_last: int = MISSING
-    log_every: int = MISSING
+    log_every: int = _positive()
     num_heatmaps: int = MISSING
     num_samples: int = MISSING
     max_nonfinite_steps: int = MISSING
@@ -67,31 +71,14 @@ class TrainSettings:
     trainer: TrainerSettings = field(default_factory=TrainerSettings)
 
 
-GROUP_SETTINGS: dict[str, type] = {"data": DataSettings, "model": ModelSettings, "trainer": TrainerSettings}
-CHOICES: dict[str, tuple[str, ...]] = {
-    "trainer.lr_schedule": ("cosine", "inverse_sqrt", "constant"),
-    "trainer.precision": PRECISIONS,
-}
-POSITIVE: tuple[str, ...] = (
-    "model.emb_size",
-    "model.enc_hidden_size", "model.dec_hidden_size", "model.enc_layers", "model.dec_layers",
-    "trainer.max_epochs", "trainer.lr", "trainer.val_beam_size", "trainer.test_beam_size",
-    "trainer.log_every",
-)
-
 
 def _check_attention(attention: DictConfig) -> None:
-    if "name" not in attention:
-        raise ConfigError("attention.name is missing; choose one with attention=NAME "
+    if (name := attention.get("name")) not in attention_names():
+        raise ConfigError(f"attention.name={name!r} is not an attention type; choose one with attention=NAME "
                           f"({', '.join(attention_names())})")
-    name = attention.name
-    if name not in attention_names():
-        valid_types = ", ".join(attention_names())
-        raise ConfigError(f"unknown attention type attention.name={name!r}; valid types: {valid_types}")
     valid = ["name", "hidden_size", *attention_options(name)]
-    for key in attention:
-        if key not in valid:
-            raise ConfigError(unknown_key_message("attention.", str(key), valid))
+    if unknown := [key for key in attention if key not in valid]:
+        raise ConfigError(unknown_key_message("attention.", str(unknown[0]), valid))
 
 
 def validate_config(cfg: DictConfig) -> None:
@@ -101,7 +88,7 @@ def validate_config(cfg: DictConfig) -> None:
     sections = {key: value for key, value in cfg.items() if key != "hydra"}
     if problem := first_unknown_key(sections, TrainSettings):
         raise ConfigError(problem)
-    for group, schema in GROUP_SETTINGS.items():
+    for group, schema in (("data", DataSettings), ("model", ModelSettings), ("trainer", TrainerSettings)):
         if group not in cfg:
             raise ConfigError(f"config group {group!r} is missing; train.yaml's defaults list selects one")
         if group == "data":
@@ -114,21 +101,17 @@ def validate_config(cfg: DictConfig) -> None:
         if unset := sorted(OmegaConf.missing_keys(typed)):  # the schema has no values: a group file must set each key
             raise ConfigError(f"{group}.{unset[0]} has no value: set it ({group}.{unset[0]}=...) or add it to the "
                               f"{group} YAML file (configs/{group}/default.yaml sets every key)")
+        for setting in fields(schema):  # the values a type cannot say: choices, positive numbers
+            key, value, rule = f"{group}.{setting.name}", typed[setting.name], setting.metadata
+            if "choices" in rule and value not in rule["choices"]:
+                raise ConfigError(f"{key}={value!r} is not one of {', '.join(rule['choices'])}")
+            if rule.get("positive") and (value is None or value <= 0):
+                raise ConfigError(f"{key}={value!r} must be positive")
     _check_attention(cfg.attention)
-    for key, choices in CHOICES.items():
-        value = OmegaConf.select(cfg, key)
-        if value not in choices:
-            raise ConfigError(f"{key}={value!r} is not one of {', '.join(choices)}")
-    for key in POSITIVE:
-        value = OmegaConf.select(cfg, key)
-        if value is None or value <= 0:
-            raise ConfigError(f"{key}={value!r} must be positive")
-    betas = cfg.trainer.betas
-    if not isinstance(betas, ListConfig) or len(betas) != 2:
-        raise ConfigError(f"trainer.betas={betas} must be a list of two numbers, e.g. [0.9, 0.98]")
-    model = cfg.model
-    if model.tie_embeddings and model.output_hidden_size not in (None, model.emb_size):
-        raise ConfigError(f"model.output_hidden_size={model.output_hidden_size} needs model.tie_embeddings=false "
-                          f"(a tied output matrix is emb_size={model.emb_size} wide), or output_hidden_size=null")
+    if len(cfg.trainer.betas) != 2:  # a list of numbers: its type is checked above
+        raise ConfigError(f"trainer.betas={cfg.trainer.betas} must be a list of two numbers, e.g. [0.9, 0.98]")
+    if cfg.model.tie_embeddings and cfg.model.output_hidden_size not in (None, cfg.model.emb_size):
+        raise ConfigError(f"model.output_hidden_size={cfg.model.output_hidden_size} needs model.tie_embeddings=false "
+                          f"(a tied output matrix is emb_size={cfg.model.emb_size} wide), or output_hidden_size=null")
 
 
