@@ -19,6 +19,7 @@ from nmt.train.progress import Progress
 
 log = logging.getLogger(__name__)
 
+
 def resume_overrides(args: Sequence[str]) -> list[str]:
     """Hydra overrides that make ``train.py trainer.resume=RUN`` write only into RUN: the log goes on in
     ``RUN/train.log``, no new ``outputs/<date>/...`` folder and no ``.hydra/`` (the resumed config goes to
@@ -39,9 +40,7 @@ def resume_overrides(args: Sequence[str]) -> list[str]:
 
 def _hydra_quoted(value: str) -> str:
     """``value`` as a Hydra override value: as is when plain, else single-quoted (spaces, commas, brackets)."""
-    if re.fullmatch(r"[\w./+@-]+", value):
-        return value
-    return "'" + value.replace("'", "\\'") + "'"
+    return value if re.fullmatch(r"[\w./+@-]+", value) else "'" + value.replace("'", "\\'") + "'"
 
 
 def resume_paths(resume: str | Path) -> tuple[Path, Path]:
@@ -49,26 +48,22 @@ def resume_paths(resume: str | Path) -> tuple[Path, Path]:
     from ``checkpoints/last.pt``; ``RUN/checkpoints/NAME.pt`` from itself, writing on into ``RUN``.
     """
     resume = Path(resume)
-    if resume.is_dir():
-        return resume / CHECKPOINT_DIR / "last.pt", resume
-    return resume, resume.parent.parent
+    return (resume / CHECKPOINT_DIR / "last.pt", resume) if resume.is_dir() else (resume, resume.parent.parent)
 
 
 def resume_config(cfg: DictConfig, state: dict[str, Any]) -> DictConfig:
     """The checkpoint's config with this invocation's ``trainer`` keys on top: under Hydra only the overrides typed
     on the command line, so a run started with ``experiment=smoke`` keeps its settings on a bare resume.
     """
+    from hydra.core.hydra_config import HydraConfig
+
     saved = OmegaConf.create(upgrade_saved_config(state["config"]))
     try:
-        from hydra.core.hydra_config import HydraConfig
-
-        overrides = [o for o in HydraConfig.get().overrides.task if "." in o.split("=")[0]]
-        overrides = [o.lstrip("+~") for o in overrides if not o.startswith("hydra.")]
+        typed = HydraConfig.get().overrides.task
     except ValueError:  # not running under Hydra (tests, notebooks): take this config's trainer section
-        overrides = None
-    if overrides is None:
         merged = OmegaConf.merge(saved, {"trainer": cfg.trainer})
     else:
+        overrides = [o.lstrip("+~") for o in typed if "." in o.split("=")[0] and not o.startswith("hydra.")]
         merged = OmegaConf.merge(saved, OmegaConf.from_dotlist(overrides))
         refuse_changed_run(saved, merged, overrides)
     for group in ("data", "model", "attention"):
