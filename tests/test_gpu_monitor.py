@@ -37,7 +37,8 @@ def test_samples_utilisation_while_the_work_runs(tmp_path: Path, monkeypatch: py
     fake.write_text(FAKE_NVIDIA_SMI)
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    with GpuMonitor("GPU-1234", interval_ms=20) as monitor:
+    monkeypatch.setattr(GpuMonitor, "interval_ms", 20)
+    with GpuMonitor("GPU-1234") as monitor:
         deadline = time.monotonic() + 10
         while len(monitor.samples) < 6 and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -56,6 +57,6 @@ def test_a_failing_nvidia_smi_is_reported(tmp_path: Path, monkeypatch: pytest.Mo
     fake.write_text("#!/bin/sh\necho 'No devices were found'\nexit 6\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    with GpuMonitor("7", interval_ms=20) as monitor:
+    with GpuMonitor("7") as monitor:
         time.sleep(0.3)  # long enough for the stand-in to exit
     assert monitor.summary() == {"available": False, "reason": "nvidia-smi -i 7 stopped early with exit code 6"}

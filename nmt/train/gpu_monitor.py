@@ -8,12 +8,9 @@ import shutil
 import statistics
 import subprocess
 import threading
-from types import TracebackType
 from typing import Any
 
 import torch
-
-QUERY = "utilization.gpu,memory.used"
 
 
 def parse_sample(line: str) -> tuple[float, float] | None:
@@ -40,49 +37,45 @@ class GpuMonitor:
     ``gpu`` is an ``nvidia-smi -i`` id, None to record nothing (``unavailable_reason`` says why).
     """
 
-    def __init__(self, gpu: str | None, interval_ms: int = 200, unavailable_reason: str | None = None) -> None:
+    interval_ms = 200  # nvidia-smi's sampling period (the tests' stand-in prints faster)
+
+    def __init__(self, gpu: str | None, unavailable_reason: str | None = None) -> None:
         self.gpu = gpu
-        self.interval_ms = interval_ms
         self.unavailable_reason = unavailable_reason
         self.samples: list[tuple[float, float]] = []
         self._process: subprocess.Popen[str] | None = None
-        self._reader: threading.Thread | None = None
 
     @classmethod
-    def for_device(cls, device: torch.device, interval_ms: int = 200) -> GpuMonitor:
+    def for_device(cls, device: torch.device) -> GpuMonitor:
         if device.type != "cuda":
-            return cls(None, interval_ms, f"device is {device.type}, not a GPU")
+            return cls(None, f"device is {device.type}, not a GPU")
         if shutil.which("nvidia-smi") is None:
-            return cls(None, interval_ms, "nvidia-smi not found on PATH")
-        return cls(gpu_id(device), interval_ms)
+            return cls(None, "nvidia-smi not found on PATH")
+        return cls(gpu_id(device))
 
     def __enter__(self) -> GpuMonitor:
         if self.gpu is None:
             return self
-        command = ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
+        command = ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits",
                    "-i", self.gpu, f"--loop-ms={self.interval_ms}"]
         try:
             self._process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         except OSError as error:
             self.unavailable_reason = f"nvidia-smi failed to start: {error}"
-            return self
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        else:
+            self._reader = threading.Thread(target=self._read, daemon=True)
+            self._reader.start()
         return self
 
     def _read(self) -> None:
-        assert self._process is not None and self._process.stdout is not None
         for line in self._process.stdout:
-            sample = parse_sample(line)
-            if sample is not None:
+            if (sample := parse_sample(line)) is not None:
                 self.samples.append(sample)
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self._process is None:
             return
-        exit_code = self._process.poll()  # None while it still samples, as it should
-        if exit_code is not None:
+        if (exit_code := self._process.poll()) is not None:  # None while it still samples, as it should
             self.unavailable_reason = f"nvidia-smi -i {self.gpu} stopped early with exit code {exit_code}"
         self._process.terminate()
         try:
@@ -90,9 +83,7 @@ class GpuMonitor:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
-        if self._reader is not None:
-            self._reader.join(timeout=5)
-        self._process = None
+        self._reader.join(timeout=5)
 
     def summary(self) -> dict[str, Any]:
         """Median / mean / min utilisation (percent) and peak memory used (MiB) over the samples."""
