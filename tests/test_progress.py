@@ -53,7 +53,7 @@ def test_a_bar_on_a_terminal_and_log_lines_otherwise(
     caplog.set_level(logging.INFO, logger="nmt.train.run_logger")
     plain = RunLogger(tmp_path / "plain", total_steps=10)
     assert plain.display.bar is None
-    plain.progress(5, "step 5/10 (50%) | ...", {"loss": "1.000"})
+    plain.display.move_to(5, "step 5/10 (50%) | ...", {"loss": "1.000"})
     plain.close()
     assert "step 5/10 (50%) | ..." in caplog.messages
 
@@ -63,9 +63,9 @@ def test_a_bar_on_a_terminal_and_log_lines_otherwise(
     monkeypatch.setattr(sys, "stderr", terminal)
     logger = RunLogger(tmp_path / "tty", total_steps=10, initial_step=2)
     assert logger.display.bar is not None
-    logger.progress(5, "step 5/10 (50%) | ...", {"loss": "1.000"})
+    logger.display.move_to(5, "step 5/10 (50%) | ...", {"loss": "1.000"})
     assert logger.display.bar.n == 5 and not caplog.messages  # the bar shows it; no log line breaks the bar
-    logger.end_progress()  # the loop is over: the final summary goes below a closed bar
+    logger.display.close()  # the loop is over: the final summary goes below a closed bar
     assert logger.display.bar is None and "5/10" in terminal.getvalue()
     logger.close()
 

@@ -41,8 +41,7 @@ class DistInfo:
 
 def setup_distributed(device_name: str) -> DistInfo:
     """Join the process group when started by ``torchrun`` (WORLD_SIZE > 1); else a single process."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size == 1:
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return DistInfo()
     use_cuda = torch.cuda.is_available() and device_name != "cpu"
     if not dist.is_initialized():
@@ -77,9 +76,8 @@ def choose_device(name: str, info: DistInfo) -> torch.device:
 
 def wrap_model(model: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:
     """``model`` under DistributedDataParallel when there are several ranks (it copies rank 0's weights)."""
-    if not info.distributed:
-        return model
-    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    device_ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids) if info.distributed else model
 
 
 # ------------------------------------------------------------------------------------- seeds, RNG
@@ -100,11 +98,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def gather_rng_states(info: DistInfo) -> list[dict[str, Any]]:
-    """Every rank's RNG states, indexed by rank. A collective."""
-    return gather_from_ranks(rng_state(), info)
 
 
 def gather_from_ranks(value: Any, info: DistInfo) -> list[Any]:
@@ -133,19 +126,12 @@ def barrier(info: DistInfo) -> None:
         dist.barrier()
 
 
-def all_ranks(flag: bool, info: DistInfo, device: torch.device) -> bool:
-    """True when ``flag`` is true on every rank. A collective."""
-    return _reduce_flag(flag, info, device, dist.ReduceOp.MIN) if info.distributed else flag
-
-
 def any_rank(flag: bool, info: DistInfo, device: torch.device) -> bool:
     """True when ``flag`` is true on at least one rank. A collective."""
-    return _reduce_flag(flag, info, device, dist.ReduceOp.MAX) if info.distributed else flag
-
-
-def _reduce_flag(flag: bool, info: DistInfo, device: torch.device, op: dist.ReduceOp) -> bool:
+    if not info.distributed:
+        return flag
     value = torch.tensor([1.0 if flag else 0.0], device=device)  # [1]
-    dist.all_reduce(value, op=op)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
 
 

@@ -1,15 +1,12 @@
-"""Where a training run stands: the progress record in each checkpoint, the loss curve, the clocks, the log line."""
+"""Where a training run stands: the progress record in each checkpoint, the clocks, the log line."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from nmt.common.files import write_text_durably
 from nmt.common.progress import format_duration
 
 
@@ -30,39 +27,6 @@ class Progress:
     # It answers "how long until the model was this good" (the GPU time-to-BLEU figure).
     validations: list[dict[str, float]] = field(default_factory=list)
 
-    @property
-    def last_validated_step(self) -> int | None:
-        return int(self.validations[-1]["step"]) if self.validations else None
-
-
-class StepHistory:
-    """``train_log.jsonl``: step, loss per target token, learning rate and gradient norm of every optimizer step
-    (resume tests compare it byte for byte). A disabled history (DDP ranks other than 0) writes nothing.
-    """
-
-    def __init__(self, path: Path, enabled: bool = True) -> None:
-        self.path = path
-        self.enabled = enabled
-
-    def keep_until(self, step: int) -> None:
-        """Drop the lines after ``step`` (a resumed run's checkpoint): the cut-off run wrote them, then lost them."""
-        if not self.enabled or not self.path.exists():
-            return
-        kept = []
-        for line in self.path.read_text(errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:  # a line torn by a crash or a power cut: the checkpoint says where the run stands
-                continue
-            if isinstance(record, dict) and record.get("step", step + 1) <= step:
-                kept.append(line)
-        write_text_durably(self.path, "".join(line + "\n" for line in kept))
-
-    def append(self, step: int, loss: float, lr: float, grad_norm: float) -> None:
-        if self.enabled:
-            with self.path.open("a") as handle:
-                handle.write(json.dumps({"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm}) + "\n")
-
 
 class RunClock:
     """The timings of a run, written into its ``Progress`` (``train_seconds``, ``wall_seconds``); a resumed run's
@@ -72,13 +36,11 @@ class RunClock:
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
         self._started: float | None = None  # perf_counter when the loop started in this process
-        self._wall_before = 0.0  # progress.wall_seconds then (earlier processes of a resumed run)
-        self._step_before = 0  # progress.step then
-        self._window_start = 0.0
 
     def start(self) -> None:
         """The loop starts: wall time counts from now, on top of earlier runs'."""
         self._started = self._window_start = time.perf_counter()
+        # progress.wall_seconds and step now (earlier processes of a resumed run)
         self._wall_before, self._step_before = self.progress.wall_seconds, self.progress.step
 
     def stop(self) -> None:
@@ -91,37 +53,24 @@ class RunClock:
         if self._started is not None:
             self.progress.wall_seconds = self._wall_before + time.perf_counter() - self._started
 
-    @staticmethod
-    def now() -> float:
-        return time.perf_counter()
-
-    def add_step_time(self, step_started: float) -> None:
-        """Count an optimizer step that began at ``step_started`` (``now()``) as training time."""
-        self.progress.train_seconds += time.perf_counter() - step_started
-
     @contextmanager
     def outside_window(self) -> Iterator[None]:
         """Time spent in the block (validation) does not lower the log window's tokens/s."""
         started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._window_start += time.perf_counter() - started
+        yield
+        self._window_start += time.perf_counter() - started
 
     def close_window(self, tokens: int) -> float:
         """Tokens per second since the last window closed; a new window starts now."""
-        now = time.perf_counter()
-        rate = tokens / max(1e-9, now - self._window_start)
-        self._window_start = now
-        return rate
+        started, self._window_start = self._window_start, time.perf_counter()
+        return tokens / max(1e-9, self._window_start - started)
 
     def eta_seconds(self, total_steps: int) -> float | None:
         """Seconds until ``total_steps`` at this process's pace so far (validations included); None before a step."""
         steps = self.progress.step - self._step_before
         if self._started is None or steps <= 0:
             return None
-        per_step = (time.perf_counter() - self._started) / steps
-        return per_step * max(0, total_steps - self.progress.step)
+        return (time.perf_counter() - self._started) / steps * max(0, total_steps - self.progress.step)
 
 
 def progress_line(step: int, total_steps: int, epoch: int, loss: float, lr: float, tokens_per_s: float,

@@ -21,42 +21,23 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from nmt.common.device import DeviceError, autocast, configure_matmul, slow_bf16_warning, uses_bf16
-from nmt.common.files import FolderInUse, folder_lock
+from nmt.common.files import FolderInUse, folder_lock, write_json_durably, write_text_durably
 from nmt.common.metrics import corpus_scores
 from nmt.common.provenance import device_name, host, library_versions
 from nmt.common.settings import ConfigError, to_plain_dict
 from nmt.data import Batch, DataError, EncodedSplit, PreparedData, Tokenizer, build_loader, prepare_data
 from nmt.inference.backtranslation import BacktranslationError, rebuild_synthetic_sources
 from nmt.inference.engine import SearchOptions, TranslationError, Translator
-from nmt.model.checkpoint import (
-    CheckpointError,
-    RunCheckpoints,
-    build_model,
-    load_checkpoint,
-)
+from nmt.model.checkpoint import CheckpointError, RunCheckpoints, build_model, load_checkpoint
 from nmt.model.loss import sequence_loss
 from nmt.model.search import Hypothesis
-from nmt.model.seq2seq import Seq2Seq, count_parameters
-from nmt.train.distributed import (
-    DistInfo,
-    all_ranks,
-    any_rank,
-    barrier,
-    broadcast_from_main,
-    choose_device,
-    gather_from_ranks,
-    gather_rng_states,
-    main_process_first,
-    seed_everything,
-    setup_distributed,
-    shutdown,
-    wrap_model,
-)
-from nmt.train.final_evaluation import FinishedRun, final_evaluation
+from nmt.model.seq2seq import count_parameters
+from nmt.train import distributed
+from nmt.train.distributed import DistInfo
 from nmt.train.gpu_monitor import GpuMonitor
-from nmt.train.progress import Progress, RunClock, StepHistory, progress_line
+from nmt.train.progress import Progress, RunClock, progress_line
 from nmt.train.resume import restore_run, resume_config, resume_paths
-from nmt.train.run_logger import RunLogger
+from nmt.train.run_logger import RunLogger, format_results
 from nmt.train.schema import validate_config
 
 __all__ = ["USER_ERRORS", "DistInfo", "Trainer", "TrainingError", "lr_factor", "train"]
@@ -89,21 +70,6 @@ def lr_factor(schedule: str, warmup_steps: int, total_steps: int, min_ratio: flo
     return factor
 
 
-def lock_run_dir(run_dir: Path, is_main: bool) -> contextlib.AbstractContextManager[None]:
-    """Hold the run dir's lock on the main rank, so that one train.py writes a run (the others hold nothing)."""
-    if not is_main:
-        return contextlib.nullcontext()
-    advice = ("wait for it to finish (or stop it), then resume; two processes writing one run would overwrite "
-              "each other's checkpoints.")
-    return folder_lock(run_dir, f"train.py (pid {os.getpid()})", advice)
-
-
-def run_dir_from_hydra() -> Path:
-    from hydra.core.hydra_config import HydraConfig
-
-    return Path(HydraConfig.get().runtime.output_dir)
-
-
 def check_same_data(ranks: list[dict[str, Any]]) -> None:
     """Refuse to train when the ranks' data fingerprints differ: nodes that each prepare their own cache would
     otherwise train silently on a mix of corpus files or settings.
@@ -121,55 +87,62 @@ class Trainer:
     is a loaded checkpoint to continue from, or None.
     """
 
-    def __init__(
-        self,
-        cfg: DictConfig,
-        run_dir: Path,
-        info: DistInfo,
-        resume_state: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, cfg: DictConfig, run_dir: Path, info: DistInfo,
+                 resume_state: dict[str, Any] | None = None) -> None:
         setup_start = time.perf_counter()
         self.cfg, self.tcfg, self.run_dir, self.info = cfg, cfg.trainer, run_dir, info
-        self.device = choose_device(self.tcfg.device, info)
+        self.device = distributed.choose_device(self.tcfg.device, info)
         self.precision = self.tcfg.precision
         self.use_bf16 = uses_bf16(self.precision, self.device)
         configure_matmul(self.precision, self.device)
         if info.is_main and (warning := slow_bf16_warning(self.precision, self.device)):
             log.warning("trainer.%s", warning)
         self.stop_signal: str | None = None
-        seed_everything(self.tcfg.seed + info.rank)  # own dropout stream per rank; DDP copies rank 0's weights
+        # An own dropout stream per rank; DDP copies rank 0's weights.
+        distributed.seed_everything(self.tcfg.seed + info.rank)
 
         self.data = self._prepare_data(resume_state)
-        self.model = self._build_model().to(self.device)
-        self.ddp_model: nn.Module = wrap_model(self.model, info, self.device)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=self.tcfg.lr, betas=tuple(self.tcfg.betas), weight_decay=self.tcfg.weight_decay
-        )
-        self.train_loader = build_loader(
-            self.data.train, cfg.data.max_tokens, shuffle=True, seed=self.tcfg.seed, rank=info.rank,
-            world_size=info.world_size, pin_memory=self.device.type == "cuda", num_workers=cfg.data.num_workers,
-        )
+        try:
+            self.model = build_model(cfg, self.data.tokenizer).to(self.device)
+        except ValueError as error:  # sizes that do not fit together, e.g. multihead heads not dividing hidden_size
+            raise ConfigError(f"model/attention settings do not work together: {error}") from error
+        self.ddp_model: nn.Module = distributed.wrap_model(self.model, info, self.device)
+        t = self.tcfg
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=tuple(t.betas),
+                                           weight_decay=t.weight_decay)
+        self.train_loader = build_loader(self.data.train, cfg.data.max_tokens, shuffle=True, seed=t.seed,
+                                         rank=info.rank, world_size=info.world_size,
+                                         pin_memory=self.device.type == "cuda", num_workers=cfg.data.num_workers)
         self.batches_per_epoch = len(self.train_loader.batch_sampler)
-        self.total_steps = min(self.tcfg.max_epochs * self.batches_per_epoch, self.tcfg.max_steps or math.inf)
+        self.total_steps = min(t.max_epochs * self.batches_per_epoch, t.max_steps or math.inf)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lr_factor(self.tcfg.lr_schedule, self.tcfg.warmup_steps, self.total_steps, self.tcfg.min_lr_ratio),
-        )
+            self.optimizer, lr_factor(t.lr_schedule, t.warmup_steps, self.total_steps, t.min_lr_ratio))
         # bf16 autocast needs no loss scaling; the scaler is kept (disabled) so checkpoints have one layout.
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=False)
         self.progress = Progress()
         if resume_state is not None:
-            self._restore(resume_state)
-        self._init_bookkeeping()
+            self.progress = restore_run(resume_state, self.model, self.optimizer, self.scheduler, self.scaler,
+                                        self.tcfg, info)
+            log.info("resumed at step %d (epoch %d, batch %d of %d)", self.progress.step, self.progress.epoch,
+                     self.progress.batches_done, self.batches_per_epoch)
+        # Clock, logs and checkpoint folder of the run; on every rank but 0 they write nothing.
+        self.clock = RunClock(self.progress)
+        self.logger = RunLogger(run_dir, self.total_steps, self.progress.step, enabled=info.is_main)
+        self.checkpoints = RunCheckpoints(run_dir, self.tcfg.average_last, enabled=info.is_main)
+        # The same on every rank (all load one checkpoint), so every rank agrees when validation is due.
+        validations = self.progress.validations
+        self.validated_at_step = int(validations[-1]["step"]) if validations else None
+        self.window_loss, self.window_tokens = 0.0, 0  # since the last log line
         self.setup_seconds = time.perf_counter() - setup_start  # data (SentencePiece training when not cached), model
 
     # ----------------------------------------------------------------------------------- setup
     def _prepare_data(self, resume_state: dict[str, Any] | None) -> PreparedData:
-        with main_process_first(self.info):  # rank 0 downloads, trains SentencePiece, caches; the others read
+        # Rank 0 downloads, trains SentencePiece and caches; the others read what it wrote.
+        with distributed.main_process_first(self.info):
             rebuild_synthetic_sources(self.cfg.data)  # a mixture's missing back-translations (the others find them)
             data = prepare_data(self.cfg.data)
-        self.data_ranks = gather_from_ranks({"fingerprint": data.fingerprint, "train_files": data.train.src_ids.paths},
-                                            self.info)
+        self.data_ranks = distributed.gather_from_ranks(
+            {"fingerprint": data.fingerprint, "train_files": data.train.src_ids.paths}, self.info)
         check_same_data(self.data_ranks)
         if resume_state is not None:
             saved = Tokenizer.from_state(resume_state["tokenizer"])
@@ -179,54 +152,31 @@ class Trainer:
                     "checkpoint's; resume with the same data settings (the checkpoint's config is used by default)")
         return data
 
-    def _build_model(self) -> Seq2Seq:
-        try:
-            return build_model(self.cfg, self.data.tokenizer)
-        except ValueError as error:  # sizes that do not fit together, e.g. multihead heads not dividing hidden_size
-            raise ConfigError(f"model/attention settings do not work together: {error}") from error
-
-    def _restore(self, state: dict[str, Any]) -> None:
-        self.progress = restore_run(state, self.model, self.optimizer, self.scheduler, self.scaler, self.tcfg,
-                                    self.info)
-        log.info("resumed at step %d (epoch %d, batch %d of %d)", self.progress.step, self.progress.epoch,
-                 self.progress.batches_done, self.batches_per_epoch)
-
-    def _init_bookkeeping(self) -> None:
-        """Clock, logs and checkpoint folder of the run; on every rank but 0 they write nothing."""
-        main = self.info.is_main
-        self.clock = RunClock(self.progress)
-        self.logger = RunLogger(self.run_dir, self.total_steps, self.progress.step, enabled=main)
-        self.history = StepHistory(self.run_dir / "train_log.jsonl", enabled=main)
-        self.checkpoints = RunCheckpoints(self.run_dir, self.tcfg.average_last, enabled=main)
-        # The same on every rank (all load one checkpoint), so every rank agrees when validation is due.
-        self.validated_at_step = self.progress.last_validated_step
-        self.window_loss, self.window_tokens = 0.0, 0  # since the last log line
-        self.gpu_utilisation: dict[str, Any] = {"available": False, "reason": "not trained yet"}
-
     # ------------------------------------------------------------------------------------ loop
     def fit(self) -> dict[str, Any]:
         """Train until max_steps / max_epochs / early stopping / a signal; then test. Returns metrics."""
-        self.history.keep_until(self.progress.step)  # on resume, drop what the run that was cut off wrote later
-        self.logger.message(f"training {self.cfg.attention.name}: {count_parameters(self.model)} parameters, "
-                            f"{self.batches_per_epoch} batches per epoch, {self.total_steps} steps planned, "
-                            f"device {self.device}")
+        self.logger.keep_steps_until(self.progress.step)  # on resume, drop what the cut-off run wrote later
+        self.logger.display.message(f"training {self.cfg.attention.name}: {count_parameters(self.model)} parameters, "
+                                    f"{self.batches_per_epoch} batches per epoch, {self.total_steps} steps planned, "
+                                    f"device {self.device}")
         gpu = GpuMonitor.for_device(self.device) if self.info.is_main else GpuMonitor(None)
         self.clock.start()
         with self._signals_stop_training(), gpu:
             stopped_early = self._loop()
         self.clock.stop()  # the final evaluation is timed on its own
-        self.logger.end_progress()
+        self.logger.display.close()  # what follows, the final summary, is printed below the bar
         self.gpu_utilisation = gpu.summary()
-        if self.stop_signal is not None:
-            return self._save_interrupted()
-        return self._finish(stopped_early)
+        return self._save_interrupted() if self.stop_signal is not None else self._finish(stopped_early)
 
     def _loop(self) -> bool:
         """One optimizer step per batch until the plan, a signal or early stopping ends it. True = early stop."""
-        batches = self._batches()
+        batches, p = self._batches(), self.progress
         nonfinite_in_row = 0
         while True:
-            self._roll_over_finished_epoch()
+            # The next epoch starts once this one's batches are done (not after the planned last step).
+            if p.batches_done >= self.batches_per_epoch and p.step < self.total_steps:
+                p.epoch += 1
+                p.batches_done = 0
             if self._validation_due():
                 with self.clock.outside_window():  # validation is not training time
                     if self._validate_and_checkpoint():
@@ -234,9 +184,9 @@ class Trainer:
             if self._should_stop():
                 return False
             batch = next(batches)
-            step_started = self.clock.now()
+            step_started = time.perf_counter()
             loss, tokens, grad_norm, lr = self.train_step(batch)
-            self.progress.batches_done += 1
+            p.batches_done += 1
             if loss is None:
                 nonfinite_in_row += 1
                 self._skip_nonfinite_step(nonfinite_in_row)
@@ -257,14 +207,13 @@ class Trainer:
             logits, _ = self.ddp_model(batch.src, batch.src_lengths, batch.tgt_in)  # [B, T, V]
         loss_sum = sequence_loss(logits, batch.tgt_out, self.tcfg.label_smoothing)
         loss_value = loss_sum.item()
+        grad_norm = float("nan")
         # Every rank must skip together, or DDP's all-reduce in backward would hang.
-        if not all_ranks(math.isfinite(loss_value), self.info, self.device):
-            self.optimizer.zero_grad(set_to_none=True)
-            return None, tokens, float("nan"), lr
-        # Mean over this rank's tokens; DDP averages the gradients over ranks.
-        (loss_sum / max(1, tokens)).backward()
-        max_norm = self.tcfg.clip_grad_norm or float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        if not distributed.any_rank(not math.isfinite(loss_value), self.info, self.device):
+            # Mean over this rank's tokens; DDP averages the gradients over ranks.
+            (loss_sum / max(1, tokens)).backward()
+            max_norm = self.tcfg.clip_grad_norm or float("inf")  # null: no clipping, the norm still measured
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         if not math.isfinite(grad_norm):  # identical on every rank: gradients are already all-reduced
             self.optimizer.zero_grad(set_to_none=True)
             return None, tokens, grad_norm, lr
@@ -279,12 +228,6 @@ class Trainer:
             self.train_loader.batch_sampler.set_epoch(self.progress.epoch, start=self.progress.batches_done)
             yield from self.train_loader
 
-    def _roll_over_finished_epoch(self) -> None:
-        """Start the next epoch once this one's batches are done (not after the planned last step)."""
-        if self.progress.batches_done >= self.batches_per_epoch and self.progress.step < self.total_steps:
-            self.progress.epoch += 1
-            self.progress.batches_done = 0
-
     def _validation_due(self) -> bool:
         """Every ``validate_every`` steps (default: at each epoch's end) and at the planned last step; once a step."""
         step, every = self.progress.step, self.tcfg.validate_every
@@ -295,13 +238,14 @@ class Trainer:
 
     def _should_stop(self) -> bool:
         """The planned steps are done, or a signal reached any rank (all stop at the same step). A collective."""
-        signalled = any_rank(self.stop_signal is not None, self.info, self.device)
+        signalled = distributed.any_rank(self.stop_signal is not None, self.info, self.device)
         if signalled and self.stop_signal is None:
             self.stop_signal = "another rank's signal"
         return signalled or self.progress.step >= self.total_steps
 
     def _skip_nonfinite_step(self, in_a_row: int) -> None:
-        self.logger.message(f"warning: non-finite loss or gradient at step {self.progress.step + 1}; step skipped")
+        step = self.progress.step + 1
+        self.logger.display.message(f"warning: non-finite loss or gradient at step {step}; step skipped")
         if in_a_row >= self.tcfg.max_nonfinite_steps:
             raise TrainingError(
                 f"{in_a_row} non-finite losses in a row at step {self.progress.step}: lower trainer.lr or set "
@@ -311,10 +255,10 @@ class Trainer:
         """Book a finished optimizer step: progress, clock, log window, and its line in train_log.jsonl."""
         self.progress.step += 1
         self.progress.target_tokens += tokens
-        self.clock.add_step_time(step_started)
+        self.progress.train_seconds += time.perf_counter() - step_started
         self.window_loss += loss
         self.window_tokens += tokens
-        self.history.append(self.progress.step, loss / max(1, tokens), lr, grad_norm)
+        self.logger.step(self.progress.step, loss / max(1, tokens), lr, grad_norm)
 
     def _log_when_due(self, grad_norm: float, lr: float) -> None:
         """Every ``log_every`` steps and at the last: TensorBoard's train scalars and the progress line (or bar)."""
@@ -329,7 +273,7 @@ class Trainer:
         self.clock.sync_wall_clock()
         line = progress_line(step, self.total_steps, self.progress.epoch, loss, lr, tokens_per_s,
                              self.progress.wall_seconds, self.clock.eta_seconds(self.total_steps))
-        self.logger.progress(step, line, {"loss": f"{loss:.3f}", "tok/s": f"{tokens_per_s:,.0f}"})
+        self.logger.display.move_to(step, line, {"loss": f"{loss:.3f}", "tok/s": f"{tokens_per_s:,.0f}"})
 
     # ------------------------------------------------------------------------- stop and signals
     @contextmanager
@@ -348,17 +292,52 @@ class Trainer:
 
     def _save_interrupted(self) -> dict[str, Any]:
         self.save("last")
-        self.logger.message(f"stopped by {self.stop_signal} at step {self.progress.step}; checkpoint saved. "
-                            f"Resume with:\n  python train.py trainer.resume={self.run_dir}")
+        self.logger.display.message(f"stopped by {self.stop_signal} at step {self.progress.step}; checkpoint saved. "
+                                    f"Resume with:\n  python train.py trainer.resume={self.run_dir}")
         self.logger.close()
         return {"interrupted": True, "step": self.progress.step}
 
     def _finish(self, stopped_early: bool) -> dict[str, Any]:
-        """Rank 0 scores the best checkpoint on every split and writes results.json; returns them (else {})."""
-        barrier(self.info)
-        results = final_evaluation(self.finished_run(stopped_early)) if self.info.is_main else {}
+        """Rank 0 scores the best (and averaged) weights on every split, writes ``results.json`` (the scores and the
+        run's ``summary``) and the TensorBoard HParams, prints a summary; returns results.json's contents (else {}).
+        """
+        distributed.barrier(self.info)
+        if not self.info.is_main:
+            return {}
+        started = time.perf_counter()
+        best = self.checkpoints.load("best")
+        self.model.load_state_dict(best["model"])
+        results = self._evaluate_weights("best", best["progress"]["step"])
+        averaged = self.checkpoints.averaged_weights()
+        if averaged is not None:
+            self.model.load_state_dict(averaged)
+            results["averaged"] = self._evaluate_weights(f"average of last {self.tcfg.average_last}", None)
+            self.model.load_state_dict(best["model"])
+        results.update(self.summary(stopped_early))
+        results["final_evaluation_seconds"] = time.perf_counter() - started
+        path = self.run_dir / "results.json"
+        write_json_durably(path, results)
+        print(format_results(results, path), flush=True)
+        self.logger.hparams(self.cfg, results)
         self.logger.close()
         return results
+
+    def _evaluate_weights(self, label: str, step: int | None) -> dict[str, Any]:
+        """Beam-search scores of the model's current weights (``label``: ``best``, ``average of last 3``) on the
+        validation and test splits; with ``step`` (the best checkpoint's) the test translations are written too.
+        """
+        beam, data = self.tcfg.test_beam_size, self.data
+        loss = self.teacher_forced_loss(data.valid)
+        valid = {**corpus_scores(self.decode(data.valid, beam)[0], data.valid.tgt_text), "loss": loss}
+        test = {}
+        for name, split in data.tests.items():
+            hypotheses = self.decode(split, beam)[0]
+            test[name] = corpus_scores(hypotheses, split.tgt_text)
+            if step is not None:  # the best checkpoint's translations, for analysis (scripts/compare_runs.py)
+                out = self.run_dir / "translations" / f"{name}.{self.cfg.data.tgt_lang}"
+                write_text_durably(out, "".join(h + "\n" for h in hypotheses))
+        return {"checkpoint": label, "checkpoint_step": step, "beam_size": beam,
+                "length_penalty": self.tcfg.length_penalty, "valid": valid, "test": test}
 
     def summary(self, stopped_early: bool) -> dict[str, Any]:
         """What the run was and what it took: sizes, steps, the clock, throughput, device, data and versions."""
@@ -391,24 +370,16 @@ class Trainer:
             "run_dir": str(self.run_dir),
         }
 
-    def finished_run(self, stopped_early: bool) -> FinishedRun:
-        """What the final evaluation reads of this run."""
-        return FinishedRun(model=self.model, data=self.data, checkpoints=self.checkpoints, decode=self.decode,
-                           teacher_forced_loss=self.teacher_forced_loss, run_dir=self.run_dir, cfg=self.cfg,
-                           summary=self.summary(stopped_early), logger=self.logger)
-
     # ------------------------------------------------------------------------------ checkpoints
-    def save(self, *names: str, rng_states: list[dict[str, Any]] | None = None) -> None:
-        """Write ``checkpoints/<name>.pt`` for each name (``"last"``, ``"best"``; rank 0 writes). ``rng_states``:
-        ``gather_rng_states`` taken at this point; None gathers them here, which every rank must then call together.
+    def save(self, *names: str) -> None:
+        """Write ``checkpoints/<name>.pt`` for each name (``"last"``, ``"best"``; rank 0 writes). A collective: every
+        rank's RNG states are gathered into it.
         """
-        rng_states = gather_rng_states(self.info) if rng_states is None else rng_states
-        if not self.checkpoints.enabled:
-            return
+        rng_states = distributed.gather_from_ranks(distributed.rng_state(), self.info)  # indexed by rank
         self.clock.sync_wall_clock()
         self.checkpoints.save(names, {**self._weights_state(), "optimizer": self.optimizer.state_dict(),
                                       "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
-                                      "rng": rng_states, "progress": asdict(self.progress)})  # rng: one per rank
+                                      "rng": rng_states, "progress": asdict(self.progress)})
 
     def _weights_state(self) -> dict[str, Any]:
         """What rebuilds the model with no other file: config, tokenizer, weights."""
@@ -421,20 +392,27 @@ class Trainer:
         self.validated_at_step = self.progress.step
         improved = self._validate_and_record() if self.info.is_main else False
         self.save(*(["last", "best"] if improved else ["last"]))  # every rank's RNG states, for an exact resume
-        if self.checkpoints.enabled and self.tcfg.average_last > 1:
-            self.checkpoints.keep_for_averaging(self.progress.step, self._weights_state())
+        self.checkpoints.keep_for_averaging(self.progress.step, self._weights_state())  # with trainer.average_last > 1
         p = self.progress
-        p.best_bleu, p.best_step, p.bad_validations = broadcast_from_main(
+        p.best_bleu, p.best_step, p.bad_validations = distributed.broadcast_from_main(
             [p.best_bleu, p.best_step, p.bad_validations], self.info)
         patience = self.tcfg.early_stopping_patience
         stop = patience is not None and p.bad_validations >= patience
         if stop:
-            self.logger.message(f"early stopping: no BLEU gain in {patience} validations")
+            self.logger.display.message(f"early stopping: no BLEU gain in {patience} validations")
         return stop
 
     def _validate_and_record(self) -> bool:
-        """Validate; update the best score, the patience count and the validation record. True = a new best."""
-        metrics, p = self.validate(), self.progress
+        """Validate (scores, samples and heatmaps to TensorBoard); update the best score, the patience count and the
+        validation record. True = a new best.
+        """
+        split, p = self.data.valid, self.progress
+        loss = self.teacher_forced_loss(split)
+        hypotheses, best = self.decode(split, self.tcfg.val_beam_size)
+        scores = corpus_scores(hypotheses, split.tgt_text)
+        metrics = {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "bleu": scores["bleu"], "chrf": scores["chrf"]}
+        self.logger.scalars("val", metrics, p.step)
+        self._log_examples(split, hypotheses, best, p.step)
         improved = metrics["bleu"] > p.best_bleu
         if improved:
             p.best_bleu, p.best_step, p.bad_validations = metrics["bleu"], p.step, 0
@@ -444,7 +422,7 @@ class Trainer:
         p.validations.append({"step": p.step, "epoch": p.epoch + p.batches_done / max(1, self.batches_per_epoch),
                               "train_seconds": p.train_seconds, "wall_seconds": p.wall_seconds,
                               "bleu": metrics["bleu"], "chrf": metrics["chrf"], "loss": metrics["loss"]})
-        self.logger.message(
+        self.logger.display.message(
             f"validation at step {p.step}: BLEU {metrics['bleu']:.2f} chrF {metrics['chrf']:.2f} "
             f"loss {metrics['loss']:.3f} (teacher-forced ppl {metrics['ppl']:.2f})"
             + (" new best" if improved else f" (best {p.best_bleu:.2f} at {p.best_step})"))
@@ -463,33 +441,16 @@ class Trainer:
             tokens += batch.num_tgt_tokens
         return total / max(1, tokens)
 
-    def best_hypotheses(self, split: EncodedSplit, beam_size: int) -> list[Hypothesis]:
-        """The best translation (ids and attention) of each of ``split``'s sources, in its order.
-
-        Decoded by the engine every use of a trained model shares, with its length limits and the run's precision.
+    def decode(self, split: EncodedSplit, beam_size: int) -> tuple[list[str], list[Hypothesis]]:
+        """The best translation of each of ``split``'s sources, in its order: detokenized, and as a hypothesis (ids
+        and attention). Decoded by the engine every use of a trained model shares, with the run's precision.
         """
-        t = self.tcfg
         self.model.eval()
-        options = SearchOptions(beam_size=beam_size, length_penalty=t.length_penalty,
+        options = SearchOptions(beam_size=beam_size, length_penalty=self.tcfg.length_penalty,
                                 batch_tokens=self.cfg.data.valid_max_tokens)
         translator = Translator(self.model, self.data.tokenizer, precision=self.precision)
-        return [nbest[0] for nbest in translator.translate_ids(split.src_ids, options)]
-
-    def decode(self, split: EncodedSplit, beam_size: int) -> list[str]:
-        """Detokenized translations of ``split``'s sources, in its order."""
-        return [self.data.tokenizer.decode_tgt(h.tokens) for h in self.best_hypotheses(split, beam_size)]
-
-    def validate(self) -> dict[str, float]:
-        """Validation metrics at the current step, logged to TensorBoard (rank 0 only)."""
-        split, step = self.data.valid, self.progress.step
-        loss = self.teacher_forced_loss(split)
-        best = self.best_hypotheses(split, self.tcfg.val_beam_size)
-        hypotheses = [self.data.tokenizer.decode_tgt(h.tokens) for h in best]
-        scores = corpus_scores(hypotheses, split.tgt_text)
-        metrics = {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "bleu": scores["bleu"], "chrf": scores["chrf"]}
-        self.logger.scalars("val", metrics, step)
-        self._log_examples(split, hypotheses, best, step)
-        return metrics
+        best = [nbest[0] for nbest in translator.translate_ids(split.src_ids, options)]
+        return [self.data.tokenizer.decode_tgt(h.tokens) for h in best], best
 
     def _log_examples(self, split: EncodedSplit, hypotheses: list[str], best: list[Hypothesis], step: int) -> None:
         """Sample translations as text, and attention heatmaps of a fixed handful of sentences.
@@ -499,11 +460,9 @@ class Trainer:
         rows = [f"**src:** {split.src_text[i]}  \n**ref:** {split.tgt_text[i]}  \n**hyp:** {hypotheses[i]}"
                 for i in range(min(self.tcfg.num_samples, len(split)))]
         self.logger.text("samples", "\n\n".join(rows), step)
-        if not self.model.has_attention:
-            return
         tok = self.data.tokenizer
         for i, (src_ids, hyp) in enumerate(zip(split.src_ids[: self.tcfg.num_heatmaps], best)):
-            if hyp.attention is None or hyp.attention.numel() == 0:
+            if hyp.attention is None or hyp.attention.numel() == 0:  # attention=none has no weights
                 continue
             weights = hyp.attention.float()  # [T_hyp, S]
             src_labels = (tok.src_pieces(src_ids) + ["</s>"])[: weights.shape[1]]
@@ -530,22 +489,28 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
         cfg = resume_config(cfg, resume_state)
         cfg.trainer.resume = None
         validate_config(cfg)
-    run_dir = Path(run_dir) if run_dir is not None else run_dir_from_hydra()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    info = setup_distributed(cfg.trainer.device)
-    finished = False
+    if run_dir is None:
+        from hydra.core.hydra_config import HydraConfig
+
+        run_dir = HydraConfig.get().runtime.output_dir
+    run_dir = Path(run_dir)  # created by its lock
+    info = distributed.setup_distributed(cfg.trainer.device)
+    # One train.py writes a run: the main rank holds its lock (the others hold nothing).
+    advice = ("wait for it to finish (or stop it), then resume; two processes writing one run would overwrite "
+              "each other's checkpoints.")
+    lock = folder_lock(run_dir, f"train.py (pid {os.getpid()})", advice) if info.is_main else contextlib.nullcontext()
+    results = None
     try:
-        with lock_run_dir(run_dir, info.is_main):
+        with lock:
             trainer = Trainer(cfg, run_dir, info, resume_state)
             if info.is_main:
                 OmegaConf.save(OmegaConf.create(to_plain_dict(cfg)), run_dir / "config.yaml")
             results = trainer.fit()
-            finished = True
-            return results
     except torch.cuda.OutOfMemoryError as error:
         raise TrainingError(
             f"CUDA out of memory: lower data.max_tokens (now {cfg.data.max_tokens}) or "
             f"data.valid_max_tokens (now {cfg.data.valid_max_tokens}), or use a smaller model=..."
         ) from error
     finally:
-        shutdown(info, finished)
+        distributed.shutdown(info, finished=results is not None)
+    return results
