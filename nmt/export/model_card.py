@@ -24,11 +24,16 @@ def model_card(config: dict[str, Any], results: dict[str, Any] | None, license_i
         header["model-index"] = [{"name": name, "results": index}]
     body = [f"# {name}", "", _description(config, attention, parameters), "", "## Results", "",
             _results_table(results), "", "## Training config", "", "```yaml",
-            yaml.safe_dump(config, sort_keys=False, allow_unicode=True).rstrip(), "```", "", _how_to_load(name),
-            "", "## Provenance", "", f"Exported {provenance['date']} by `{provenance['command']}` from checkpoint "
+            yaml.safe_dump(config, sort_keys=False, allow_unicode=True).rstrip(), "```", "",
+            "## How to use", "", "With the `nmt` package installed (this model's toolkit):", "", "```python",
+            "from nmt import Translator", "",
+            f'translator = Translator.from_pretrained("USER/{name}")  # a Hub repo id, or this folder\'s path',
+            'print(translator.translate(["A sentence to translate."], beam_size=5)[0].text)', "```", "",
+            "or `python translate.py checkpoint=FOLDER input=FILE` and `python serve.py checkpoint=FOLDER` with the "
+            "folder downloaded (`hf download USER/REPO --local-dir FOLDER`).", "", "## Provenance", "",
+            f"Exported {provenance['date']} by `{provenance['command']}` from checkpoint "
             f"sha256 `{provenance['sources'][0]['sha256']}`."]
-    front = yaml.safe_dump(header, sort_keys=False, allow_unicode=True)
-    return f"---\n{front}---\n\n" + "\n".join(body) + "\n"
+    return f"---\n{yaml.safe_dump(header, sort_keys=False, allow_unicode=True)}---\n\n" + "\n".join(body) + "\n"
 
 
 def _index_results(results: dict[str, Any] | None, data: dict[str, Any], src: str, tgt: str) -> list[dict]:
@@ -73,13 +78,3 @@ def _results_table(results: dict[str, Any] | None) -> str:
     search = f"beam {results.get('beam_size')}, length penalty {results.get('length_penalty')}"
     return "\n".join(rows) + f"\n\nDecoded with {search}."
 
-
-def _how_to_load(name: str) -> str:
-    return "\n".join([
-        "## How to use", "",
-        "With the `nmt` package installed (this model's toolkit):", "", "```python",
-        "from nmt import Translator", "",
-        f'translator = Translator.from_pretrained("USER/{name}")  # a Hub repo id, or this folder\'s path',
-        'print(translator.translate(["A sentence to translate."], beam_size=5)[0].text)', "```", "",
-        "or `python translate.py checkpoint=FOLDER input=FILE` and `python serve.py checkpoint=FOLDER` with the "
-        "folder downloaded (`hf download USER/REPO --local-dir FOLDER`)."])

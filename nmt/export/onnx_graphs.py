@@ -20,7 +20,6 @@ from nmt.data import BOS_ID, EOS_ID, PAD_ID
 from nmt.model.seq2seq import EncoderMemory, SearchModel
 
 OPSET = 17  # LayerNormalization (a layer-normalised decoder) is an ONNX op from opset 17 on
-GRAPH_NAMES = ("encoder", "prepare", "step")
 
 
 class EncoderGraph(nn.Module):
@@ -73,10 +72,10 @@ def _example_inputs(model: SearchModel) -> dict[str, tuple[Tensor, ...]]:
     src_lengths = torch.tensor([5, 3])
     with torch.no_grad():
         memory, state = model.encode(src, src_lengths)  # state [L, 2, Hd]
-    rows_state = state.repeat_interleave(2, dim=1)  # [L, 4, Hd]
-    prev_tokens = torch.tensor([4, 5, 6, 7])
+    # the step: prev_tokens [4] and state [L, 4, Hd], each source's 2 hypotheses in consecutive rows
     return {"encoder": (src, src_lengths), "prepare": (memory.enc_out,),
-            "step": (prev_tokens, rows_state, memory.enc_out, memory.prepared_keys, memory.src_mask)}
+            "step": (torch.tensor([4, 5, 6, 7]), state.repeat_interleave(2, dim=1), memory.enc_out,
+                     memory.prepared_keys, memory.src_mask)}
 
 
 @contextlib.contextmanager
@@ -117,21 +116,18 @@ def export_graphs(model: SearchModel, folder: Path, prefix: str = "") -> dict[st
     modules = {"encoder": EncoderGraph(model), "prepare": PrepareGraph(model), "step": StepGraph(model)}
     examples = _example_inputs(model)
     signatures = _signatures(examples["step"][3].shape)
-    files = {}
+    files = {name: f"{prefix}{name}.onnx" for name in modules}
     # Grad mode on while tracing: under no_grad on a CPU additive attention scores in a Python loop over
     # row chunks (AdditiveAttention._score_in_chunks), which a trace would unroll for the example's batch.
     with warnings.catch_warnings(), torch.enable_grad(), _native_stderr_silenced():
         warnings.simplefilter("ignore")  # tracer warnings about shapes: the parity tests judge the graphs
-        for name in GRAPH_NAMES:
+        for name, module in modules.items():
             inputs, outputs, axes = signatures[name]
-            files[name] = f"{prefix}{name}.onnx"
             # dynamo=False: the dynamo exporter writes nn.GRU with the wrong linear_before_reset
             # (pytorch#189225) and breaks RNN graphs (pytorch#118740).
-            torch.onnx.export(modules[name], examples[name], str(folder / files[name]), dynamo=False,
+            torch.onnx.export(module, examples[name], str(folder / files[name]), dynamo=False,
                               input_names=inputs, output_names=outputs, dynamic_axes=axes, opset_version=OPSET)
-    with torch.no_grad():
-        vocab = modules["step"](*examples["step"])[0].shape[1]
-    _add_top_k(folder / files["step"], vocab)
+    _add_top_k(folder / files["step"], model.vocab_size)
     return files
 
 

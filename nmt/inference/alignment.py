@@ -33,6 +33,5 @@ def pharaoh_alignment(weights: Tensor | np.ndarray, src_pieces: Sequence[str], t
     if not src_keep or not tgt_keep:
         return ""
     real = merged[np.ix_(tgt_keep, src_keep)]  # [Tw', Sw'] without special words
-    best_src = real.argmax(axis=1)  # [Tw'] index of the most attended source word
-    links = sorted((int(i), j) for j, i in enumerate(best_src))
+    links = sorted((int(i), j) for j, i in enumerate(real.argmax(axis=1)))  # i: the most attended source word
     return " ".join(f"{i}-{j}" for i, j in links)

@@ -143,8 +143,7 @@ def open_input(cfg: DictConfig) -> InputText:
     Raises:
         DataError: an unknown corpus, a missing or unreadable file, or invalid UTF-8 (naming the line).
     """
-    mirror = mirror_folder(cfg.mirror)
-    text = resolve_monolingual(str(cfg.input), str(cfg.lang), cache_dir=cfg.cache_dir, mirror=mirror)
+    text = resolve_monolingual(str(cfg.input), str(cfg.lang), cache_dir=cfg.cache_dir, mirror=mirror_folder(cfg.mirror))
     n_lines = sum(1 for _ in iter_input_lines(text.path, cfg.invalid_utf8))
     corpus = text.info if str(cfg.input) in MONOLINGUAL else None
     return InputText(text.path, text.lang, sha256_of(text.path), n_lines, corpus)

@@ -4,6 +4,7 @@ validation, ``translate.py``, ``serve.py``, the analysis scripts and Python user
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -31,8 +32,7 @@ from nmt.inference.alignment import pharaoh_alignment
 from nmt.inference.words import merge_subword_attention
 from nmt.model.checkpoint import CheckpointError, load_for_inference, resolve_checkpoint
 from nmt.model.ensemble import Ensemble
-from nmt.model.hub_folder import CONFIG_FILE as HUB_CONFIG_FILE
-from nmt.model.hub_folder import WEIGHTS_FILE as HUB_WEIGHTS_FILE
+from nmt.model.hub_folder import CONFIG_FILE, WEIGHTS_FILE
 from nmt.model.search import Hypothesis, beam_search, greedy_search, sample_search
 from nmt.model.seq2seq import SearchModel, Seq2Seq, count_parameters
 
@@ -121,21 +121,17 @@ OPTION_BOUNDS: dict[str, tuple[float, float]] = {
 are checked against (a server narrows ``beam_size`` further with its own ``max_beam_size``)."""
 
 
-def _brief(value: Any) -> str:
-    """``repr`` of a value for an error message, at most 40 characters (a request may send anything)."""
-    text = repr(value) if isinstance(value, (bool, int, float, str, type(None))) else f"a {type(value).__name__}"
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def is_number(value: Any, kind: type | tuple[type, ...] = (int, float)) -> bool:
     """An int or float (an int with ``kind=int``), not a bool, which Python counts as an int."""
     return isinstance(value, kind) and not isinstance(value, bool)
 
 
 def check_option(ok: bool, name: str, wanted: str, value: Any) -> None:
-    """Unless ``ok``, a TranslationError: ``{name} must be {wanted}, got {value}``."""
+    """Unless ``ok``, a TranslationError: ``{name} must be {wanted}, got {value}``, the value's ``repr`` in at most
+    40 characters (a request may send anything)."""
     if not ok:
-        raise TranslationError(f"{name} must be {wanted}, got {_brief(value)}")
+        text = repr(value) if isinstance(value, (bool, int, float, str, type(None))) else f"a {type(value).__name__}"
+        raise TranslationError(f"{name} must be {wanted}, got {text if len(text) <= 40 else text[:37] + '...'}")
 
 
 @dataclass
@@ -395,8 +391,7 @@ class Translator:
                 sampling: SamplingOptions | None, generator: torch.Generator | None) -> list[list[Hypothesis]]:
         """One search call on one padded batch: src ``[B, S]``."""
         lengths = [len(ids) + 1 for ids in batch_ids]
-        width = max(lengths)
-        padded = [[*ids, EOS_ID] + [PAD_ID] * (width - 1 - len(ids)) for ids in batch_ids]
+        padded = [[*ids, EOS_ID] + [PAD_ID] * (max(lengths) - 1 - len(ids)) for ids in batch_ids]
         src = torch.tensor(padded, dtype=torch.long).to(self.device)  # [B, S]
         src_lengths = torch.tensor(lengths, dtype=torch.long)  # [B]
         self.search_calls += 1
@@ -458,7 +453,7 @@ def resolve_max_input_words(value: Any, configs: Sequence[dict[str, Any]]) -> in
         limits = [((cfg.get("data") or {}).get("clean") or {}).get("max_len") for cfg in configs]
         return max((n for n in limits if n is not None), default=None)
     check_option(value is None or (is_number(value, int) and value >= 1), "max_input_words",
-           "auto, null or a whole number >= 1", value)
+                 "auto, null or a whole number >= 1", value)
     return value
 
 
@@ -500,17 +495,14 @@ def recorded_results(checkpoint: Path) -> dict[str, Any] | None:
     """The test scores recorded for ``checkpoint``'s run (its results.json; a Hub folder: what its config.json
     carried over), or None: ``{"test": {set: {"bleu", "chrf", signatures...}}, "beam_size", "length_penalty"}``.
     """
-    hub = checkpoint.name == HUB_WEIGHTS_FILE
-    path = checkpoint.parent / HUB_CONFIG_FILE if hub else checkpoint.parent.parent / "results.json"
-    try:
+    hub = checkpoint.name == WEIGHTS_FILE
+    path = checkpoint.parent / CONFIG_FILE if hub else checkpoint.parent.parent / "results.json"
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # missing, unreadable, or not an object
         results = json.loads(path.read_text(encoding="utf-8"))
         results = results.get("results") if hub else results
-        test = results.get("test")
-    except (OSError, ValueError, AttributeError):  # missing, unreadable, or not an object
-        return None
-    if not isinstance(test, dict):
-        return None
-    return {key: results.get(key) for key in ("test", "beam_size", "length_penalty")}
+        if isinstance(results.get("test"), dict):
+            return {key: results.get(key) for key in ("test", "beam_size", "length_penalty")}
+    return None
 
 
 USER_ERRORS: tuple[type[Exception], ...] = (TranslationError, CheckpointError, DataError)

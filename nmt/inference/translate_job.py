@@ -4,6 +4,7 @@ line; optionally scored against a reference, with heatmaps and Pharaoh alignment
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
@@ -44,8 +45,8 @@ def read_input_lines(path: str | Path, invalid_utf8: str = STRICT_UTF8) -> list[
     """
     try:
         if str(path) == STDIO:
-            stdin = sys.stdin  # a test's StringIO has no .buffer: its lines are encoded back
-            raw = getattr(stdin, "buffer", None) or (s.encode("utf-8", "surrogateescape") for s in stdin)
+            # a test's StringIO has no .buffer: its lines are encoded back
+            raw = getattr(sys.stdin, "buffer", None) or (s.encode("utf-8", "surrogateescape") for s in sys.stdin)
             return decode_lines(raw, "<stdin>", invalid_utf8, fix="pass invalid_utf8=replace")
         if not Path(path).is_file():
             raise TranslationError(f"file {path} does not exist")
@@ -85,11 +86,9 @@ def format_output(result: Translation, n_best: int) -> str:
 
 def _open_output(path: str) -> AbstractContextManager[IO[str]]:
     if path == STDIO:
-        stream = sys.stdout
-        encoding = (getattr(stream, "encoding", None) or "utf-8").lower().replace("-", "")
-        if encoding != "utf8" and hasattr(stream, "reconfigure"):
-            stream.reconfigure(encoding="utf-8")
-        return nullcontext(stream)  # writing must not close stdout
+        if hasattr(sys.stdout, "reconfigure"):  # UTF-8, whatever the locale says (a test's StringIO is text already)
+            sys.stdout.reconfigure(encoding="utf-8")
+        return nullcontext(sys.stdout)  # writing must not close stdout
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return open(path, "w", encoding="utf-8", newline="\n")
 
@@ -109,9 +108,7 @@ def check_writable(path: str, key: str, folder: bool = False) -> None:
         if not os.access(target, os.W_OK):
             raise TranslationError(f"{key}={path} is not writable; choose another path or change its permissions")
         return
-    parent = target.parent
-    while not parent.exists():  # the folders translate.py would create
-        parent = parent.parent
+    parent = next(folder for folder in target.parents if folder.exists())  # below it: what translate.py would create
     if not parent.is_dir():
         raise TranslationError(f"{key}={path} cannot be created: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
@@ -152,7 +149,7 @@ def translate_main(cfg: DictConfig) -> dict[str, Any]:
     if cfg.rerank.checkpoint:
         check_weights(cfg.rerank, options.beam_size)
     for key in ("output", "alignments", "attention_dir"):  # now, not after the whole input has been decoded
-        if cfg[key] and (key != "output" or str(cfg.output) != STDIO):
+        if (str(cfg.output) != STDIO) if key == "output" else cfg[key]:
             check_writable(str(cfg[key]), key, folder=key == "attention_dir")
     translator = Translator.from_settings(cfg)
     rerank = from_settings(cfg.rerank, translator)
@@ -160,12 +157,10 @@ def translate_main(cfg: DictConfig) -> dict[str, Any]:
     if wants_attention and not translator.has_attention:
         raise TranslationError(f"attention_dir and alignments need attention weights, but this model was trained "
                                f"with attention={translator.attention_name}, which has none; drop those options")
-    input_path = str(cfg.input)
-    interactive = input_path == STDIO and str(cfg.output) == STDIO and sys.stdin.isatty()
-    if interactive and not (cfg.reference or wants_attention):
+    if str(cfg.input) == str(cfg.output) == STDIO and sys.stdin.isatty() and not (cfg.reference or wants_attention):
         return _interactive(translator, options, cfg.n_best, rerank)
 
-    lines = read_input_lines(input_path, cfg.invalid_utf8)
+    lines = read_input_lines(str(cfg.input), cfg.invalid_utf8)
     refs = read_input_lines(str(cfg.reference), cfg.invalid_utf8) if cfg.reference else None
     if refs is not None and len(refs) != len(lines):
         raise TranslationError(f"reference {cfg.reference} has {len(refs)} lines but the input has {len(lines)}; "
@@ -198,8 +193,7 @@ def _interactive(translator: Translator, options: SearchOptions, n_best: int, re
                  ) -> dict[str, Any]:
     """A prompt on a terminal: each line typed is translated at once; Ctrl-D ends."""
     print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
-    count = 0
-    while True:
+    for count in itertools.count():
         print("> ", end="", file=sys.stderr, flush=True)
         line = sys.stdin.readline()
         if not line:
@@ -207,4 +201,3 @@ def _interactive(translator: Translator, options: SearchOptions, n_best: int, re
             return {"lines": count}
         [result] = translator.translate([line], rerank=rerank, **asdict(options))
         print(format_output(result, n_best), flush=True)
-        count += 1
