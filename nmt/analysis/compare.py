@@ -194,7 +194,8 @@ def _score_table(runs: list[dict[str, Any]]) -> list[str]:
     return lines + [line for note in notes for line in ("", note)]
 
 
-def _tutorial_and_length_tables(runs: list[dict[str, Any]]) -> list[str]:
+def _more_tables(runs: list[dict[str, Any]]) -> list[str]:
+    """Tutorial-style BLEU, BLEU by length, and attention sharpness when any run has it measured."""
     buckets = runs[0]["by_length"]
     lines = [
         "", f"## {TUTORIAL_BLEU_LABEL[0].upper() + TUTORIAL_BLEU_LABEL[1:]}", "",
@@ -213,14 +214,10 @@ def _tutorial_and_length_tables(runs: list[dict[str, Any]]) -> list[str]:
     for r in runs:
         lines.append(f"| {r['label']} | " + " | ".join("–" if b["bleu"] is None else f"{b['bleu']:.2f}"
                                                        for b in r["by_length"]) + " |")
-    return lines
-
-
-def _sharpness_table(runs: list[dict[str, Any]]) -> list[str]:
     measured = [r["attention_sharpness"] for r in runs if isinstance(r["attention_sharpness"], dict)]
     if not measured:
-        return []
-    lines = [
+        return lines
+    lines += [
         "", "## How peaked the attention is", "",
         "The best checkpoint decodes the references of this split teacher-forced; per target token, the "
         "entropy of its attention over the source, divided by that of the uniform distribution "
@@ -238,7 +235,7 @@ def _sharpness_table(runs: list[dict[str, Any]]) -> list[str]:
 
 def render_markdown(runs: list[dict[str, Any]]) -> str:
     """The tables (scores, tutorial-style BLEU, BLEU by length, attention sharpness) with signatures and notes."""
-    return "\n".join(_score_table(runs) + _tutorial_and_length_tables(runs) + _sharpness_table(runs)) + "\n"
+    return "\n".join(_score_table(runs) + _more_tables(runs)) + "\n"
 
 
 def plot(runs: list[dict[str, Any]], out: Path) -> None:
@@ -273,9 +270,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     run_dirs = find_run_dirs(args.run_dirs, args.sweep_dir)
     runs = [analyse_run(run_dir, args.split, args.buckets, args.device) for run_dir in run_dirs]
-    analysed = {r["run_dir"] for r in runs}
     recorded = {r["run_dir"]: r for r in load_report_runs(args.from_report, args.buckets)}  # a later report wins
-    runs += [r for run_dir, r in recorded.items() if run_dir not in analysed]
+    runs += [r for run_dir, r in recorded.items() if run_dir not in {str(d) for d in run_dirs}]  # analysed now wins
     splits = {r["split"] for r in runs} | ({args.split} if args.split else set())
     if len(splits) > 1:
         raise SystemExit(f"the runs test on different splits {sorted(splits)}; pick one with --split")

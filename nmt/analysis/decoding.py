@@ -98,11 +98,15 @@ def render_markdown(report: dict[str, Any]) -> str:
     """The grid (best in bold), the choice, and the test scores; λ and γ columns when reranking was tuned."""
     best, own = report["best"], report["run_setting"]
     reranked = bool(report.get("rerank_checkpoint"))
-    rr_head, rr_rule = (" λ | γ |", " ---: | ---: |") if reranked else ("", "")
+    head = f" beam | α |{' λ | γ |' if reranked else ''} BLEU | chrF2 | length ratio |"
+    rule = " ---: | ---: |" + " ---: | ---: |" * reranked + " ---: | ---: | ---: |"
 
-    def rr_cells(row: dict[str, Any]) -> str:
+    def cells(row: dict[str, Any], mark: str = "") -> str:
+        """The columns of ``head``: the setting and its scores."""
         weights = (row.get("rerank_weight"), row.get("rerank_length_weight")) if reranked else ()
-        return "".join(f" {'–' if w is None else format(w, 'g')} |" for w in weights)
+        rr = "".join(f" {'–' if w is None else format(w, 'g')} |" for w in weights)
+        return (f" {row['beam_size']} | {row['length_penalty']:g} |{rr} {mark}{row['bleu']:.2f}{mark} | "
+                f"{row['chrf']:.2f} | {row['length_ratio']:.3f} |")
 
     lines = [
         f"# Decoding settings: {report['run_dir']}", "",
@@ -110,14 +114,10 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"device {report['device']} ({'bf16 autocast' if report['bf16_autocast'] else 'float32'}), {report['date']}.",
         f"BLEU: `{report['bleu_signature']}`; chrF: `{report['chrf_signature']}`.",
         "Length ratio: output / reference length (13a tokens); below 1 the brevity penalty applies.", "",
-        f"| beam | α |{rr_head} BLEU | chrF2 | length ratio | sentences/s |", "| ---: | ---: |" + rr_rule
-        + " ---: | ---: | ---: | ---: |",
+        f"|{head} sentences/s |", f"|{rule} ---: |",
     ]
-    for row in report["grid"]:
-        mark = "**" if setting_key(row) == setting_key(best) else ""
-        lines.append(f"| {row['beam_size']} | {row['length_penalty']:g} |{rr_cells(row)} "
-                     f"{mark}{row['bleu']:.2f}{mark} | {row['chrf']:.2f} | {row['length_ratio']:.3f} | "
-                     f"{row['sentences_per_s']:.1f} |")
+    lines += [f"|{cells(row, '**' if setting_key(row) == setting_key(best) else '')} {row['sentences_per_s']:.1f} |"
+              for row in report["grid"]]
     if reranked:
         lines += ["", f"λ, γ: noisy-channel reranking of the {report['rerank_n_best']}-best with "
                       f"`{report['rerank_checkpoint']}` (score + λ·log P(x|y) + γ·subwords)."]
@@ -125,11 +125,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                   f"(BLEU {best['bleu']:.2f}); the run's own setting: beam {own['beam_size']}, "
                   f"α = {own['length_penalty']:g}."]
     if report["test"]:
-        lines += ["", f"Scored once on `{report['test_split']}`:", "",
-                  f"| setting | beam | α |{rr_head} BLEU | chrF2 | length ratio |",
-                  "| --- | ---: | ---: |" + rr_rule + " ---: | ---: | ---: |"]
-        lines += [f"| {name} | {row['beam_size']} | {row['length_penalty']:g} |{rr_cells(row)} {row['bleu']:.2f} | "
-                  f"{row['chrf']:.2f} | {row['length_ratio']:.3f} |" for name, row in report["test"].items()]
+        lines += ["", f"Scored once on `{report['test_split']}`:", "", f"| setting |{head}", f"| --- |{rule}"]
+        lines += [f"| {name} |{cells(row)}" for name, row in report["test"].items()]
     return "\n".join([*lines, "", f"Command: `{report['command']}`", ""])
 
 

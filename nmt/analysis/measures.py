@@ -92,5 +92,4 @@ def attention_sharpness(model: Seq2Seq, split: EncodedSplit, batch_tokens: int =
             totals["normalised_entropy"] += (entropy[real] / uniform[real]).sum().item()
             totals["max_weight"] += weights.max(-1).values[real].sum().item()
             tokens += int(real.sum())
-    means = {name: total / max(1, tokens) for name, total in totals.items()}
-    return {**means, "tokens": tokens}
+    return {**{name: total / max(1, tokens) for name, total in totals.items()}, "tokens": tokens}

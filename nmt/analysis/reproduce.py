@@ -272,9 +272,8 @@ def run_stages(chain: Chain, stages: list[Stage], parallel: int, clock: Clock) -
         ChainError: a stage failed or stopped (after the others running have ended): rerun to resume.
     """
     finished = {s.name for s in stages if s.done()}
-    for stage in stages:
-        if stage.name in finished:
-            say(f"skip  {stage.name}: complete")
+    for name in [s.name for s in stages if s.name in finished]:
+        say(f"skip  {name}: complete")
     running: dict[str, tuple[Stage, subprocess.Popen, float]] = {}
     failed: list[str] = []
     say(f"{len(stages)} stages, {len(finished)} complete, {parallel} at a time; "
