@@ -66,12 +66,10 @@ def word_groups(pieces: Sequence[str], unk_is_word: bool = False) -> tuple[list[
         merged[-1] += pending
     elif pending:
         merged.append(pending)
-    words = []
-    for group in merged:
-        text = "".join(pieces[i] for i in group)
-        if unk_is_word and text.replace(WORD_START, "") == UNK_PIECE:
-            text = UNK_TEXT  # as SentencePiece decodes it, so the words match the translation's text
-        words.append(text.replace(WORD_START, "") or text)
+    texts = ["".join(pieces[i] for i in group) for group in merged]
+    # <unk> as SentencePiece decodes it, so the words match the translation's text
+    words = [UNK_TEXT if unk_is_word and text.replace(WORD_START, "") == UNK_PIECE
+             else text.replace(WORD_START, "") or text for text in texts]
     return merged, words
 
 
