@@ -76,11 +76,9 @@ def sync(device: torch.device) -> None:
 
 def write_report(out: Path | str, report: dict[str, Any], markdown: str | None = None) -> None:
     """``<out>.json`` (and ``<out>.md``), creating the folder; prints what it wrote."""
-    paths = [Path(f"{out}.json")] + ([Path(f"{out}.md")] if markdown is not None else [])
-    paths[0].parent.mkdir(parents=True, exist_ok=True)
-    write_json_durably(paths[0], report)
+    paths = [write_json_durably(f"{out}.json", report)]
     if markdown is not None:
-        write_text_durably(paths[1], markdown)
+        paths.append(write_text_durably(f"{out}.md", markdown))
     print("wrote " + ", ".join(map(str, paths)), flush=True)
 
 

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from nmt.analysis.cli import parser, write_report
 from nmt.analysis.measures import TUTORIAL_BLEU_LABEL, attention_sharpness, bleu_by_length, tutorial_bleu
+from nmt.common.files import write_text_durably
 from nmt.common.metrics import corpus_scores
 from nmt.common.provenance import provenance
 from nmt.data import prepare_data
@@ -64,9 +65,8 @@ def find_run_dirs(run_dirs: Sequence[Path], sweep_dir: Path | None) -> list[Path
         if not found:
             raise SystemExit(f"no results.json found under {sweep_dir}")
     unique = list(dict.fromkeys(path.resolve() for path in found))
-    for path in unique:
-        if not (path / "results.json").is_file():
-            raise SystemExit(f"{path} has no results.json: pass run dirs of finished train.py runs")
+    if missing := [path for path in unique if not (path / "results.json").is_file()]:
+        raise SystemExit(f"{missing[0]} has no results.json: pass run dirs of finished train.py runs")
     return unique
 
 
@@ -106,8 +106,7 @@ def load_hypotheses(run_dir: Path, cfg: dict[str, Any], split: str, srcs: list[s
     log.warning("%s has no %s: translating %d sentences with its best checkpoint", run_dir, path.name, len(srcs))
     t = cfg["trainer"]  # the settings train.py used for the test scores
     hyps = [r.text for r in loaded.translate(srcs, beam_size=t["test_beam_size"], length_penalty=t["length_penalty"])]
-    path.parent.mkdir(exist_ok=True)
-    path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    write_text_durably(path, "".join(h + "\n" for h in hyps))
     return hyps, "translated now"
 
 

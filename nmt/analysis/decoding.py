@@ -58,7 +58,7 @@ def grid(beam_sizes: Sequence[int], length_penalties: Sequence[float]) -> list[t
 
 
 def score_setting(translator: Translator, split: EncodedSplit, src_ids: list[list[int]], options: SearchOptions,
-                  channel: NoisyChannel | None, weights: Sequence[tuple[float, float]] | None) -> list[dict[str, Any]]:
+                  channel: NoisyChannel | None, weights: Sequence[tuple[float, float]]) -> list[dict[str, Any]]:
     """Translate one encoded split with one setting and score it: one row; with ``channel``, one row per (λ, γ) of
     ``weights``, its 1-best of ``options.n_best`` candidates (one search and one channel pass for all the pairs)."""
     start = time.perf_counter()
@@ -132,16 +132,15 @@ def render_markdown(report: dict[str, Any]) -> str:
 
 def load_splits(cfg: dict[str, Any], split: str, test_split: str | None) -> dict[str, Any]:
     """The tuning and test splits of the run's corpus, by name (refusing to tune on the test split)."""
-    data_cfg = dict(cfg["data"])
+    valid, tests = cfg["data"]["valid_split"], list(cfg["data"].get("test_splits") or [])
     if split == test_split:
         raise SystemExit(f"--split and --test-split are both {split!r}: tune on another split than you report")
-    if split in (data_cfg.get("test_splits") or []):
+    if split in tests:
         print(f"warning: tuning on {split!r}, one of the run's test splits: its score will overstate what the "
-              f"chosen setting gives on unseen text; tune on {data_cfg['valid_split']!r} instead", file=sys.stderr)
-    wanted = [s for s in (split, test_split) if s and s != data_cfg["valid_split"]]
-    data_cfg["test_splits"] = list(dict.fromkeys([*(data_cfg.get("test_splits") or []), *wanted]))
-    data = prepare_data(data_cfg)
-    return {data_cfg["valid_split"]: data.valid, **data.tests}
+              f"chosen setting gives on unseen text; tune on {valid!r} instead", file=sys.stderr)
+    wanted = [s for s in (split, test_split) if s and s != valid]
+    data = prepare_data({**cfg["data"], "test_splits": list(dict.fromkeys([*tests, *wanted]))})
+    return {valid: data.valid, **data.tests}
 
 
 @one_line_errors("tune_decoding.py")
@@ -161,8 +160,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     channel = NoisyChannel.load(args.rerank_checkpoint, translator) if args.rerank_checkpoint else None
     pairs = [(weight, length) for weight in args.rerank_weights for length in args.rerank_length_weights]
 
-    def run(name: str, beam: int, alpha: float, weights: list[tuple[float, float]] | None = None
-            ) -> list[dict[str, Any]]:
+    def run(name: str, beam: int, alpha: float, weights: Sequence[tuple[float, float]] = ()) -> list[dict[str, Any]]:
         """The rows of one (beam, α): one plain row, or one per (λ, γ) when reranking (beam >= 2)."""
         reranker = channel if beam >= 2 and weights else None
         options = SearchOptions(beam_size=beam, length_penalty=alpha, batch_tokens=args.batch_tokens,
@@ -179,7 +177,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     own = {"beam_size": t["test_beam_size"], "length_penalty": t["length_penalty"]}
     test: dict[str, Any] = {}
     if args.test_split:
-        chosen = [(best["rerank_weight"], best["rerank_length_weight"])] if "rerank_weight" in best else None
+        chosen = [(best["rerank_weight"], best["rerank_length_weight"])] if "rerank_weight" in best else []
         test["chosen on " + split] = run(args.test_split, best["beam_size"], best["length_penalty"], chosen)[0]
         if chosen or (own["beam_size"], own["length_penalty"]) != (best["beam_size"], best["length_penalty"]):
             test["the run's own"] = run(args.test_split, own["beam_size"], own["length_penalty"])[0]
