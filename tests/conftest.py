@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -173,7 +174,9 @@ def serve_in_thread(app: object) -> Iterator[str]:
     from nmt.serve.server import bind_socket, uvicorn_config
 
     sock = bind_socket("127.0.0.1", 0)  # 0: the system chooses the port
-    server = uvicorn.Server(uvicorn_config(app, log_level="warning"))
+    server = uvicorn.Server(uvicorn_config(app))
+    for name in ("uvicorn.error", "uvicorn.access"):  # quieter than the settings' log_level
+        logging.getLogger(name).setLevel(logging.WARNING)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="uvicorn")
     thread.start()
     try:

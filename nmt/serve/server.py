@@ -69,12 +69,12 @@ class RequestDeadlineProtocol(H11Protocol):
 _REQUEST_RECEIVED = (h11.DONE, h11.MUST_CLOSE, h11.CLOSED)
 
 
-def uvicorn_config(app: Starlette, log_level: str | None = None) -> uvicorn.Config:
+def uvicorn_config(app: Starlette) -> uvicorn.Config:
     """uvicorn's settings for ``app`` (from ``create_app``), from its ``ServeSettings``."""
     settings = app.state.settings
     protocol = type("RequestDeadlineProtocol", (RequestDeadlineProtocol,),
                     {"request_timeout_s": float(settings.request_timeout_s)})
-    return uvicorn.Config(app, http=protocol, log_level=(log_level or str(settings.log_level)).lower(),
+    return uvicorn.Config(app, http=protocol, log_level=str(settings.log_level).lower(),
                           limit_concurrency=settings.max_connections,  # beyond: uvicorn's own plain 503
                           timeout_keep_alive=settings.keep_alive_s, h11_max_incomplete_event_size=MAX_HEADER_BYTES,
                           timeout_graceful_shutdown=settings.shutdown_timeout_s or None)
