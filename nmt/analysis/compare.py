@@ -141,13 +141,6 @@ def analyse_run(run_dir: Path, split: str | None, buckets: Sequence[int], device
     }
 
 
-def label_runs(runs: list[dict[str, Any]]) -> None:
-    """A short ``label`` per run: its attention type, plus the folder name when a type repeats."""
-    for run in runs:
-        twins = [r for r in runs if r["attention"] == run["attention"]]
-        run["label"] = run["attention"] if len(twins) == 1 else f"{run['attention']} ({Path(run['run_dir']).name})"
-
-
 def format_duration(seconds: float) -> str:
     minutes, secs = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
@@ -276,7 +269,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"the runs test on different splits {sorted(splits)}; pick one with --split")
     runs.sort(key=lambda r: (ATTENTION_ORDER.index(r["attention"]) if r["attention"] in ATTENTION_ORDER
                              else len(ATTENTION_ORDER), r["run_dir"]))
-    label_runs(runs)
+    for run in runs:  # a short label: the attention type, plus the folder name when a type repeats
+        twins = [r for r in runs if r["attention"] == run["attention"]]
+        run["label"] = run["attention"] if len(twins) == 1 else f"{run['attention']} ({Path(run['run_dir']).name})"
     markdown = render_markdown(runs)
     report = {**provenance("scripts/compare_runs.py", argv), "split": runs[0]["split"],
               "buckets": list(args.buckets), "tutorial_bleu_label": TUTORIAL_BLEU_LABEL, "runs": runs}

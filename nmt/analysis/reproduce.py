@@ -101,8 +101,7 @@ def load_recipe(recipes: Path, name: str) -> DictConfig:
         raise ChainError(f"recipe={name} is not in {recipes}; valid: {valid}")
     recipe = OmegaConf.load(path)
     parents = recipe.pop("defaults", [])
-    base = OmegaConf.merge(*[load_recipe(recipes, str(parent)) for parent in parents]) if parents else {}
-    return OmegaConf.merge(base, recipe)
+    return OmegaConf.merge(*[load_recipe(recipes, str(parent)) for parent in parents], recipe)  # parents first
 
 
 # ------------------------------------------------------------------------------------------------ Stages
@@ -130,9 +129,8 @@ def training_stages(chain: Chain, training: DictConfig, pair: str) -> list[Stage
     """One training's runs in ``pair`` (one per seed), and a back-translation stage per folder its mixture
     makes with ``backtranslate:`` (run once before the seeds, which then find it complete)."""
     experiment = training.experiment if isinstance(training.experiment, str) else training.experiment[pair]
-    cfg = compose_training(chain, experiment, pair)
     stages, needs, makes = [], [], []
-    for entry in cfg.data.mixture or []:
+    for entry in compose_training(chain, experiment, pair).data.mixture or []:
         folder = chain.path(entry.synthetic) if entry.get("synthetic") else None
         if folder is not None and entry.get("backtranslate"):
             stages.append(backtranslate_stage(chain, entry, folder))
@@ -317,8 +315,7 @@ def start(chain: Chain, stage: Stage) -> subprocess.Popen:
         if arg.startswith("data.mirror="):  # tune_decoding.py reads the run's data through the environment's mirror
             env["NMT_DATA_MIRROR"] = arg.split("=", 1)[1]
     with open(log, "a", encoding="utf-8") as handle:
-        handle.write(f"$ {' '.join(command)}\n")
-        handle.flush()
+        print(f"$ {' '.join(command)}", file=handle, flush=True)
         say(f"      {' '.join(command)}")
         return subprocess.Popen(command, cwd=chain.workdir, env=env, stdout=handle, stderr=subprocess.STDOUT)
 
@@ -336,8 +333,7 @@ def eta(stages: list[Stage], finished: set[str], running: dict[str, Any], clock:
     for stage in stages:
         if stage.name in finished or stage.name in ends:
             continue
-        start = max([slots[0], *(ends.get(name, 0.0) for name in stage.after)])
-        ends[stage.name] = start + clock.estimate(stage.kind)
+        ends[stage.name] = max([slots[0], *(ends.get(name, 0.0) for name in stage.after)]) + clock.estimate(stage.kind)
         slots = sorted([*slots[1:], ends[stage.name]])
     return format_duration(max(ends.values(), default=0.0))
 
