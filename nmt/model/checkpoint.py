@@ -49,11 +49,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint file, a run dir (its ``checkpoints/best.pt``, else ``checkpoints/last.pt``), or a Hub
     folder (its ``model.safetensors``; ``nmt.model.hub_folder``)."""
     path = Path(path)
-    if path.is_dir() and is_hub_folder(path):
-        return path / WEIGHTS_FILE
     if path.is_dir():
-        for name in ("best.pt", "last.pt"):
-            candidate = path / CHECKPOINT_DIR / name
+        if is_hub_folder(path):
+            return path / WEIGHTS_FILE
+        for candidate in (path / CHECKPOINT_DIR / "best.pt", path / CHECKPOINT_DIR / "last.pt"):
             if candidate.is_file():
                 return candidate
         raise CheckpointError(f"{path} is a directory without {CHECKPOINT_DIR}/best.pt or {CHECKPOINT_DIR}/last.pt; "

@@ -217,10 +217,8 @@ class Decoder(nn.Module):
         """
         embedded = self.dropout(self.embedding(prev_tokens))  # [B, E]
         context, weights = self._attend(state[-1], memory)  # [B, C], [B, S]
-        if memory.gate_table is None:
-            step_gates = self.emb_gates(embedded)  # [B, 3Hd]
-        else:
-            step_gates = memory.gate_table.index_select(0, prev_tokens)  # [B, 3Hd]
+        step_gates = (self.emb_gates(embedded) if memory.gate_table is None
+                      else memory.gate_table.index_select(0, prev_tokens))  # [B, 3Hd]
         state = self._recur(step_gates, context, state)  # [L, B, Hd]
         return self._logits(state[-1], context, embedded), state, weights
 
