@@ -83,8 +83,8 @@ def attention_sharpness(model: Seq2Seq, split: EncodedSplit, batch_tokens: int =
     with torch.inference_mode():
         for batch_rows in token_batches([len(split.src_ids[i]) + 1 for i in rows], batch_tokens):
             batch = collate_batch([split[rows[k]] for k in batch_rows])
-            _, weights = model(batch.src.to(device), batch.src_lengths, batch.tgt_in.to(device))  # [B, T, S]
-            weights = weights.float().cpu()
+            # the model's attention weights [B, T, S]
+            weights = model(batch.src.to(device), batch.src_lengths, batch.tgt_in.to(device))[1].float().cpu()
             entropy = -(weights * weights.clamp_min(1e-12).log()).sum(-1)  # [B, T]; padding has weight 0
             uniform = batch.src_lengths.float().log()[:, None].expand_as(entropy)  # [B, T] log S per sentence
             real = batch.tgt_mask  # [B, T]
