@@ -144,12 +144,10 @@ class Trainer:
         self.data_ranks = distributed.gather_from_ranks(
             {"fingerprint": data.fingerprint, "train_files": data.train.src_ids.paths}, self.info)
         check_same_data(self.data_ranks)
-        if resume_state is not None:
-            saved = Tokenizer.from_state(resume_state["tokenizer"])
-            if saved.to_state() != data.tokenizer.to_state():
-                raise CheckpointError(
-                    f"cannot resume from {self.run_dir}: the SentencePiece model prepared now differs from the "
-                    "checkpoint's; resume with the same data settings (the checkpoint's config is used by default)")
+        if resume_state and Tokenizer.from_state(resume_state["tokenizer"]).to_state() != data.tokenizer.to_state():
+            raise CheckpointError(
+                f"cannot resume from {self.run_dir}: the SentencePiece model prepared now differs from the "
+                "checkpoint's; resume with the same data settings (the checkpoint's config is used by default)")
         return data
 
     # ------------------------------------------------------------------------------------ loop
