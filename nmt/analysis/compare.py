@@ -169,20 +169,17 @@ def _score_table(runs: list[dict[str, Any]]) -> list[str]:
     lines += ["", "Signatures:"]
     for key, name in (("bleu_signature", "BLEU"), ("chrf_signature", "chrF")):
         lines += [f"- {name}: `{signature}`" for signature in dict.fromkeys(r["test"][key] for r in runs)]
-    notes = []
-    if any(r["device"] == "cpu" for r in runs):
-        notes.append("Runs whose device reads *cpu (no GPU)* were trained, and timed, without a GPU.")
-    recorded = [f"{r['label']} ({r['from_report']})" for r in runs if r.get("from_report")]
-    if recorded:
-        notes.append(f"As recorded in an earlier comparison (run dir not read again): {', '.join(recorded)}.")
-    translated = [r["label"] for r in runs if r["hypotheses"] != "saved"]
-    if translated:
-        notes.append(f"Translated by this script (no saved translations in the run): {', '.join(translated)}.")
     # Saved translations reproduce train.py's score exactly; ones made now may differ in the last digits.
     differ = [f"{r['label']} ({r['test_in_results_json']['bleu']:.2f})" for r in runs if r["test_in_results_json"]
               and abs(r["test_in_results_json"]["bleu"] - r["test"]["bleu"]) >= 0.005]
-    if differ:
-        notes.append(f"Test BLEU in `results.json` differs from the recomputed one for: {', '.join(differ)}.")
+    named = {"As recorded in an earlier comparison (run dir not read again)":  # each note names its runs
+             [f"{r['label']} ({r['from_report']})" for r in runs if r.get("from_report")],
+             "Translated by this script (no saved translations in the run)":
+             [r["label"] for r in runs if r["hypotheses"] != "saved"],
+             "Test BLEU in `results.json` differs from the recomputed one for": differ}
+    notes = [f"{note}: {', '.join(names)}." for note, names in named.items() if names]
+    if any(r["device"] == "cpu" for r in runs):
+        notes.insert(0, "Runs whose device reads *cpu (no GPU)* were trained, and timed, without a GPU.")
     return lines + [line for note in notes for line in ("", note)]
 
 
