@@ -53,12 +53,10 @@ def bleu_by_length(srcs: Sequence[str], hyps: Sequence[str], refs: Sequence[str]
     members: list[list[int]] = [[] for _ in range(len(bounds) + 1)]
     for i, src in enumerate(srcs):  # into the first bucket whose upper bound holds it; the open-ended one otherwise
         members[bisect_left(bounds, len(src.split()))].append(i)
+    labels = ([f"<={bounds[0]}", *(f"{a + 1}-{b}" for a, b in zip(bounds, bounds[1:])), f">{bounds[-1]}"]
+              if bounds else ["all"])
     rows = []
-    for lo, hi, idx in zip([0] + [b + 1 for b in bounds], [*bounds, None], members):
-        if hi is None:
-            label = "all" if lo == 0 else f">{lo - 1}"
-        else:
-            label = f"<={hi}" if lo == 0 else f"{lo}-{hi}"
+    for label, lo, hi, idx in zip(labels, [0] + [b + 1 for b in bounds], [*bounds, None], members):
         bleu = float(BLEU().corpus_score([hyps[i] for i in idx], [[refs[i] for i in idx]]).score) if idx else None
         rows.append({"range": label, "min_words": lo, "max_words": hi, "n": len(idx), "bleu": bleu})
     return rows
