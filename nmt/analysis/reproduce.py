@@ -130,15 +130,14 @@ def training_stages(chain: Chain, training: DictConfig, pair: str) -> list[Stage
     makes with ``backtranslate:`` (run once before the seeds, which then find it complete)."""
     experiment = training.experiment if isinstance(training.experiment, str) else training.experiment[pair]
     stages, needs, makes = [], [], []
-    for entry in compose_training(chain, experiment, pair).data.mixture or []:
-        folder = chain.path(entry.synthetic) if entry.get("synthetic") else None
-        if folder is not None and entry.get("backtranslate"):
+    for entry in [e for e in compose_training(chain, experiment, pair).data.mixture or [] if e.get("synthetic")]:
+        folder = chain.path(entry.synthetic)
+        if entry.get("backtranslate"):
             stages.append(backtranslate_stage(chain, entry, folder))
-        if folder is not None and entry.get("forward_translate"):  # train.py makes it: it needs the teachers
-            needs += [chain.path(c) for c in OmegaConf.to_object(entry.forward_translate.checkpoint)] + [folder]
+        if entry.get("forward_translate"):  # train.py makes it: it needs the teachers
+            needs += [chain.path(c) for c in OmegaConf.to_object(entry.forward_translate.checkpoint)]
             makes.append(folder)  # the first training to reach it makes it; the others wait for that one
-        elif folder is not None:
-            needs.append(folder)
+        needs.append(folder)
     for seed in list(chain.recipe.seeds)[: training.get("seeds") or None]:  # each done once it holds results.json
         run_dir = chain.path(f"runs/{training.runs}_{pair}/seed{seed}")
         stages.append(Stage(f"{training.name} {pair} seed{seed}", training.name, [run_dir, *makes], list(needs),
