@@ -123,6 +123,8 @@ def test_the_chain_resumes_after_a_kill_in_every_stage(fake_repo: Path, tmp_path
     assert "mirror=/corpora" in next(a for stage, a in calls(workdir) if stage.startswith("backtranslate"))
     table = (workdir / "runs" / "reproduce_bt_best.md").read_text()
     assert "| de-en ensemble reranked | beam 5, α = 1, λ = 0.3, γ = 0.5 | 42.00 | 43.00 | 43.00 |" in table
+    assert report["test_split"] == "test_2016_flickr"  # the recipe's split, not the last extra one
+    assert "| system | chosen on val | val BLEU | test_2016_flickr | test_2017_flickr BLEU (once) |" in table
     # the extra test split: the setting chosen on val, scored once more
     name = "score de-en ensemble reranked test_2017_flickr"
     score = " ".join(next(a for stage, a in calls(workdir) if stage == name))

@@ -365,9 +365,9 @@ def summary(chain: Chain, stages: list[Stage]) -> dict[str, Any]:
                             "val_bleu": report["best"]["bleu"], "test_bleu": chosen["bleu"], "report": str(output),
                             "more_tests": {}})
         elif stage.name.startswith("score "):
-            system, split = stage.name.removeprefix("score ").rsplit(" ", 1)
+            system, extra_split = stage.name.removeprefix("score ").rsplit(" ", 1)
             chosen = next(iter(json.loads(output.read_text(encoding="utf-8"))["test"].values()))
-            next(s for s in systems if s["system"] == system)["more_tests"][split] = chosen["bleu"]
+            next(s for s in systems if s["system"] == system)["more_tests"][extra_split] = chosen["bleu"]
         elif (output / "results.json").is_file():
             results = json.loads((output / "results.json").read_text(encoding="utf-8"))
             runs.append({"run": stage.name, "dir": str(output), "val_bleu": results["valid"]["bleu"],
