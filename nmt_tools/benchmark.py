@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from nmt.analysis.cli import add_project_dir, device_slug, mirror_file, one_line_errors, parser, sync, write_report
+from nmt.analysis.cli import one_line_errors, write_report
 from nmt.common.device import INFERENCE_PRECISIONS, uses_bf16
 from nmt.common.metrics import corpus_scores
 from nmt.common.provenance import device_name, provenance
@@ -56,6 +56,7 @@ from nmt.model.seq2seq import count_parameters
 from nmt.train.gpu_monitor import GpuMonitor
 from nmt.train.trainer import DistInfo, Trainer
 from nmt_tools import backtranslation_speed, load, overload, padding, scale, training_profile
+from nmt_tools.cli import add_project_dir, device_slug, mirror_file, parser, sync
 from nmt_tools.timing import compose_config, measure_training
 
 MEANINGLESS_BLEU_NOTE = (

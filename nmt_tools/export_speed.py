@@ -26,12 +26,13 @@ from typing import Any
 from omegaconf import OmegaConf
 from packaging.requirements import Requirement
 
-from nmt.analysis.cli import mirror_file, parser, write_report
+from nmt.analysis.cli import write_report
 from nmt.common.metrics import corpus_scores
 from nmt.common.provenance import provenance
 from nmt.data.text import read_lines
 from nmt.export import ExportSettings, export_main
 from nmt.inference.engine import Translator
+from nmt_tools.cli import mirror_file, parser
 from nmt_tools.export_speed_worker import BEAMS
 
 SYSTEMS = (("engine", "fp32"), ("engine", "int8"), ("runtime", "fp32"), ("runtime", "int8"))

@@ -34,10 +34,10 @@ from typing import Any
 
 import torch
 
-from nmt.analysis.cli import mirror_file, sync
 from nmt.common.provenance import device_name
 from nmt.inference.engine import Translator
 from nmt.inference.translate_job import read_input_lines
+from nmt_tools.cli import mirror_file, sync
 
 HOST = "127.0.0.1"  # never anywhere else
 

@@ -33,10 +33,10 @@ from typing import Any
 
 import torch
 
-from nmt.analysis.cli import mirror_file
 from nmt.data import Tokenizer
 from nmt.inference.engine import Translator
 from nmt.inference.translate_job import read_input_lines
+from nmt_tools.cli import mirror_file
 from nmt_tools.load import Connection, percentile, request, serve_process
 
 MAX_CLIENTS = 300

@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nmt.analysis.cli import TEST_SPLIT, add_project_dir, parser, sync, write_report
+from nmt.analysis.cli import write_report
+from nmt_tools.cli import TEST_SPLIT, add_project_dir, parser, sync
 from nmt_tools.peer_files import sacrebleu_score
 
 PEER_STAGES = ("venv", "data", "throughput", "decode", "summary")

@@ -25,7 +25,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from nmt.analysis.cli import TEST_SPLIT, parser, write_report
+from nmt.analysis.cli import write_report
+from nmt_tools.cli import TEST_SPLIT, parser
 from nmt_tools.peer_files import sacrebleu_score
 
 THRESHOLDS = (25.0, 30.0, 35.0)

@@ -17,12 +17,12 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from nmt.analysis.cli import sync
 from nmt.data import Batch
 from nmt.model.seq2seq import count_parameters
 from nmt.train.gpu_monitor import GpuMonitor
 from nmt.train.schema import validate_config
 from nmt.train.trainer import Trainer
+from nmt_tools.cli import sync
 
 
 def compose_config(overrides: list[str], project_dir: Path) -> DictConfig:

@@ -8,9 +8,9 @@ import shlex
 import sacrebleu
 import torch
 
-from nmt.analysis.cli import device_slug
 from nmt.common.provenance import command_line, device_name, provenance
 from nmt.common.version import __version__
+from nmt_tools.cli import device_slug
 
 
 def test_command_line_quotes_the_arguments_it_was_given() -> None:
