@@ -378,7 +378,14 @@ def test_a_mixture_distils_its_own_training_sources_before_training(runs: dict[s
     with pytest.raises(bt.BacktranslationError, match=r"forward-translated first, but its teacher .* train a de->en "):
         bt.rebuild_synthetic_sources(OmegaConf.create({**cfg, "mixture": [
             {**entry, "forward_translate": {"checkpoint": str(tmp_path / "untrained")}}]}))
-    [summary] = bt.rebuild_synthetic_sources(OmegaConf.create(cfg))
+    # As experiment=multi30k_distil names them: a list of teachers through ${data.*}, resolved against the root.
+    (tmp_path / "teachers").mkdir()
+    for name, run in (("a", runs["de_en"]), ("b", runs["de_en_b"])):
+        (tmp_path / "teachers" / f"de-en_{name}").symlink_to(run)
+    named = [f"{tmp_path}/teachers/${{data.src_lang}}-${{data.tgt_lang}}_{name}" for name in "ab"]
+    root = OmegaConf.create({"data": {**cfg, "mixture": [
+        {"corpus": "files"}, {**entry, "forward_translate": {"checkpoint": named, "max_len": 6}}]}})
+    [summary] = bt.rebuild_synthetic_sources(root.data)
     assert summary["status"] == "complete" and bt.rebuild_synthetic_sources(OmegaConf.create(cfg)) == []
     record = json.loads((folder / "provenance.json").read_text())
     assert record["direction"] == "forward" and record["input"]["path"] == files["train"]["src"]

@@ -329,7 +329,9 @@ def rebuild_synthetic_sources(data_cfg: Any) -> list[dict[str, Any]]:
         if not entry.get("synthetic") or direction is None or is_complete(Path(str(entry["synthetic"]))):
             continue
         key = f"{direction}_translate" if direction == "forward" else "backtranslate"
-        settings = {**entry[key], "output": str(entry["synthetic"]), "direction": direction}
+        # Resolved here, in the whole config: a ${data.*} in a list of checkpoints would not resolve once copied.
+        settings = {**OmegaConf.to_container(entry[key], resolve=True), "output": str(entry["synthetic"]),
+                    "direction": direction}
         check_model_exists(entry, key, data_cfg)
         if direction == "forward":
             settings.setdefault("lang", data_cfg.src_lang)
