@@ -42,6 +42,7 @@ from omegaconf import OmegaConf
 
 from nmt.data.corpora import Multi30k
 from nmt.data.text import iter_pairs
+from nmt_tools.cli import TEST_SPLIT
 
 MIB = 1 << 20
 BYTES_PER_PARAMETER = 16  # fp32 weights, gradients, AdamW's exp_avg and exp_avg_sq
@@ -85,7 +86,7 @@ def synthetic_corpus(mirror: Path, pairs: int, noise: float, seed: int, root: Pa
     corpus = Multi30k(root / "multi30k", mirror=mirror)
     folder = root / f"corpus_{pairs}_{noise}_{seed}"
     files = {"train": {"src": str(folder / "train.de"), "tgt": str(folder / "train.en")}}
-    for split, name in (("valid", "val"), ("test", "test_2016_flickr")):
+    for split, name in (("valid", "val"), ("test", TEST_SPLIT)):
         src, tgt = corpus.split_files(name, "de", "en")
         files[split] = {"src": str(src), "tgt": str(tgt)}
     if (folder / "done").is_file():
