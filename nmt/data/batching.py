@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from collections.abc import Callable, Iterator, Sequence
@@ -156,6 +157,8 @@ class TokenBucketSampler(Sampler[list[int]]):
             longest first, so running out of memory shows at once.
         parts: the split's sources with their weights (``EncodedSplit.parts``); with ``shuffle``, an epoch
             sees each source's pairs ``weight`` times. Empty: every pair once.
+        width_multiple: charge each pair ``max(S, T)`` rounded up to a multiple of this (1: as it is), so that
+            every batch fits its shape bucket (``bucket_shape``) under the same budget.
 
     A loop that stops early resumes at the next batch when iterated again. ``position`` counts batches
     *yielded*: with ``num_workers > 0`` the DataLoader prefetches, so resume from your own count of consumed
@@ -164,7 +167,7 @@ class TokenBucketSampler(Sampler[list[int]]):
 
     def __init__(self, src_lengths: Sequence[int] | np.ndarray, tgt_lengths: Sequence[int] | np.ndarray,
                  max_tokens: int, *, shuffle: bool, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 name: str = "split", parts: Sequence[SplitPart] = ()) -> None:
+                 name: str = "split", parts: Sequence[SplitPart] = (), width_multiple: int = 1) -> None:
         if len(src_lengths) == 0:
             raise DataError(f"cannot batch {name!r}: it has no pairs.")
         if int(max_tokens) <= 0:
@@ -175,6 +178,7 @@ class TokenBucketSampler(Sampler[list[int]]):
         self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64)
         self.max_tokens, self.seed = int(max_tokens), int(seed)
         self.shuffle, self.rank, self.world_size, self.name = shuffle, rank, world_size, name
+        self.width_multiple = int(width_multiple)
         # One source seen once is the plain epoch; anything else is planned by weighted_pairs.
         self.parts = tuple(parts) if len(parts) > 1 or any(p.weight != 1.0 for p in parts) else ()
         self.epoch = self.position = 0
@@ -213,7 +217,8 @@ class TokenBucketSampler(Sampler[list[int]]):
         if pairs is not None:
             order = pairs[order]  # positions in this epoch's pairs -> pair indices in the split
             widths = np.maximum(self.src_lengths, self.tgt_lengths)
-        bounds = split_until_divisible(cut_sorted(widths[order], self.max_tokens), self.world_size, self.name)
+        charged = -(-widths[order] // self.width_multiple) * self.width_multiple  # rounding keeps the sort order
+        bounds = split_until_divisible(cut_sorted(charged, self.max_tokens), self.world_size, self.name)
         spans = np.stack([bounds[:-1], bounds[1:]], axis=1)  # [num_batches, 2]
         if generator is not None:
             spans = spans[torch.randperm(len(spans), generator=generator).numpy()]
@@ -312,15 +317,46 @@ def _pad(rows: list[list[int]], width: int) -> Tensor:
     return torch.tensor([row + [PAD_ID] * (width - len(row)) for row in rows], dtype=torch.long)
 
 
-def collate_batch(items: Sequence[tuple[int, list[int], list[int]]]) -> Batch:
-    """Pad ``(index, src_ids, tgt_ids)`` items (``EncodedSplit[i]``) into a ``Batch``."""
+@dataclass(frozen=True)
+class ShapeBuckets:
+    """Batches padded to a few fixed shapes, so a GPU can replay one captured step per shape (a CUDA graph).
+
+    Lengths are rounded up to a multiple of ``width``; the rows to what the budget allows at those lengths,
+    ``max_tokens // max(S', T')``. A sampler with ``width_multiple=width`` and the same budget cuts batches
+    that always fit (a single pair over the budget excepted).
+    """
+
+    width: int
+    max_tokens: int
+
+    def shape(self, rows: int, src_len: int, tgt_len: int) -> tuple[int, int, int] | None:
+        """``(rows', S', T')`` for a batch of ``rows`` pairs padded to ``[rows, S]`` / ``[rows, T]``; None when it
+        fits no bucket. The same batch sizes always give the same shape.
+        """
+        src_len, tgt_len = (-(-length // self.width) * self.width for length in (src_len, tgt_len))
+        bucket_rows = self.max_tokens // max(src_len, tgt_len)
+        return (bucket_rows, src_len, tgt_len) if rows <= bucket_rows else None
+
+
+def collate_batch(items: Sequence[tuple[int, list[int], list[int]]], buckets: ShapeBuckets | None = None) -> Batch:
+    """Pad ``(index, src_ids, tgt_ids)`` items (``EncodedSplit[i]``) into a ``Batch``; with ``buckets``, to its
+    bucket's shape: the extra rows hold a lone EOS as source (so no attention row is all padding), an empty
+    target (so they add nothing to the loss) and index -1.
+    """
     indices = [index for index, _, _ in items]
     src_rows = [list(src) + [EOS_ID] for _, src, _ in items]
     tgt_out_rows = [list(tgt) + [EOS_ID] for _, _, tgt in items]
     tgt_in_rows = [[BOS_ID, *tgt] for _, _, tgt in items]
+    s_max, t_max = max(map(len, src_rows)), max(map(len, tgt_out_rows))
+    if buckets is not None and (shape := buckets.shape(len(items), s_max, t_max)) is not None:
+        extra = shape[0] - len(items)
+        src_rows += [[EOS_ID]] * extra
+        tgt_out_rows += [[]] * extra
+        tgt_in_rows += [[]] * extra
+        indices += [-1] * extra
+        s_max, t_max = shape[1:]
     src_lengths = torch.tensor([len(r) for r in src_rows], dtype=torch.long)
     tgt_lengths = torch.tensor([len(r) for r in tgt_out_rows], dtype=torch.long)
-    s_max, t_max = int(src_lengths.max()), int(tgt_lengths.max())
     return Batch(
         src=_pad(src_rows, s_max),
         src_lengths=src_lengths,
@@ -335,7 +371,8 @@ def collate_batch(items: Sequence[tuple[int, list[int], list[int]]]) -> Batch:
 
 
 def build_loader(split: EncodedSplit, max_tokens: int, *, shuffle: bool, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, pin_memory: bool = False, num_workers: int = 0) -> DataLoader:
+                 world_size: int = 1, pin_memory: bool = False, num_workers: int = 0,
+                 bucket_width: int | None = None) -> DataLoader:
     """A DataLoader of ``Batch`` es over ``split``; ``loader.batch_sampler`` is its ``TokenBucketSampler``.
 
     Args:
@@ -344,13 +381,15 @@ def build_loader(split: EncodedSplit, max_tokens: int, *, shuffle: bool, seed: i
         world_size: DDP ranks; each gets a disjoint, equally long share of every epoch.
         pin_memory: page-locked batches for ``Batch.to(cuda, non_blocking=True)``; ignored without CUDA.
         num_workers: DataLoader worker processes (0 = collate in the main process).
+        bucket_width: pad every batch to a ``ShapeBuckets`` shape of this length multiple (None: to its own).
     """
     sampler = TokenBucketSampler.from_split(split, max_tokens, shuffle=shuffle, seed=seed, rank=rank,
-                                            world_size=world_size)
+                                            world_size=world_size, width_multiple=bucket_width or 1)
+    buckets = ShapeBuckets(bucket_width, max_tokens) if bucket_width else None
     return DataLoader(
         split,  # type: ignore[arg-type]  # a map-style dataset: __len__ and __getitem__
         batch_sampler=sampler,
-        collate_fn=collate_batch,
+        collate_fn=functools.partial(collate_batch, buckets=buckets),
         num_workers=num_workers,
         pin_memory=pin_memory and torch.cuda.is_available(),
         # Its own generator: each new iterator draws a worker seed from it, and drawing from the global
