@@ -40,8 +40,14 @@ def gru_cell(input_gates: Tensor, state: Tensor, weight_hh: Tensor, bias_hh: Ten
     hidden_gates = F.linear(state, weight_hh, bias_hh)  # [B, 3Hd]
     if hidden_norm is not None:
         hidden_gates = hidden_norm(hidden_gates)
-    i_r, i_z, i_n = input_gates.chunk(3, dim=1)
-    h_r, h_z, h_n = hidden_gates.chunk(3, dim=1)
+    return gru_update(input_gates, hidden_gates, state)
+
+
+def gru_update(input_gates: Tensor, hidden_gates: Tensor, state: Tensor) -> Tensor:
+    """The GRU's gate arithmetic: input gates ``[..., 3H]`` and recurrent gates ``W_hh h + b_hh`` ``[..., 3H]``
+    (reset, update, new), state ``[..., H]`` -> next state ``[..., H]``."""
+    i_r, i_z, i_n = input_gates.chunk(3, dim=-1)
+    h_r, h_z, h_n = hidden_gates.chunk(3, dim=-1)
     reset = torch.sigmoid(i_r + h_r)
     update = torch.sigmoid(i_z + h_z)
     new = torch.tanh(i_n + reset * h_n)
@@ -78,12 +84,14 @@ class Encoder(nn.Module):
                           dropout=dropout if num_layers > 1 else 0.0)
         self.output_size = 2 * hidden_size
 
-    def forward(self, src: Tensor, src_lengths: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, src: Tensor, src_lengths: Tensor, fixed_shapes: bool = False) -> tuple[Tensor, Tensor]:
         """src ``[B, S]`` right-padded, src_lengths ``[B]`` (any order: packing sorts and unsorts) -> enc_out
         ``[B, S, 2He]`` (zeros at padding) and the top layer's last states ``[B, 2He]`` = [forward after the last
-        real token ; backward after the first].
+        real token ; backward after the first]. ``fixed_shapes``: run ``unpacked`` instead (CUDA graphs).
         """
         embedded = self.dropout(self.embedding(src))  # [B, S, E]
+        if fixed_shapes:
+            return self.unpacked(embedded, src_lengths)
         packed = pack_padded_sequence(embedded, src_lengths.cpu(), batch_first=True, enforce_sorted=False)
         # Outside autocast, in the weights' dtype (float32): PyTorch's autocast wrapper for cuDNN RNNs casts
         # to float16 whatever dtype autocast asks for (aten/src/ATen/cudnn/AutocastRNN.cpp), so under bf16
@@ -94,6 +102,39 @@ class Encoder(nn.Module):
         enc_out, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=src.shape[1])
         last = torch.cat([final[-2], final[-1]], dim=-1)  # [B, 2He]
         return enc_out, last
+
+    def unpacked(self, embedded: Tensor, src_lengths: Tensor) -> tuple[Tensor, Tensor]:
+        """The bidirectional GRU over ``[B, S, E]`` with no packing, so that no step reads the lengths back to the
+        host and every shape depends on ``[B, S]`` alone (a CUDA graph replays it); equal to the packed pass up to
+        rounding (tested). Both directions step together; the backward one reads each row reversed within its
+        length, so padding comes after its real tokens too.
+        """
+        steps = embedded.shape[1]
+        positions = torch.arange(steps, device=embedded.device)[None, :]  # [1, S]
+        lengths = src_lengths.to(embedded.device)[:, None]  # [B, 1]
+        real = positions < lengths  # [B, S]
+        reverse = torch.where(real, lengths - 1 - positions, positions)[..., None]  # [B, S, 1], its own inverse
+        last_index = (lengths - 1).clamp(min=0)[..., None]  # [B, 1, 1]
+        layer_in = embedded
+        for layer in range(self.rnn.num_layers):
+            if layer:
+                layer_in = F.dropout(layer_in, self.rnn.dropout, self.training)
+            weights = [[getattr(self.rnn, f"{name}_l{layer}{suffix}") for suffix in ("", "_reverse")]
+                       for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+            w_ih, w_hh, b_ih, b_hh = (torch.stack(pair) for pair in weights)  # [2, 3He, in], [2, 3He, He], [2, 3He]
+            inputs = torch.stack([layer_in, layer_in.gather(1, reverse.expand_as(layer_in))])  # [2, B, S, in]
+            gates = torch.einsum("dbsi,dgi->dbsg", inputs, w_ih) + b_ih[:, None, None]  # [2, B, S, 3He]
+            state = gates.new_zeros(2, gates.shape[1], w_hh.shape[2])  # [2, B, He]
+            outputs = []
+            for step_gates in gates.unbind(2):  # S x [2, B, 3He]
+                hidden_gates = torch.baddbmm(b_hh[:, None], state, w_hh.transpose(1, 2))  # [2, B, 3He]
+                state = gru_update(step_gates, hidden_gates, state)
+                outputs.append(state)
+            forward, backward = torch.stack(outputs, 2).unbind(0)  # [B, S, He] each, backward in reversed order
+            last = [out.gather(1, last_index.expand(-1, 1, out.shape[2])).squeeze(1) for out in (forward, backward)]
+            backward = backward.gather(1, reverse.expand_as(backward))  # [B, S, He] back in source order
+            layer_in = torch.cat([forward, backward], dim=-1) * real[..., None]  # [B, S, 2He], zeros at padding
+        return layer_in, torch.cat(last, dim=-1)  # [B, S, 2He], [B, 2He]
 
 
 class Decoder(nn.Module):
@@ -261,9 +302,10 @@ class Seq2Seq(nn.Module):
                                     key_size=2 * model_cfg["enc_hidden_size"], hidden_size=hidden, **options)
         return cls(src_vocab_size, tgt_vocab_size, attention, pad_id=pad_id, **dict(model_cfg))
 
-    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[EncoderMemory, Tensor]:
-        """src ``[B, S]`` (+EOS, right-padded), src_lengths ``[B]`` -> the memory, initial state ``[L, B, Hd]``."""
-        enc_out, enc_last = self.encoder(src, src_lengths)  # [B, S, 2He], [B, 2He]
+    def encode(self, src: Tensor, src_lengths: Tensor, fixed_shapes: bool = False) -> tuple[EncoderMemory, Tensor]:
+        """src ``[B, S]`` (+EOS, right-padded), src_lengths ``[B]`` -> the memory, initial state ``[L, B, Hd]``;
+        ``fixed_shapes`` as for ``Encoder.forward``."""
+        enc_out, enc_last = self.encoder(src, src_lengths, fixed_shapes)  # [B, S, 2He], [B, 2He]
         src_mask = torch.arange(src.shape[1], device=src.device)[None, :] < src_lengths.to(src.device)[:, None]
         memory = EncoderMemory(enc_out, self.decoder.attention.prepare(enc_out), src_mask)
         return memory, self.decoder.init_state(enc_last)
@@ -272,10 +314,11 @@ class Seq2Seq(nn.Module):
         """prev_tokens ``[B]``, state ``[L, B, Hd]`` -> logits ``[B, V]``, state ``[L, B, Hd]``, weights ``[B, S]``."""
         return self.decoder.step(prev_tokens, state, memory)
 
-    def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:
-        """Teacher-forced pass: src ``[B, S]``, src_lengths ``[B]``, tgt_in ``[B, T]`` ->
-        logits ``[B, T, V]`` and attention weights ``[B, T, S]``."""
-        memory, state = self.encode(src, src_lengths)
+    def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
+                fixed_shapes: bool = False) -> tuple[Tensor, Tensor]:
+        """Teacher-forced pass: src ``[B, S]``, src_lengths ``[B]``, tgt_in ``[B, T]`` -> logits ``[B, T, V]`` and
+        attention weights ``[B, T, S]``. ``fixed_shapes``: no host read of the lengths (``Encoder.unpacked``)."""
+        memory, state = self.encode(src, src_lengths, fixed_shapes)
         return self.decoder(tgt_in, state, memory)
 
 
