@@ -62,20 +62,21 @@ def measure_training(trainer: Trainer, steps: int | None, warmup_steps: int) -> 
     sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    seconds, tokens, sentences, skipped = [], [], [], 0
+    seconds, tokens, sentences, figures = [], [], [], []
     with GpuMonitor.for_device(device) as gpu:
         last = time.perf_counter()
         for _ in range(steps):
             batch = next(batches)  # batch fetching and collation count as training time
-            loss, n_tokens, _, _ = trainer.train_step(batch)
-            sync(device)  # train_step reads the loss (.item()), but the optimizer step runs after it
+            result = trainer.train_step(batch)
+            sync(device)  # the step reads nothing back: wait for the device to finish it
             now = time.perf_counter()
             seconds.append(now - last)
-            tokens.append(n_tokens)
-            sentences.append(batch.size)
-            skipped += loss is None
+            tokens.append(result.tokens)
+            sentences.append(int((batch.indices >= 0).sum()))  # a shape bucket's padding rows are no sentences
+            figures.append(result.figures)
             last = now
     total = sum(seconds)
+    skipped = int(torch.stack(figures)[:, 2].sum())
     return {
         "steps": steps, "warmup_steps": warmup_steps, "skipped_nonfinite_steps": skipped,
         "batches_per_epoch": trainer.batches_per_epoch, "target_tokens": sum(tokens), "sentences": sum(sentences),

@@ -93,7 +93,7 @@ def count_flops(trainer: Any, batches: Any, steps: int) -> tuple[int, dict[str, 
     tokens = 0
     with counter:
         for _ in range(steps):
-            tokens += trainer.train_step(next(batches))[1]
+            tokens += trainer.train_step(next(batches)).tokens
     total = counter.get_total_flops()
     by_module = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()
                  if name.count(".") == 1}  # Seq2Seq.encoder, Seq2Seq.decoder; deeper names are inside them

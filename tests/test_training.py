@@ -403,11 +403,17 @@ def test_train_py_reports_a_corrupt_mirror_file_in_one_line(tmp_path: Path, mirr
     assert_one_line_error(proc, "sha256 mismatch for train.de.gz", str(corrupt), "expected ", ", got ")
 
 
-@pytest.mark.parametrize("case", ["config", "device", "missing_run"])
+@pytest.mark.parametrize("case", ["config", "device", "cuda_graphs", "missing_run"])
 def test_train_py_reports_user_errors_in_one_line(tmp_path: Path, case: str) -> None:
     if case == "config":
         proc = run_train_py(tmp_path, "trainer.lr_schedule=linear")
         assert_one_line_error(proc, "trainer.lr_schedule='linear' is not one of cosine")
+    elif case == "cuda_graphs":
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is present")
+        proc = run_train_py(tmp_path / "cwd", "trainer.cuda_graphs=true", f"data.cache_dir={tmp_path}/cache")
+        assert_one_line_error(proc, "trainer.cuda_graphs=true needs a CUDA GPU", "trainer.cuda_graphs=auto")
+        assert not (tmp_path / "cache").exists()  # refused before any data work
     elif case == "device":
         if torch.cuda.is_available():
             pytest.skip("a GPU is present")

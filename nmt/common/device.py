@@ -83,9 +83,11 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         return quantize_dynamic(model, layers, dtype=torch.qint8)
 
 
-def autocast(precision: str, device: torch.device) -> AbstractContextManager[None]:
-    """The autocast context for ``precision`` on ``device`` (a no-op for float32)."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=uses_bf16(precision, device))
+def autocast(precision: str, device: torch.device, cache: bool = True) -> AbstractContextManager[None]:
+    """The autocast context for ``precision`` on ``device`` (a no-op for float32); ``cache=False`` where a CUDA
+    graph is captured."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=uses_bf16(precision, device),
+                          cache_enabled=cache)
 
 
 def configure_matmul(precision: str, device: torch.device) -> None:

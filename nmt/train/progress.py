@@ -22,6 +22,7 @@ class Progress:
     bad_validations: int = 0  # validations since the last new best
     train_seconds: float = 0.0  # optimizer steps only: batch fetching and validation not included
     wall_seconds: float = 0.0  # the loop's wall-clock time, validations included, summed over resumes
+    validation_seconds: float = 0.0  # the part of wall_seconds spent validating and checkpointing
     target_tokens: int = 0  # real target tokens trained on (this rank)
     # One entry per validation: step, epoch, train/wall seconds so far, greedy BLEU, chrF, loss.
     # It answers "how long until the model was this good" (the GPU time-to-BLEU figure).
@@ -55,10 +56,13 @@ class RunClock:
 
     @contextmanager
     def outside_window(self) -> Iterator[None]:
-        """Time spent in the block (validation) does not lower the log window's tokens/s."""
+        """Time spent in the block (validation) does not lower the log window's tokens/s; it is counted in
+        ``progress.validation_seconds``."""
         started = time.perf_counter()
         yield
-        self._window_start += time.perf_counter() - started
+        spent = time.perf_counter() - started
+        self._window_start += spent
+        self.progress.validation_seconds += spent
 
     def close_window(self, tokens: int) -> float:
         """Tokens per second since the last window closed; a new window starts now."""

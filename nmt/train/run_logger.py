@@ -38,12 +38,12 @@ class RunLogger:
             for name, value in values.items():
                 self.writer.add_scalar(f"{prefix}/{name}", value, step)
 
-    def step(self, step: int, loss: float, lr: float, grad_norm: float) -> None:
-        """``train_log.jsonl``'s line of an optimizer step: its loss per target token, learning rate and gradient norm
-        (resume tests compare the file byte for byte)."""
-        if self.steps_file is not None:
+    def steps(self, records: list[dict[str, float]]) -> None:
+        """``train_log.jsonl``'s lines of optimizer steps, ``{"step", "loss", "lr", "grad_norm"}`` each: the loss per
+        target token, learning rate and gradient norm (resume tests compare the file byte for byte)."""
+        if self.steps_file is not None and records:
             with self.steps_file.open("a") as handle:
-                handle.write(json.dumps({"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm}) + "\n")
+                handle.write("".join(json.dumps(record) + "\n" for record in records))
 
     def keep_steps_until(self, step: int) -> None:
         """Drop the lines after ``step`` (a resumed run's checkpoint): the cut-off run wrote them, then lost them."""

@@ -34,6 +34,7 @@ from nmt.model.search import Hypothesis
 from nmt.model.seq2seq import count_parameters
 from nmt.train import distributed
 from nmt.train.distributed import DistInfo
+from nmt.train.fast_step import FastPathError, StepResult, StepWindow, TrainingSteps, use_cuda_graphs
 from nmt.train.gpu_monitor import GpuMonitor
 from nmt.train.progress import Progress, RunClock, progress_line
 from nmt.train.resume import restore_run, resume_config, resume_paths
@@ -51,7 +52,7 @@ class TrainingError(RuntimeError):
 
 # What ``train`` raises for a mistake the user can fix; the message names the setting or file and the fix.
 USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, DataError, CheckpointError, DeviceError, TrainingError,
-                                             FolderInUse, BacktranslationError, TranslationError)
+                                             FolderInUse, BacktranslationError, TranslationError, FastPathError)
 
 
 def lr_factor(schedule: str, warmup_steps: int, total_steps: int, min_ratio: float) -> Callable[[int], float]:
@@ -92,6 +93,7 @@ class Trainer:
         setup_start = time.perf_counter()
         self.cfg, self.tcfg, self.run_dir, self.info = cfg, cfg.trainer, run_dir, info
         self.device = distributed.choose_device(self.tcfg.device, info)
+        self.use_graphs = use_cuda_graphs(self.tcfg.cuda_graphs, self.device, info.world_size)
         self.precision = self.tcfg.precision
         self.use_bf16 = uses_bf16(self.precision, self.device)
         configure_matmul(self.precision, self.device)
@@ -108,11 +110,13 @@ class Trainer:
             raise ConfigError(f"model/attention settings do not work together: {error}") from error
         self.ddp_model: nn.Module = distributed.wrap_model(self.model, info, self.device)
         t = self.tcfg
+        # Fused: one kernel for the update, and it can skip a non-finite step without the host (``found_inf``).
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=tuple(t.betas),
-                                           weight_decay=t.weight_decay)
+                                           weight_decay=t.weight_decay, fused=True, capturable=self.use_graphs)
         self.train_loader = build_loader(self.data.train, cfg.data.max_tokens, shuffle=True, seed=t.seed,
                                          rank=info.rank, world_size=info.world_size,
-                                         pin_memory=self.device.type == "cuda", num_workers=cfg.data.num_workers)
+                                         pin_memory=self.device.type == "cuda", num_workers=cfg.data.num_workers,
+                                         bucket_width=t.bucket_width if self.use_graphs else None)
         self.batches_per_epoch = len(self.train_loader.batch_sampler)
         self.total_steps = min(t.max_epochs * self.batches_per_epoch, t.max_steps or math.inf)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -132,7 +136,12 @@ class Trainer:
         # The same on every rank (all load one checkpoint), so every rank agrees when validation is due.
         validations = self.progress.validations
         self.validated_at_step = int(validations[-1]["step"]) if validations else None
+        self.steps = TrainingSteps(self.model, self.ddp_model, self.optimizer, self.device, self.use_graphs,
+                                   label_smoothing=t.label_smoothing, max_norm=t.clip_grad_norm,
+                                   precision=self.precision)
+        self.pending_steps = StepWindow()  # figures still on the device
         self.window_loss, self.window_tokens = 0.0, 0  # since the last log line
+        self.nonfinite_in_row, self.last_grad_norm = 0, math.nan
         self.setup_seconds = time.perf_counter() - setup_start  # data (SentencePiece training when not cached), model
 
     # ----------------------------------------------------------------------------------- setup
@@ -161,6 +170,7 @@ class Trainer:
         self.clock.start()
         with self._signals_stop_training(), gpu:
             stopped_early = self._loop()
+            self._read_steps()  # the steps after the last log line
         self.clock.stop()  # the final evaluation is timed on its own
         self.logger.display.close()  # what follows, the final summary, is printed below the bar
         self.gpu_utilisation = gpu.summary()
@@ -169,13 +179,13 @@ class Trainer:
     def _loop(self) -> bool:
         """One optimizer step per batch until the plan, a signal or early stopping ends it. True = early stop."""
         batches, p = self._batches(), self.progress
-        nonfinite_in_row = 0
         while True:
             # The next epoch starts once this one's batches are done (not after the planned last step).
             if p.batches_done >= self.batches_per_epoch and p.step < self.total_steps:
                 p.epoch += 1
                 p.batches_done = 0
             if self._validation_due():
+                self._read_steps()  # the log is complete up to the checkpoint
                 with self.clock.outside_window():  # validation is not training time
                     if self._validate_and_checkpoint():
                         return True
@@ -183,42 +193,23 @@ class Trainer:
                 return False
             batch = next(batches)
             step_started = time.perf_counter()
-            loss, tokens, grad_norm, lr = self.train_step(batch)
+            result = self.train_step(batch)
             p.batches_done += 1
-            if loss is None:
-                nonfinite_in_row += 1
-                self._skip_nonfinite_step(nonfinite_in_row)
-                continue
-            nonfinite_in_row = 0
-            self._count_step(loss, tokens, grad_norm, lr, step_started)
-            self._log_when_due(grad_norm, lr)
+            self._count_step(result, step_started)
+            if p.step % self.tcfg.log_every == 0 or p.step == self.total_steps:
+                self._read_steps()
+                self._log_line(result.lr)
 
-    def train_step(self, batch: Batch) -> tuple[float | None, int, float, float]:
-        """Learning rate, forward, backward, clip, step. Returns the summed loss (None when skipped), target tokens,
-        gradient norm and the learning rate this step used (the scheduler has moved on by then).
+    def train_step(self, batch: Batch) -> StepResult:
+        """One optimizer step (forward, backward, clip, AdamW, learning rate), its figures left on the device.
+
+        A non-finite loss or gradient skips the update but counts as a step; ``_read_steps`` reports it.
         """
         lr = self.scheduler.get_last_lr()[0]
         self.model.train()
-        batch = batch.to(self.device, non_blocking=True)
-        tokens = batch.num_tgt_tokens
-        with autocast(self.precision, self.device):
-            logits, _ = self.ddp_model(batch.src, batch.src_lengths, batch.tgt_in)  # [B, T, V]
-        loss_sum = sequence_loss(logits, batch.tgt_out, self.tcfg.label_smoothing)
-        loss_value = loss_sum.item()
-        grad_norm = float("nan")
-        # Every rank must skip together, or DDP's all-reduce in backward would hang.
-        if not distributed.any_rank(not math.isfinite(loss_value), self.info, self.device):
-            # Mean over this rank's tokens; DDP averages the gradients over ranks.
-            (loss_sum / max(1, tokens)).backward()
-            max_norm = self.tcfg.clip_grad_norm or float("inf")  # null: no clipping, the norm still measured
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
-        if not math.isfinite(grad_norm):  # identical on every rank: gradients are already all-reduced
-            self.optimizer.zero_grad(set_to_none=True)
-            return None, tokens, grad_norm, lr
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        figures = self.steps.run(batch, lr, bucketed=self.use_graphs)
         self.scheduler.step()
-        return loss_value, tokens, grad_norm, lr
+        return StepResult(figures, batch.num_tgt_tokens, lr)
 
     def _batches(self) -> Iterator[Batch]:
         """This rank's batches, epoch after epoch, from where the run stands (the sampler's order is seeded)."""
@@ -241,28 +232,39 @@ class Trainer:
             self.stop_signal = "another rank's signal"
         return signalled or self.progress.step >= self.total_steps
 
-    def _skip_nonfinite_step(self, in_a_row: int) -> None:
-        step = self.progress.step + 1
-        self.logger.display.message(f"warning: non-finite loss or gradient at step {step}; step skipped")
-        if in_a_row >= self.tcfg.max_nonfinite_steps:
-            raise TrainingError(
-                f"{in_a_row} non-finite losses in a row at step {self.progress.step}: lower trainer.lr or set "
-                f"trainer.clip_grad_norm (now lr={self.tcfg.lr}, clip={self.tcfg.clip_grad_norm})")
-
-    def _count_step(self, loss: float, tokens: int, grad_norm: float, lr: float, step_started: float) -> None:
-        """Book a finished optimizer step: progress, clock, log window, and its line in train_log.jsonl."""
+    def _count_step(self, result: StepResult, step_started: float) -> None:
+        """Book an optimizer step on the host (progress, clock); its figures wait in ``pending_steps``."""
         self.progress.step += 1
-        self.progress.target_tokens += tokens
+        self.progress.target_tokens += result.tokens
         self.progress.train_seconds += time.perf_counter() - step_started
-        self.window_loss += loss
-        self.window_tokens += tokens
-        self.logger.step(self.progress.step, loss / max(1, tokens), lr, grad_norm)
+        self.pending_steps.add(self.progress.step, result)
 
-    def _log_when_due(self, grad_norm: float, lr: float) -> None:
-        """Every ``log_every`` steps and at the last: TensorBoard's train scalars and the progress line (or bar)."""
-        step = self.progress.step
-        if step % self.tcfg.log_every and step != self.total_steps:
-            return
+    def _read_steps(self) -> None:
+        """Read the pending steps' figures back (one transfer, the loop's only wait for the device): their
+        train_log.jsonl lines, the log window, and the check for non-finite steps in a row.
+        """
+        waited = time.perf_counter()
+        rows = self.pending_steps.read()
+        self.progress.train_seconds += time.perf_counter() - waited  # the device finishing the steps' work
+        for row in rows:
+            self.nonfinite_in_row = self.nonfinite_in_row + 1 if row["skipped"] else 0
+            if row["skipped"]:
+                self.logger.display.message(f"warning: non-finite loss or gradient at step {row['step']}; "
+                                            "its update was skipped")
+            else:
+                self.window_loss += row["loss_sum"]
+                self.window_tokens += row["tokens"]
+            if self.nonfinite_in_row >= self.tcfg.max_nonfinite_steps:
+                raise TrainingError(
+                    f"{self.nonfinite_in_row} non-finite losses in a row at step {row['step']}: lower trainer.lr or "
+                    f"set trainer.clip_grad_norm (now lr={self.tcfg.lr}, clip={self.tcfg.clip_grad_norm})")
+        self.logger.steps([{"step": row["step"], "loss": row["loss_sum"] / max(1, row["tokens"]), "lr": row["lr"],
+                            "grad_norm": row["grad_norm"]} for row in rows])
+        self.last_grad_norm = rows[-1]["grad_norm"] if rows else math.nan
+
+    def _log_line(self, lr: float) -> None:
+        """TensorBoard's train scalars and the progress line (or bar) for the window since the last one."""
+        step, grad_norm = self.progress.step, self.last_grad_norm
         loss = self.window_loss / max(1, self.window_tokens)
         tokens_per_s = self.clock.close_window(self.window_tokens * self.info.world_size)
         self.window_loss, self.window_tokens = 0.0, 0
@@ -352,6 +354,8 @@ class Trainer:
             "train_target_tokens_per_s": p.target_tokens * self.info.world_size / max(1e-9, p.train_seconds),
             "setup_seconds": self.setup_seconds,
             "wall_seconds": p.wall_seconds,
+            "validation_seconds": p.validation_seconds,
+            "cuda_graphs": asdict(self.steps.stats) if self.use_graphs else None,
             "gpu_utilisation": self.gpu_utilisation,
             "validations": p.validations,
             "device": device_name(self.device),
@@ -410,8 +414,8 @@ class Trainer:
         scores = corpus_scores(hypotheses, split.tgt_text)
         metrics = {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "bleu": scores["bleu"], "chrf": scores["chrf"]}
         self.logger.scalars("val", metrics, p.step)
-        self._log_examples(split, hypotheses, best, p.step)
         improved = metrics["bleu"] > p.best_bleu
+        self._log_examples(split, hypotheses, best, p.step, heatmaps=improved)
         if improved:
             p.best_bleu, p.best_step, p.bad_validations = metrics["bleu"], p.step, 0
         else:
@@ -430,14 +434,14 @@ class Trainer:
     def teacher_forced_loss(self, split: EncodedSplit) -> float:
         """Cross-entropy (no label smoothing) per target token over ``split``."""
         self.model.eval()
-        total, tokens = 0.0, 0
+        total, tokens = torch.zeros((), device=self.device), 0
         for batch in build_loader(split, self.cfg.data.valid_max_tokens, shuffle=False):
             batch = batch.to(self.device)
             with autocast(self.precision, self.device):
                 logits, _ = self.model(batch.src, batch.src_lengths, batch.tgt_in)
-            total += sequence_loss(logits, batch.tgt_out).item()
+            total += sequence_loss(logits, batch.tgt_out)  # summed on the device: one read at the end
             tokens += batch.num_tgt_tokens
-        return total / max(1, tokens)
+        return total.item() / max(1, tokens)
 
     def decode(self, split: EncodedSplit, beam_size: int) -> tuple[list[str], list[Hypothesis]]:
         """The best translation of each of ``split``'s sources, in its order: detokenized, and as a hypothesis (ids
@@ -450,16 +454,18 @@ class Trainer:
         best = [nbest[0] for nbest in translator.translate_ids(split.src_ids, options)]
         return [self.data.tokenizer.decode_tgt(h.tokens) for h in best], best
 
-    def _log_examples(self, split: EncodedSplit, hypotheses: list[str], best: list[Hypothesis], step: int) -> None:
-        """Sample translations as text, and attention heatmaps of a fixed handful of sentences.
+    def _log_examples(self, split: EncodedSplit, hypotheses: list[str], best: list[Hypothesis], step: int,
+                      heatmaps: bool) -> None:
+        """Sample translations as text, and (with ``heatmaps``) attention heatmaps of a fixed handful of sentences.
 
-        ``best`` are validation's own hypotheses (their attention included), ``hypotheses`` their text.
+        ``best`` are validation's own hypotheses (their attention included), ``hypotheses`` their text. Heatmaps are
+        drawn at a new best only: matplotlib's rendering is the slow part of logging, and the best is what you look at.
         """
         rows = [f"**src:** {split.src_text[i]}  \n**ref:** {split.tgt_text[i]}  \n**hyp:** {hypotheses[i]}"
                 for i in range(min(self.tcfg.num_samples, len(split)))]
         self.logger.text("samples", "\n\n".join(rows), step)
         tok = self.data.tokenizer
-        for i, (src_ids, hyp) in enumerate(zip(split.src_ids[: self.tcfg.num_heatmaps], best)):
+        for i, (src_ids, hyp) in enumerate(zip(split.src_ids[: self.tcfg.num_heatmaps if heatmaps else 0], best)):
             if hyp.attention is None or hyp.attention.numel() == 0:  # attention=none has no weights
                 continue
             weights = hyp.attention.float()  # [T_hyp, S]

@@ -1,0 +1,203 @@
+"""The training step's fast path: shape buckets, the padded step equal to the unpadded one, a step that reads
+nothing back from the device, skipped non-finite steps, the setting's checks; on a GPU, graph replay against eager.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from nmt.data.batching import Batch, ShapeBuckets, TokenBucketSampler, collate_batch
+from nmt.model.attention import build_attention
+from nmt.model.seq2seq import Seq2Seq
+from nmt.train.fast_step import FastPathError, StepResult, StepWindow, TrainingSteps, train_step, use_cuda_graphs
+from tests.test_model import TYPES
+
+SRC_V, TGT_V = 23, 29
+
+
+def tiny_model(name: str, layers: int = 1, layer_norm: bool = False, dropout: float = 0.0) -> Seq2Seq:
+    torch.manual_seed(0)
+    options = {"heads": 3} if name == "multihead" else {}
+    attention = build_attention(name, query_size=9, key_size=10, hidden_size=9, **options)
+    return Seq2Seq(SRC_V, TGT_V, attention, emb_size=7, enc_hidden_size=5, dec_hidden_size=9, enc_layers=layers,
+                   dec_layers=layers, dropout=dropout, tie_embeddings=True, output_hidden_size=None,
+                   layer_norm=layer_norm)
+
+
+def items(count: int = 5, seed: int = 0) -> list[tuple[int, list[int], list[int]]]:
+    """``EncodedSplit[i]``-like pairs of ids of assorted lengths."""
+    rng = random.Random(seed)
+    return [(i, [rng.randrange(4, SRC_V) for _ in range(rng.randint(1, 11))],
+             [rng.randrange(4, TGT_V) for _ in range(rng.randint(1, 9))]) for i in range(count)]
+
+
+def loss_and_gradients(model: Seq2Seq, batch: Batch, fixed_shapes: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The step's summed loss and the gradients it would apply, without updating (``force_skip``)."""
+    model.zero_grad(set_to_none=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    figures = train_step(model, optimizer, batch, label_smoothing=0.1, max_norm=None, precision="fp32",
+                         fixed_shapes=fixed_shapes, force_skip=torch.ones(()))
+    return figures[0], [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("layers", [1, 2])
+def test_a_padded_bucket_step_gives_the_loss_and_gradients_of_the_unpadded_one(name: str, layers: int) -> None:
+    model = tiny_model(name, layers, layer_norm=layers == 2).double()
+    pairs = items()
+    plain = collate_batch(pairs)
+    padded = collate_batch(pairs, ShapeBuckets(width=8, max_tokens=200))
+    assert (*padded.src.shape, padded.tgt_in.shape[1]) == (12, 16, 16) and plain.src.shape[0] == 5  # 200 // 16 rows
+    assert padded.num_tgt_tokens == plain.num_tgt_tokens and padded.indices.tolist()[5:] == [-1] * 7
+    loss, grads = loss_and_gradients(model, plain, fixed_shapes=False)  # packed encoder, the eager path
+    padded_loss, padded_grads = loss_and_gradients(model, padded, fixed_shapes=True)  # the graph's step
+    torch.testing.assert_close(padded_loss.double(), loss.double(), rtol=1e-6, atol=1e-9)
+    for grad, padded_grad in zip(grads, padded_grads):
+        torch.testing.assert_close(padded_grad, grad, rtol=1e-6, atol=1e-9)
+
+
+def test_the_bucket_of_a_batch_is_deterministic_and_every_sampled_batch_fits_one() -> None:
+    buckets = ShapeBuckets(width=8, max_tokens=300)
+    assert buckets.shape(17, 9, 14) == buckets.shape(17, 9, 14) == (18, 16, 16)
+    assert buckets.shape(19, 9, 14) is None  # 19 x 14 fits the budget, but not padded to 16: such a batch is cut
+    assert buckets.shape(37, 7, 8) == (37, 8, 8) and buckets.shape(38, 7, 8) is None  # 300 // 8 = 37 rows
+    assert buckets.shape(1, 301, 3) is None  # a pair over the budget fits no bucket: the eager step takes it
+    rng = random.Random(1)
+    src, tgt = [rng.randint(2, 60) for _ in range(3000)], [rng.randint(2, 60) for _ in range(3000)]
+    sampler = TokenBucketSampler(src, tgt, 300, shuffle=True, seed=4, width_multiple=8)
+    batches = sampler.epoch_batches(0)
+    assert sorted(i for batch in batches for i in batch) == list(range(3000))  # every pair once
+    shapes = {buckets.shape(len(b), max(src[i] for i in b), max(tgt[i] for i in b)) for b in batches}
+    assert None not in shapes and len(shapes) <= 8 * 8  # lengths up to 60: 8 multiples of 8 each way
+
+
+class HostReads(TorchFunctionMode):
+    """Records every tensor method that reads device data back to the host (``.item()``, ``bool(t)``, ...)."""
+
+    READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__float__,
+             torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.cpu, torch.Tensor.numpy,
+             torch.Tensor.nonzero, torch.nonzero, torch.Tensor.masked_select, torch.masked_select}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if func in self.READS:
+            self.seen.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def host_reads() -> Iterator[list[str]]:
+    mode = HostReads()
+    with mode:
+        yield mode.seen
+
+
+@pytest.mark.parametrize("name", ["additive", "multihead", "none"])
+def test_the_fast_step_reads_nothing_back_from_the_device(name: str) -> None:
+    """Everything a captured step does, run eagerly on the CPU: forward, loss, backward, clip, a skipped or taken
+    fused AdamW update. The packed encoder (the eager path) reads the lengths back, and the check sees it."""
+    model = tiny_model(name, layers=2, dropout=0.2).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
+    batch = collate_batch(items(), ShapeBuckets(width=8, max_tokens=200))
+    for force_skip in (torch.ones(()), None):
+        with host_reads() as seen:
+            train_step(model, optimizer, batch, label_smoothing=0.1, max_norm=1.0, precision="fp32",
+                       fixed_shapes=True, force_skip=force_skip)
+        assert seen == []
+        optimizer.zero_grad(set_to_none=True)
+    with host_reads() as seen:
+        train_step(model, optimizer, batch, label_smoothing=0.1, max_norm=1.0, precision="fp32", fixed_shapes=False)
+    assert "cpu" in seen  # pack_padded_sequence's lengths: why the graphs use Encoder.unpacked
+
+
+def test_a_non_finite_step_leaves_weights_and_optimizer_as_they_were() -> None:
+    model = tiny_model("additive")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
+    batch = collate_batch(items())
+    steps = TrainingSteps(model, model, optimizer, torch.device("cpu"), graphs=False, label_smoothing=0.0,
+                          max_norm=1.0, precision="fp32")
+    steps.run(batch, 0.01, bucketed=False)  # a real update first, so the optimizer has state
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    moments = [state["exp_avg"].clone() for state in optimizer.state.values()]
+    hook = model.decoder.output.register_forward_hook(lambda _m, _i, out: out * float("inf"))
+    window = StepWindow()
+    window.add(2, StepResult(steps.run(batch, 0.01, bucketed=False), tokens=7, lr=0.01))
+    hook.remove()
+    (row,) = window.read()
+    assert row["skipped"] and row["step"] == 2 and row["tokens"] == 7
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(torch.equal(m, state["exp_avg"]) for m, state in zip(moments, optimizer.state.values()))
+    assert all(int(state["step"]) == 1 for state in optimizer.state.values())  # the skipped step is not counted
+    steps.run(batch, 0.01, bucketed=False)
+    assert all(int(state["step"]) == 2 for state in optimizer.state.values())
+    assert window.read() == []  # read once
+
+
+def test_cuda_graphs_settings_are_checked_in_one_line() -> None:
+    cpu = torch.device("cpu")
+    assert use_cuda_graphs("auto", cpu, 1) is False and use_cuda_graphs(False, cpu, 1) is False
+    with pytest.raises(FastPathError, match=r"trainer.cuda_graphs=true needs a CUDA GPU, and this run is on cpu"):
+        use_cuda_graphs(True, cpu, 1)
+    with pytest.raises(FastPathError, match=r"trainer.cuda_graphs='sometimes' is not one of auto, true, false"):
+        use_cuda_graphs("sometimes", cpu, 1)
+    if torch.cuda.is_available():
+        with pytest.raises(FastPathError, match="torchrun"):
+            use_cuda_graphs("true", torch.device("cuda"), 2)
+
+
+# ------------------------------------------------------------------------------------------------ GPU only
+def gpu_steps(graphs: bool, dropout: float = 0.1) -> tuple[Seq2Seq, TrainingSteps]:
+    model = tiny_model("additive", layers=1, dropout=dropout).cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.003, fused=True, capturable=graphs)
+    return model, TrainingSteps(model, model, optimizer, torch.device("cuda"), graphs=graphs, label_smoothing=0.1,
+                                max_norm=1.0, precision="bf16")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_graph_replay_gives_the_eager_losses_over_50_steps() -> None:
+    buckets = ShapeBuckets(width=8, max_tokens=200)
+    batches = [collate_batch(items(seed=i % 5), buckets) for i in range(50)]
+    losses = {}
+    for graphs in (False, True):
+        torch.manual_seed(3)
+        _, steps = gpu_steps(graphs, dropout=0.0)
+        losses[graphs] = torch.stack([steps.run(b.pin_memory(), 0.003, bucketed=True) for b in batches])[:, 0]
+        if graphs:
+            assert steps.stats.shapes_captured == len({tuple(b.src.shape) for b in batches})
+            assert steps.stats.replayed_steps == 50 and steps.stats.fallback is None
+    torch.testing.assert_close(losses[True], losses[False], rtol=2e-2, atol=2e-2)  # bf16 tolerance
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_shape_outside_every_bucket_falls_back_to_the_eager_step() -> None:
+    _, steps = gpu_steps(graphs=True)
+    unbucketed = collate_batch(items())  # its own shape: not padded to a bucket
+    figures = steps.run(unbucketed.pin_memory(), 0.003, bucketed=False)
+    assert steps.stats.eager_steps == 1 and steps.stats.shapes_captured == 0 and figures.shape == (3,)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_replayed_step_never_synchronises_with_the_host() -> None:
+    _, steps = gpu_steps(graphs=True)
+    batch = collate_batch(items(), ShapeBuckets(width=8, max_tokens=200)).pin_memory()
+    steps.run(batch, 0.003, bucketed=True)  # captured here
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            steps.run(batch, 0.003, bucketed=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert steps.stats.replayed_steps == 4
