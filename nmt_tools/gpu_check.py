@@ -1,12 +1,16 @@
-"""The GPU path in one command: bf16 against fp32, training speed and utilisation, time to a val BLEU,
-translation speed and the chain's wall time, each part resumable and written to ``<out>/gpu_check.json``.
+"""The GPU path in one command: the eager step against the replayed CUDA graphs, bf16 against fp32, training
+speed and utilisation, time to a val BLEU, translation speed and the chain's wall time, each part resumable and
+written to ``<out>/gpu_check.json``.
 
-    python scripts/gpu_check.py --out runs/gpu_check                        # precision + translate: minutes
+    python scripts/gpu_check.py --out runs/gpu_check                        # graphs + translate: minutes
     python scripts/gpu_check.py --out runs/gpu_check --parts recipe translate   # time to val BLEU 38
     python scripts/gpu_check.py --out runs/gpu_check --parts chain --parallel 3  # reproduce.py recipe=bt_best
 
 Parts (each skips a run whose ``results.json`` exists, so a stopped check continues where it stopped):
 
+- ``graphs``: ``train.py experiment=E`` four times on the same seed for ``--graph-steps`` steps, eager and with
+  ``trainer.cuda_graphs=true``, each in fp32 and bf16: target tokens/s and their ratios on this card, the loss gap
+  between eager and graphs, the shapes captured and what the capture cost, the validation share of the wall time.
 - ``precision``: ``train.py experiment=E`` twice on the same seed for ``--steps`` steps, ``trainer.precision=fp32``
   and ``bf16``: the per-step losses side by side (mean and largest gap, the mean of the last 100 steps), val and
   test BLEU after the same steps, target tokens/s and the GPU's utilisation (``nvidia-smi``, from results.json).
@@ -30,15 +34,18 @@ from typing import Any
 
 from nmt.common.files import write_json_durably
 
-PARTS = ("precision", "recipe", "translate", "chain")
+PARTS = ("graphs", "precision", "recipe", "translate", "chain")
 
 
 def parse_args(argv: list[str] | None, project_dir: Path) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="gpu_check.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the runs and gpu_check.json")
-    parser.add_argument("--parts", nargs="+", choices=PARTS, default=["precision", "translate"])
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=["graphs", "translate"])
     parser.add_argument("--experiment", default="multi30k_best", help="train.py's experiment for precision/recipe")
     parser.add_argument("--steps", type=int, default=1500, help="optimizer steps of each precision run")
+    parser.add_argument("--graph-steps", type=int, default=600, help="optimizer steps of each graphs run")
+    parser.add_argument("--recipe-overrides", nargs="*", default=[],
+                        help="train.py overrides for the recipe part alone, e.g. trainer.cuda_graphs=true")
     parser.add_argument("--target-bleu", type=float, default=38.0, help="greedy val BLEU the recipe part times")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--recipe", default="bt_best", help="reproduce.py's recipe for the chain part")
@@ -47,8 +54,8 @@ def parse_args(argv: list[str] | None, project_dir: Path) -> argparse.Namespace:
                         help="extra train.py overrides for every run (data.*, or model=small for a quick try)")
     parser.add_argument("--project-dir", type=Path, default=project_dir, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.steps < 2:
-        parser.error(f"--steps {args.steps}: give at least 2 optimizer steps")
+    if min(args.steps, args.graph_steps) < 2:
+        parser.error(f"--steps {args.steps} / --graph-steps {args.graph_steps}: give at least 2 optimizer steps")
     return args
 
 
@@ -84,12 +91,16 @@ def step_losses(run_dir: Path) -> dict[int, float]:
 
 
 def run_summary(run: dict[str, Any]) -> dict[str, Any]:
-    """One run's speed and scores: tokens/s, GPU utilisation, val BLEU per validation, test BLEU."""
+    """One run's speed and scores: tokens/s, GPU utilisation, the graphs' figures, validation's share of the wall
+    time, val BLEU per validation, test BLEU."""
     results = run["results"]
+    wall = results.get("wall_seconds") or 0.0
     return {"device": results.get("device"), "precision": results.get("precision"),
             "bf16_autocast": results.get("bf16_autocast"), "steps": results["steps"],
             "train_target_tokens_per_s": results["train_target_tokens_per_s"],
             "gpu_utilisation": results.get("gpu_utilisation"), "process_seconds": run["process_seconds"],
+            "cuda_graphs": results.get("cuda_graphs"), "setup_seconds": results.get("setup_seconds"),
+            "validation_share_of_wall": results.get("validation_seconds", 0.0) / wall if wall else None,
             "val_bleu": [{"step": v["step"], "bleu": v["bleu"]} for v in results["validations"]],
             "test_bleu": {split: scores["bleu"] for split, scores in results["test"].items()}}
 
@@ -109,9 +120,29 @@ def precision_part(args: argparse.Namespace) -> dict[str, Any]:
             "runs": {p: run_summary(run) for p, run in runs.items()}}
 
 
+def graphs_part(args: argparse.Namespace) -> dict[str, Any]:
+    """Eager against graphs, each in fp32 and bf16, same seed and steps: speeds as ratios on this card, the loss gap
+    (graphs against eager in each precision) and the capture's figures."""
+    extra = [f"trainer.max_steps={args.graph_steps}", f"trainer.validate_every={args.graph_steps}"]
+    names = [(path, precision) for path in ("eager", "graphs") for precision in ("fp32", "bf16")]
+    runs = {f"{path}_{precision}": train(args, args.out / f"graphs_{path}_{precision}", [
+        *extra, f"trainer.cuda_graphs={path == 'graphs'}".lower(), f"trainer.precision={precision}"])
+        for path, precision in names}
+    speed = {name: run["results"]["train_target_tokens_per_s"] for name, run in runs.items()}
+    report: dict[str, Any] = {"steps": args.graph_steps, "runs": {n: run_summary(r) for n, r in runs.items()},
+                              "fastest": max(speed, key=speed.__getitem__)}
+    for precision in ("fp32", "bf16"):
+        eager, graphs = (step_losses(args.out / f"graphs_{path}_{precision}") for path in ("eager", "graphs"))
+        gaps = [abs(eager[s] - graphs[s]) for s in sorted(set(eager) & set(graphs))]
+        report[f"graphs_over_eager_{precision}"] = speed[f"graphs_{precision}"] / speed[f"eager_{precision}"]
+        report[f"loss_gap_{precision}"] = {"mean": statistics.fmean(gaps), "max": max(gaps), "steps": len(gaps)}
+    report["bf16_over_fp32"] = {path: speed[f"{path}_bf16"] / speed[f"{path}_fp32"] for path in ("eager", "graphs")}
+    return report
+
+
 def recipe_part(args: argparse.Namespace) -> dict[str, Any]:
     """The recipe trained in full: minutes to the first validation at ``--target-bleu`` greedy val BLEU."""
-    run = train(args, args.out / "recipe", [])
+    run = train(args, args.out / "recipe", list(args.recipe_overrides))
     results, seconds = run["results"], run["process_seconds"]
     work = results["setup_seconds"] + results["wall_seconds"] + results.get("final_evaluation_seconds", 0.0)
     overhead = max(0.0, seconds - work) if seconds is not None else 0.0  # imports, CUDA start, exit
@@ -153,7 +184,8 @@ def main(argv: list[str] | None = None, project_dir: Path | None = None) -> dict
     args = parse_args(argv, project_dir or Path.cwd())
     path = args.out / "gpu_check.json"
     report = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    measure = {"precision": precision_part, "recipe": recipe_part, "translate": translate_part, "chain": chain_part}
+    measure = {"graphs": graphs_part, "precision": precision_part, "recipe": recipe_part,
+               "translate": translate_part, "chain": chain_part}
     for part in [p for p in PARTS if p in args.parts]:  # recipe before translate, whatever order was given
         report[part] = measure[part](args)
         write_json_durably(path, report)

@@ -10,7 +10,8 @@ import pytest
 
 from nmt_tools import gpu_check
 
-# train.py's stand-in: the losses of a bf16 run sit 0.01 above fp32's; validations at steps 10 and 20 reach greedy
+# train.py's stand-in: the losses of a bf16 run sit 0.01 above fp32's, a graphs run's 0.02 above eager's, and a
+# graphs run is 3x as fast; validations at steps 10 and 20 reach greedy
 # val BLEU 30 and 39, 100 and 220 s into the loop after 5 s of setup. It records each call in calls.log.
 FAKE_TRAIN = r'''
 import json, sys
@@ -20,13 +21,15 @@ value = lambda key: next((a.split("=", 1)[1] for a in args if a.startswith(key +
 Path("calls.log").open("a").write(json.dumps(["train", args]) + "\n")
 run = Path(value("hydra.run.dir"))
 run.mkdir(parents=True)
-bf16 = value("trainer.precision") == "bf16"
+bf16, graphs = value("trainer.precision") == "bf16", value("trainer.cuda_graphs") == "true"
 steps = int(value("trainer.max_steps") or 20)
-log = [json.dumps({"step": s, "loss": 5.0 - s / 10 + (0.01 if bf16 else 0.0)}) for s in range(1, steps + 1)]
+shift = (0.01 if bf16 else 0.0) + (0.02 if graphs else 0.0)
+log = [json.dumps({"step": s, "loss": 5.0 - s / 10 + shift}) for s in range(1, steps + 1)]
 (run / "train_log.jsonl").write_text("\n".join(log) + "\n")
 validations = [{"step": 10, "bleu": 30.0, "wall_seconds": 100.0}, {"step": 20, "bleu": 39.0, "wall_seconds": 220.0}]
 results = {"device": "cuda", "precision": value("trainer.precision") or "auto", "bf16_autocast": bf16,
-           "steps": steps, "train_target_tokens_per_s": 9000.0 if bf16 else 6000.0,
+           "steps": steps, "train_target_tokens_per_s": (9000.0 if bf16 else 6000.0) * (3 if graphs else 1),
+           "cuda_graphs": {"shapes_captured": 12} if graphs else None, "validation_seconds": 23.0,
            "gpu_utilisation": {"available": True, "mean_percent": 80.0}, "validations": validations,
            "test": {"test_2016_flickr": {"bleu": 40.0}}, "setup_seconds": 5.0, "wall_seconds": 230.0,
            "final_evaluation_seconds": 10.0, "best_val_bleu_greedy": 39.0}
@@ -86,6 +89,22 @@ def test_every_part_reports_its_figures(fake_project: Path, tmp_path: Path) -> N
     assert {"trainer.precision=fp32", "trainer.max_steps=120", "trainer.validate_every=40", "model=small",
             "experiment=multi30k_best", "trainer.seed=42"} <= set(fp32)
     assert "data.mirror=/corpora" in made[-1][1] and "model=small" not in made[-1][1]  # only data.* reach the chain
+
+
+def test_the_graphs_part_compares_eager_and_graphs_in_both_precisions(fake_project: Path, tmp_path: Path) -> None:
+    report = gpu_check.main(["--out", str(tmp_path / "check"), "--parts", "graphs", "--graph-steps", "50"],
+                            fake_project)["graphs"]
+    assert report["graphs_over_eager_fp32"] == report["graphs_over_eager_bf16"] == pytest.approx(3.0)
+    assert report["bf16_over_fp32"] == {"eager": pytest.approx(1.5), "graphs": pytest.approx(1.5)}
+    assert report["loss_gap_bf16"] == {"mean": pytest.approx(0.02), "max": pytest.approx(0.02), "steps": 50}
+    assert report["fastest"] == "graphs_bf16"
+    graphs_run = report["runs"]["graphs_fp32"]
+    assert graphs_run["cuda_graphs"] == {"shapes_captured": 12} and report["runs"]["eager_fp32"]["cuda_graphs"] is None
+    assert graphs_run["validation_share_of_wall"] == pytest.approx(23.0 / 230.0)
+    made = [args for kind, args in calls(fake_project)]
+    assert [("trainer.cuda_graphs=true" in a, "trainer.precision=bf16" in a) for a in made] == [
+        (False, False), (False, True), (True, False), (True, True)]
+    assert all({"trainer.max_steps=50", "trainer.validate_every=50"} <= set(a) for a in made)
 
 
 def test_a_continued_check_reuses_finished_runs(fake_project: Path, tmp_path: Path) -> None:
