@@ -16,6 +16,7 @@ import torch
 from omegaconf import OmegaConf
 
 from nmt.analysis import compare as compare_runs
+from nmt.analysis.cli import RunError
 from nmt.common.settings import to_plain_dict
 from nmt.data import prepare_data
 from nmt.model.checkpoint import save_checkpoint
@@ -130,7 +131,7 @@ def test_single_run(sweep: tuple[Path, list[str], list[str]], tmp_path: Path) ->
 
 
 def test_not_a_run_dir_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit, match="no results.json"):
+    with pytest.raises(RunError, match="no results.json"):
         compare_runs.main([str(tmp_path), "--out", str(tmp_path / "x")])
 
 
@@ -160,19 +161,19 @@ def test_from_report_refuses_what_does_not_fit(sweep: tuple[Path, list[str], lis
     root, _, _ = sweep
     compare_runs.main([str(root / "attention=additive"), "--out", str(tmp_path / "report")])
     report = tmp_path / "report.json"
-    with pytest.raises(SystemExit, match=r"has length buckets \[8, 12, 16, 20\].*pass --buckets 8 12 16 20"):
+    with pytest.raises(RunError, match=r"has length buckets \[8, 12, 16, 20\].*pass --buckets 8 12 16 20"):
         compare_runs.main(["--from-report", str(report), "--buckets", "4", "--out", str(tmp_path / "x")])
-    with pytest.raises(SystemExit, match="different splits"):
+    with pytest.raises(RunError, match="test on different splits"):
         compare_runs.main(["--from-report", str(report), "--split", "valid", "--out", str(tmp_path / "x")])
-    with pytest.raises(SystemExit, match="no such file"):
+    with pytest.raises(RunError, match="no such file"):
         compare_runs.main(["--from-report", str(tmp_path / "missing.json"), "--out", str(tmp_path / "x")])
     (tmp_path / "results.json").write_text('{"bleu": 1}')
-    with pytest.raises(SystemExit, match="is not a compare_runs.py report"):
+    with pytest.raises(RunError, match="is not a compare_runs.py report"):
         compare_runs.main(["--from-report", str(tmp_path / "results.json"), "--out", str(tmp_path / "x")])
     broken = json.loads(report.read_text())
     del broken["runs"][0]["by_length"]
     (tmp_path / "broken.json").write_text(json.dumps(broken))
-    with pytest.raises(SystemExit, match=r"lacks \['by_length'\]"):
+    with pytest.raises(RunError, match=r"lacks \['by_length'\]"):
         compare_runs.main(["--from-report", str(tmp_path / "broken.json"), "--out", str(tmp_path / "x")])
 
 
@@ -183,3 +184,12 @@ def test_device_column_names_bf16_runs() -> None:
     assert compare_runs.format_device({**run, "bf16_autocast": True}) == "cpu, bf16 (no GPU)"
     gpu = {"device": "NVIDIA H100 80GB HBM3", "world_size": 2, "bf16_autocast": True}
     assert compare_runs.format_device(gpu) == "NVIDIA H100 80GB HBM3 x2, bf16"
+
+
+def test_time_decoding_times_runs_with_a_checkpoint(sweep: tuple[Path, list[str], list[str]], tmp_path: Path) -> None:
+    root, _, _ = sweep
+    torch.set_num_threads(1)
+    report = compare_runs.main([str(root / "attention=dot"), str(root / "attention=additive"), "--time-decoding",
+                                "--device", "cpu", "--out", str(tmp_path / "timed")])
+    speed = {r["attention"]: r["beam_sentences_per_s"] for r in report["runs"]}
+    assert speed["dot"] > 0 and speed["additive"] is None  # additive's run dir holds translations only

@@ -15,9 +15,9 @@ from nmt.analysis import reproduce
 from nmt.analysis.reproduce import ChainError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-PROGRAMS = {"train": ["t"], "backtranslate": ["b"], "tune": ["d"]}
+PROGRAMS = {"train": ["t"], "backtranslate": ["b"], "tune": ["d"], "compare": ["c"]}
 
-# One stand-in for the three commands: it records its call, writes what the real one writes when it ends
+# One stand-in for the four commands: it records its call, writes what the real one writes when it ends
 # (results.json, a complete provenance.json, the tune report), and, when it is the stage named in FAKE_KILL,
 # first writes what a real one leaves when killed midway (last.pt, a partial provenance.json) and SIGKILLs itself.
 FAKE = r'''
@@ -45,6 +45,10 @@ elif KIND == "backtranslate":
     if dying:
         os.kill(os.getpid(), signal.SIGKILL)
     (out / "provenance.json").write_text(json.dumps({{"status": "complete"}}))
+elif KIND == "compare":
+    if dying:
+        os.kill(os.getpid(), signal.SIGKILL)
+    Path(args[args.index("--out") + 1] + ".json").write_text(json.dumps({{"args": args}}))
 else:
     if dying:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -60,12 +64,12 @@ else:
 
 @pytest.fixture
 def fake_repo(tmp_path: Path) -> Path:
-    """A folder with the real configs/ and stand-ins for the three commands."""
+    """A folder with the real configs/ and stand-ins for the four commands."""
     repo = tmp_path / "repo"
     (repo / "scripts").mkdir(parents=True)
     (repo / "configs").symlink_to(REPO_ROOT / "configs")
     for kind, path in (("train", "train.py"), ("backtranslate", "backtranslate.py"),
-                       ("tune", "scripts/tune_decoding.py")):
+                       ("tune", "scripts/tune_decoding.py"), ("compare", "scripts/compare_runs.py")):
         (repo / path).write_text(FAKE.format(kind=kind))
     return repo
 
@@ -157,9 +161,9 @@ def test_stages_that_do_not_wait_for_each_other_run_at_once(fake_repo: Path, tmp
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["recipe=bt_bets"], "recipe=bt_bets is not in .*; valid: bt_best, tiny"),
+    (["recipe=bt_bets"], "recipe=bt_bets is not in .*; valid: attention_study, attention_study_cpu, bt_best, tiny"),
     (["paralel=2"], "unknown config key paralel: did you mean parallel\\?"),
-    (["parallel=0"], "parallel=0 must be a whole number >= 1"),
+    (["parallel=0"], "parallel=0 must be auto \\(4 on a GPU, 1 on a CPU\\) or a whole number >= 1"),
     (["device=tpu"], "device='tpu' must be auto, cpu or cuda"),
     (["data.no_such_key=1"], "train.py experiment=multi30k_best .*data.no_such_key=1: .*no_such_key"),
 ])
@@ -178,7 +182,9 @@ def test_a_dry_run_shows_every_stage_and_runs_nothing(fake_repo: Path, tmp_path:
     assert reproduce.main(args, fake_repo) is None and calls(workdir) == []
     shown = capsys.readouterr().out.splitlines()
     assert len(shown) == 26 + 10 + 1 and all(line.startswith("reproduce.py: to run ") for line in shown[:-1])
-    assert shown[-1] == "reproduce.py: ETA 1h38m (cpu, parallel=1)"  # the tiny recipe's guesses, one at a time
+    # the tiny recipe's guesses, one at a time (parallel=auto on a CPU)
+    assert shown[-1] == ("reproduce.py: ETA 1h38m (cpu, parallel=1); guessed: base, backtranslate, bt, student, "
+                         "student_nobt, tune")
     assert "trainer.max_steps=20" in shown[0] and any("score de-en single test_2017: built from " in s for s in shown)
 
 
@@ -193,3 +199,91 @@ def test_the_eta_schedules_the_rest_as_the_runner_would(tmp_path: Path) -> None:
     assert reproduce.eta(stages, {"a"}, {}, clock, 2) == "1h10m"  # b, then c
     clock.record("train", 600.0)  # this workdir's own time replaces the recipe's guess
     assert reproduce.eta(stages, set(), {}, clock, 2) == "20m00s"
+
+
+@pytest.mark.parametrize(("recipe", "experiment", "runs"), [
+    ("attention_study", "multi30k_best", "study"), ("attention_study_cpu", "attention_sweep_cpu", "study_cpu")])
+def test_the_attention_study_is_36_trainings_and_a_report_per_test_split(recipe: str, experiment: str, runs: str,
+                                                                         tmp_path: Path) -> None:
+    data = ["data.test_splits=[test_2016_flickr,test_2017_flickr]"]
+    chain = reproduce.Chain(tmp_path, PROGRAMS, reproduce.load_recipe(REPO_ROOT / "configs" / "recipe", recipe),
+                            recipe, data, REPO_ROOT / "configs")
+    stages = reproduce.plan(chain)
+    trainings = [s for s in stages if s.kind != "report"]
+    types = ("none", "additive", "dot", "scaled_dot", "general", "multihead")
+    expected = {f"{t} {p} seed{s}": (t, p, s) for t in types for p in ("de-en", "en-de") for s in (42, 1, 2)}
+    assert len(trainings) == 36 and {s.name for s in trainings} == set(expected)
+    for stage in trainings:
+        kind, pair, seed = expected[stage.name]
+        src, tgt = pair.split("-")
+        assert stage.command() == ["t", f"experiment={experiment}", f"attention={kind}", f"trainer.seed={seed}",
+                                   f"data.src_lang={src}", f"data.tgt_lang={tgt}", *data,
+                                   f"hydra.run.dir={tmp_path / 'runs' / f'{runs}_{kind}_{pair}' / f'seed{seed}'}"]
+        assert stage.after == [] and stage.kind == kind  # all 36 may run at once
+    reports = [s for s in stages if s.kind == "report"]
+    assert [s.name for s in reports] == ["report test_2016_flickr", "report test_2017_flickr"]
+    for report in reports:
+        command = report.command()
+        assert set(report.after) == set(expected) and command[1:37] == [str(s.outputs[0]) for s in trainings]
+        split = report.name.split()[1]
+        assert command[37:] == ["--split", split, "--group-by", "attention", "--baseline", "additive",
+                                "--time-decoding", "--out", str(tmp_path / "runs" / f"{recipe}_{split}")]
+
+
+def test_a_stopped_study_resumes_where_it_stopped(fake_repo: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    args = ["recipe=attention_study", f"workdir={workdir}", "device=cpu", "parallel=3"]
+    monkeypatch.setenv("FAKE_KILL", "dot en-de seed1")
+    with pytest.raises(ChainError, match="stage 'dot en-de seed1' failed"):
+        reproduce.main(args, fake_repo)
+    first = [stage for stage, _ in calls(workdir)]
+    assert "report test_2016_flickr" not in first  # the report waits for every training
+    monkeypatch.delenv("FAKE_KILL")
+    report = reproduce.main(args, fake_repo)
+    second = calls(workdir)[len(first):]
+    finished = {stage for stage in first if stage != "dot en-de seed1"}
+    assert not finished & {stage for stage, _ in second}  # what was complete is skipped
+    assert ("dot en-de seed1", [f"trainer.resume={workdir / 'runs' / 'study_dot_en-de' / 'seed1'}"]) in second
+    assert len(finished) + len(second) == 37 and second[-1][0] == "report test_2016_flickr"
+    assert report["reports"] == [str(workdir / "runs" / "attention_study_test_2016_flickr.md")]
+    assert len(report["runs"]) == 36 and report["systems"] == []
+    assert "The study's report: " in (workdir / "runs" / "reproduce_attention_study.md").read_text()
+
+
+def test_stages_are_packed_up_to_the_limit_after_what_they_wait_for(tmp_path: Path) -> None:
+    # each stand-in logs when it starts and ends; eight independent stages and one that waits for two of them
+    script = ("import sys, time; log = open('events.log', 'a'); log.write(f'start {sys.argv[1]} {time.time()}\\n'); "
+              "log.flush(); time.sleep(0.3); log.write(f'end {sys.argv[1]} {time.time()}\\n')")
+    chain = reproduce.Chain(tmp_path, PROGRAMS, reproduce.load_recipe(REPO_ROOT / "configs" / "recipe", "tiny"),
+                            "tiny", [], REPO_ROOT / "configs")
+
+    def stage(name: str, after: list[str]) -> reproduce.Stage:
+        return reproduce.Stage(name, "train", [], [], lambda: [sys.executable, "-c", script, name],
+                               lambda: (tmp_path / "events.log").is_file()
+                               and f"end {name} " in (tmp_path / "events.log").read_text(), after)
+
+    stages = [stage("late", ["s0", "s7"]), *(stage(f"s{i}", []) for i in range(8))]
+    reproduce.run_stages(chain, stages, 3, reproduce.Clock(tmp_path / "times.json", {}))
+    events = sorted(((float(t), what, name) for what, name, t in
+                     map(str.split, (tmp_path / "events.log").read_text().splitlines())))
+    running, most, ended = 0, 0, {}
+    for moment, what, name in events:
+        running += 1 if what == "start" else -1
+        most = max(most, running)
+        if what == "end":
+            ended[name] = moment
+        elif name == "late":
+            assert {"s0", "s7"} <= set(ended)  # started only once both had ended
+    assert most == 3 and len(ended) == 9
+
+
+@pytest.mark.parametrize(("device", "parallel"), [("cpu", 1), ("cuda", reproduce.PARALLEL_ON_CUDA)])
+def test_parallel_auto_packs_a_gpu_and_not_a_cpu(device: str, parallel: int, fake_repo: Path, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture) -> None:
+    reproduce.main(["recipe=attention_study", f"workdir={tmp_path}", f"device={device}", "dry_run=true"], fake_repo)
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert f"({device}, parallel={parallel}); " in last
+    if device == "cuda":  # the recipe says which of its estimates were measured
+        assert "measured: additive (3m40s and 3m49s" in last and "guessed: none, dot," in last

@@ -14,6 +14,10 @@ from nmt.common.files import write_json_durably, write_text_durably
 from nmt.inference.engine import USER_ERRORS
 
 
+class RunError(ValueError):
+    """A run folder an analysis cannot use as asked (no test outputs, another test split...): one line naming it."""
+
+
 def parser(doc: str) -> argparse.ArgumentParser:
     """An argument parser whose help is the command's module docstring."""
     return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -29,4 +33,4 @@ def write_report(out: Path | str, report: dict[str, Any], markdown: str | None =
 
 def one_line_errors(prog: str) -> AbstractContextManager[None]:
     """A user error (a wrong path, split, device or option) ends the command with one line and exit status 2."""
-    return user_errors(prog, USER_ERRORS)
+    return user_errors(prog, (*USER_ERRORS, RunError))

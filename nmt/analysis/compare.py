@@ -9,14 +9,17 @@ import argparse
 import json
 import logging
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from nmt.analysis.cli import parser, write_report
+from nmt.analysis.cli import RunError, one_line_errors, parser, write_report
+from nmt.analysis.grouped import plot_groups, render_groups
 from nmt.analysis.measures import TUTORIAL_BLEU_LABEL, attention_sharpness, bleu_by_length, tutorial_bleu
+from nmt.analysis.significance import Output, summarise
 from nmt.common.files import write_text_durably
 from nmt.common.metrics import corpus_scores
 from nmt.common.provenance import provenance
@@ -49,7 +52,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="upper bounds (words, inclusive) of the source-length buckets; the last is open")
     p.add_argument("--device", default="auto", help="for runs that must be translated now: auto | cpu | cuda")
     p.add_argument("--out", type=Path, help="output path without extension (default: see above)")
+    p.add_argument("--group-by", metavar="KEY", help="group the runs of each direction by KEY (a results.json field "
+                   "such as attention, or a config key such as model.hidden_size) over their seeds (trainer.seed)")
+    p.add_argument("--baseline", metavar="VALUE", help="with --group-by: test each group against this one, seed by "
+                   "seed, by sacrebleu's paired bootstrap resampling and approximate randomisation")
+    p.add_argument("--time-decoding", action="store_true", help="translate the split once more with each run's "
+                   "checkpoint and test beam, timed: sentences/s on this machine")
     args = p.parse_args(argv)
+    if args.baseline is not None and args.group_by is None:
+        p.error("--baseline needs --group-by")
+    if args.group_by is not None and args.from_report:
+        p.error("--group-by tests the runs' translations, which --from-report runs do not keep; pass their run dirs")
     if not args.run_dirs and args.sweep_dir is None and not args.from_report:
         p.error("give at least one RUN_DIR, --sweep-dir or --from-report")
     if args.out is None and not args.run_dirs and args.sweep_dir is None:
@@ -63,10 +76,10 @@ def find_run_dirs(run_dirs: Sequence[Path], sweep_dir: Path | None) -> list[Path
     if sweep_dir is not None:
         found += sorted(path.parent for path in sweep_dir.rglob("results.json"))
         if not found:
-            raise SystemExit(f"no results.json found under {sweep_dir}")
+            raise RunError(f"no results.json found under {sweep_dir}")
     unique = list(dict.fromkeys(path.resolve() for path in found))
     if missing := [path for path in unique if not (path / "results.json").is_file()]:
-        raise SystemExit(f"{missing[0]} has no results.json: pass run dirs of finished train.py runs")
+        raise RunError(f"{missing[0]} has no results.json: pass run dirs of finished train.py runs")
     return unique
 
 
@@ -79,16 +92,16 @@ def load_report_runs(report_paths: Sequence[Path], buckets: Sequence[int]) -> li
             report = json.loads(path.read_text(encoding="utf-8"))
             recorded, report_buckets, date = report["runs"], report["buckets"], report["date"]
         except FileNotFoundError:
-            raise SystemExit(f"--from-report {path}: no such file; pass a .json that compare_runs.py wrote") from None
+            raise RunError(f"--from-report {path}: no such file; pass a .json that compare_runs.py wrote") from None
         except (json.JSONDecodeError, KeyError, TypeError) as error:
-            raise SystemExit(f"--from-report {path} is not a compare_runs.py report ({type(error).__name__}: "
+            raise RunError(f"--from-report {path} is not a compare_runs.py report ({type(error).__name__}: "
                              f"{error}); pass a .json that compare_runs.py wrote") from None
         if list(report_buckets) != list(buckets):
-            raise SystemExit(f"--from-report {path} has length buckets {report_buckets}, this comparison "
+            raise RunError(f"--from-report {path} has length buckets {report_buckets}, this comparison "
                              f"{list(buckets)}; pass --buckets {' '.join(map(str, report_buckets))}")
         for index, run in enumerate(recorded):
             if missing := [key for key in RECORDED_FIELDS if key not in run]:
-                raise SystemExit(f"--from-report {path}: run {index} ({run.get('run_dir', '?')}) lacks {missing}; "
+                raise RunError(f"--from-report {path}: run {index} ({run.get('run_dir', '?')}) lacks {missing}; "
                                  "run compare_runs.py on that run dir again, or leave the report out")
         runs += [{"from_report": f"{path.name}, {date[:10]}", **run} for run in recorded]
     return runs
@@ -102,7 +115,7 @@ def load_hypotheses(run_dir: Path, cfg: dict[str, Any], split: str, srcs: list[s
     if path.is_file():
         return path.read_text(encoding="utf-8").splitlines(), "saved"
     if loaded is None:
-        raise SystemExit(f"{run_dir} has neither {path} nor a checkpoint to translate {split} with")
+        raise RunError(f"{run_dir} has neither {path} nor a checkpoint to translate {split} with")
     log.warning("%s has no %s: translating %d sentences with its best checkpoint", run_dir, path.name, len(srcs))
     t = cfg["trainer"]  # the settings train.py used for the test scores
     hyps = [r.text for r in loaded.translate(srcs, beam_size=t["test_beam_size"], length_penalty=t["length_penalty"])]
@@ -110,11 +123,24 @@ def load_hypotheses(run_dir: Path, cfg: dict[str, Any], split: str, srcs: list[s
     return hyps, "translated now"
 
 
-def analyse_run(run_dir: Path, split: str | None, buckets: Sequence[int], device: str = "auto") -> dict[str, Any]:
-    """Everything the comparison shows about one run (a JSON-ready dict)."""
+def analyse_run(run_dir: Path, split: str | None, buckets: Sequence[int], device: str = "auto",
+                group_by: str | None = None, time_decoding: bool = False) -> Output:
+    """Everything the comparison shows about one run (a JSON-ready dict), with its translations and references.
+
+    Args:
+        group_by: a results.json field or config key whose value groups the run (``--group-by``); the run must
+            then hold its own test outputs for ``split`` (results.json's scores and the saved translations).
+        time_decoding: translate the split once more with the checkpoint at its test beam, timed.
+
+    Raises:
+        RunError: a run without test outputs for ``split`` (with ``group_by``), or whose outputs do not fit it.
+    """
     results = json.loads((run_dir / "results.json").read_text())
     cfg = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
     split = split or next(iter(results["test"]))
+    if group_by is not None and split not in results["test"]:
+        raise RunError(f"{run_dir} has no test outputs for {split}: its results.json scored "
+                       f"{sorted(results['test']) or 'no test split'}; pass runs tested on {split}, or --split")
     test_splits = list(dict.fromkeys([*(cfg["data"].get("test_splits") or []), split]))
     text = prepare_data({**cfg["data"], "test_splits": test_splits}).tests[split]
     srcs, refs = list(text.src_text), list(text.tgt_text)
@@ -122,11 +148,14 @@ def analyse_run(run_dir: Path, split: str | None, buckets: Sequence[int], device
         loaded = Translator.from_checkpoint(resolve_checkpoint(run_dir), device=device, max_input_words=None)
     except CheckpointError:
         loaded = None  # a run dir with translations only
+    saved = run_dir / "translations" / f"{split}.{cfg['data']['tgt_lang']}"
+    if group_by is not None and not saved.is_file():  # a seed comparison tests the run's own test outputs
+        raise RunError(f"{run_dir} has no test outputs for {split}: no {saved}")
     hyps, source = load_hypotheses(run_dir, cfg, split, srcs, loaded)
     if len(hyps) != len(refs):
-        raise SystemExit(f"{run_dir}: {len(hyps)} translations of {split} but {len(refs)} references; delete "
-                         f"{run_dir / 'translations'} to translate the split again")
-    return {
+        raise RunError(f"{run_dir}: {len(hyps)} translations of {split} but {len(refs)} references; delete "
+                       f"{run_dir / 'translations'} to translate the split again")
+    run = {
         "run_dir": str(run_dir), "attention": results["attention"], "split": split, "hypotheses": source,
         "sentences": len(refs), "test": corpus_scores(hyps, refs), "test_in_results_json": results["test"].get(split),
         "tutorial_bleu": tutorial_bleu(hyps, refs), "by_length": bleu_by_length(srcs, hyps, refs, buckets),
@@ -137,8 +166,22 @@ def analyse_run(run_dir: Path, split: str | None, buckets: Sequence[int], device
         "train_seconds": results["train_seconds"], "device": results["device"],
         "bf16_autocast": results.get("bf16_autocast"),  # None: a run from before trainer.precision
         "world_size": results.get("world_size", 1), "steps": results["steps"], "epochs": results["epochs"],
-        "stopped_early": results.get("stopped_early"),
+        "stopped_early": results.get("stopped_early"), "train_tokens_per_s": results.get("train_target_tokens_per_s"),
+        "direction": f"{cfg['data']['src_lang']}-{cfg['data']['tgt_lang']}", "seed": cfg["trainer"]["seed"],
     }
+    if group_by is not None:
+        run["group"] = results[group_by] if group_by in results else OmegaConf.select(OmegaConf.create(cfg), group_by)
+    if time_decoding:
+        run["beam_sentences_per_s"] = decoding_speed(loaded, srcs, cfg) if loaded else None
+    return Output(run, hyps, refs)
+
+
+def decoding_speed(loaded: Translator, srcs: list[str], cfg: dict[str, Any]) -> float:
+    """Sentences/s of translating ``srcs`` with the run's test beam and length penalty (after the attention
+    measurement has warmed the model up)."""
+    started = time.perf_counter()
+    loaded.translate(srcs, beam_size=cfg["trainer"]["test_beam_size"], length_penalty=cfg["trainer"]["length_penalty"])
+    return len(srcs) / max(1e-9, time.perf_counter() - started)
 
 
 def format_duration(seconds: float) -> str:
@@ -253,31 +296,60 @@ def plot(runs: list[dict[str, Any]], out: Path) -> None:
     fig.savefig(f"{out}_length.png", format="png", dpi=100)
 
 
+def check_one_split(runs: list[dict[str, Any]], split: str | None) -> None:
+    """Every run tests on ``split`` (by default the first run's).
+
+    Raises:
+        RunError: naming the first run on another split.
+    """
+    wanted = split or runs[0]["split"]
+    if other := next((r for r in runs if r["split"] != wanted), None):
+        raise RunError(f"{other['run_dir']} tests on {other['split']}, {runs[0]['run_dir']} on {wanted}: the runs "
+                       f"test on different splits; pick one with --split")
+
+
+def label_runs(runs: list[dict[str, Any]]) -> None:
+    """Sort the runs (the attention order, then folder) and give each a short label: its attention type, plus
+    the folder name (and direction, when the twins differ in it) when the type repeats."""
+    runs.sort(key=lambda r: (ATTENTION_ORDER.index(r["attention"]) if r["attention"] in ATTENTION_ORDER
+                             else len(ATTENTION_ORDER), r.get("direction", ""), r["run_dir"]))
+    for run in runs:
+        twins = [r for r in runs if r["attention"] == run["attention"]]
+        where = f"{run['direction']} " if len({r.get("direction") for r in twins}) > 1 else ""
+        folder = Path(run["run_dir"]).name
+        run["label"] = run["attention"] if len(twins) == 1 else f"{run['attention']} ({where}{folder})"
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Analyse the runs, write the report, the tables and the plots; returns the report."""
+    """Analyse the runs, write the report, the tables and the plots; returns the report.
+
+    Raises:
+        RunError: a run the comparison cannot use (one line naming it).
+    """
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     run_dirs = find_run_dirs(args.run_dirs, args.sweep_dir)
-    runs = [analyse_run(run_dir, args.split, args.buckets, args.device) for run_dir in run_dirs]
+    outputs = [analyse_run(run_dir, args.split, args.buckets, args.device, args.group_by, args.time_decoding)
+               for run_dir in run_dirs]
+    runs = [output.run for output in outputs]
     recorded = {r["run_dir"]: r for r in load_report_runs(args.from_report, args.buckets)}  # a later report wins
     runs += [r for run_dir, r in recorded.items() if run_dir not in {str(d) for d in run_dirs}]  # analysed now wins
-    splits = {r["split"] for r in runs} | ({args.split} if args.split else set())
-    if len(splits) > 1:
-        raise SystemExit(f"the runs test on different splits {sorted(splits)}; pick one with --split")
-    runs.sort(key=lambda r: (ATTENTION_ORDER.index(r["attention"]) if r["attention"] in ATTENTION_ORDER
-                             else len(ATTENTION_ORDER), r["run_dir"]))
-    for run in runs:  # a short label: the attention type, plus the folder name when a type repeats
-        twins = [r for r in runs if r["attention"] == run["attention"]]
-        run["label"] = run["attention"] if len(twins) == 1 else f"{run['attention']} ({Path(run['run_dir']).name})"
-    markdown = render_markdown(runs)
+    check_one_split(runs, args.split)
+    label_runs(runs)
+    groups = summarise(outputs, args.group_by, args.baseline) if args.group_by else None
+    markdown = (render_groups(groups, args.group_by, args.baseline) if groups else "") + render_markdown(runs)
     report = {**provenance("scripts/compare_runs.py", argv), "split": runs[0]["split"],
-              "buckets": list(args.buckets), "tutorial_bleu_label": TUTORIAL_BLEU_LABEL, "runs": runs}
+              "buckets": list(args.buckets), "tutorial_bleu_label": TUTORIAL_BLEU_LABEL, "group_by": args.group_by,
+              "baseline": args.baseline, "groups": groups, "runs": runs}
     out = args.out or (args.sweep_dir or Path(os.path.commonpath(run_dirs))) / "attention_comparison"
     print(markdown)
     write_report(out, report, markdown)
     plot(runs, out)
+    if groups:
+        plot_groups(groups, runs[0]["split"], args.group_by, out)
     return report
 
 
 if __name__ == "__main__":  # python -m nmt.analysis.compare, from a plain install too
-    main()
+    with one_line_errors("compare_runs.py"):
+        main()

@@ -24,7 +24,10 @@ from nmt.common.provenance import provenance
 from nmt.common.settings import unknown_key_message
 from nmt.data.synthetic import is_complete
 
-DEFAULTS = {"recipe": "bt_best", "workdir": ".", "parallel": 1, "dry_run": False, "device": "auto"}
+DEFAULTS = {"recipe": "bt_best", "workdir": ".", "parallel": "auto", "dry_run": False, "device": "auto"}
+# parallel=auto: stages at once on a GPU. Four trainings of the recipe shared one H200 at 3.5x the throughput of
+# one (98% utilisation; issue 48's measurement); on a CPU, stages at once only share the same cores.
+PARALLEL_ON_CUDA = 4
 
 
 class ChainError(ValueError):
@@ -85,8 +88,10 @@ def parse_arguments(args: Sequence[str], recipes: Path) -> tuple[dict[str, Any],
             settings[key] = OmegaConf.from_dotlist([arg])[key]
         else:
             raise ChainError(unknown_key_message("", key, [*DEFAULTS, "data.<key> (train.py's data overrides)"]))
-    if not isinstance(settings["parallel"], int) or isinstance(settings["parallel"], bool) or settings["parallel"] < 1:
-        raise ChainError(f"parallel={settings['parallel']!r} must be a whole number >= 1 (stages run at once)")
+    parallel = settings["parallel"]
+    if parallel != "auto" and (not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1):
+        raise ChainError(f"parallel={parallel!r} must be auto ({PARALLEL_ON_CUDA} on a GPU, 1 on a CPU) or a whole "
+                         "number >= 1 (stages run at once)")
     if settings["device"] not in ("auto", "cpu", "cuda"):
         raise ChainError(f"device={settings['device']!r} must be auto, cpu or cuda (whose eta_minutes to use; "
                          "each run picks its own device)")
@@ -112,13 +117,13 @@ def train_overrides(chain: Chain, experiment: str, pair: str, *more: str) -> lis
             *chain.recipe.train_overrides]
 
 
-def compose_training(chain: Chain, experiment: str, pair: str) -> DictConfig:
-    """train.py's config for ``experiment`` in ``pair`` with the chain's overrides (checked by Hydra as it composes;
-    call it inside ``plan``'s ``initialize_config_dir``)."""
+def compose_training(chain: Chain, experiment: str, pair: str, *more: str) -> DictConfig:
+    """train.py's config for ``experiment`` in ``pair`` with ``more`` and the chain's overrides (checked by Hydra as
+    it composes; call it inside ``plan``'s ``initialize_config_dir``)."""
     from hydra import compose
     from hydra.errors import HydraException
 
-    overrides = train_overrides(chain, experiment, pair)
+    overrides = train_overrides(chain, experiment, pair, *more)
     try:
         return compose("train", overrides=overrides)
     except HydraException as error:
@@ -127,10 +132,12 @@ def compose_training(chain: Chain, experiment: str, pair: str) -> DictConfig:
 
 def training_stages(chain: Chain, training: DictConfig, pair: str) -> list[Stage]:
     """One training's runs in ``pair`` (one per seed), and a back-translation stage per folder its mixture
-    makes with ``backtranslate:`` (run once before the seeds, which then find it complete)."""
+    makes with ``backtranslate:`` (run once before the seeds, which then find it complete). A training's
+    ``overrides`` (e.g. ``[attention=dot]``) follow its experiment."""
     experiment = training.experiment if isinstance(training.experiment, str) else training.experiment[pair]
+    own = [str(o) for o in training.get("overrides") or []]
     stages, needs, makes = [], [], []
-    for entry in [e for e in compose_training(chain, experiment, pair).data.mixture or [] if e.get("synthetic")]:
+    for entry in [e for e in compose_training(chain, experiment, pair, *own).data.mixture or [] if e.get("synthetic")]:
         folder = chain.path(entry.synthetic)
         if entry.get("backtranslate"):
             stages.append(backtranslate_stage(chain, entry, folder))
@@ -141,17 +148,18 @@ def training_stages(chain: Chain, training: DictConfig, pair: str) -> list[Stage
     for seed in list(chain.recipe.seeds)[: training.get("seeds") or None]:  # each done once it holds results.json
         run_dir = chain.path(f"runs/{training.runs}_{pair}/seed{seed}")
         stages.append(Stage(f"{training.name} {pair} seed{seed}", training.name, [run_dir, *makes], list(needs),
-                            partial(train_command, chain, run_dir, experiment, pair, seed),
+                            partial(train_command, chain, run_dir, [experiment, *own], pair, seed),
                             (run_dir / "results.json").is_file))
     return stages
 
 
-def train_command(chain: Chain, run_dir: Path, experiment: str, pair: str, seed: int) -> list[str]:
-    """train.py into ``run_dir``, or resumed from its last.pt when it has one."""
+def train_command(chain: Chain, run_dir: Path, experiment: list[str], pair: str, seed: int) -> list[str]:
+    """train.py into ``run_dir`` (``experiment``: its name, then the training's own overrides), or resumed from its
+    last.pt when it has one."""
     if (run_dir / "checkpoints" / "last.pt").is_file():
         return [*chain.programs["train"], f"trainer.resume={run_dir}"]
-    return [*chain.programs["train"], *train_overrides(chain, experiment, pair, f"trainer.seed={seed}"),
-            f"hydra.run.dir={run_dir}"]
+    return [*chain.programs["train"], *train_overrides(chain, experiment[0], pair, *experiment[1:],
+                                                       f"trainer.seed={seed}"), f"hydra.run.dir={run_dir}"]
 
 
 def backtranslate_stage(chain: Chain, entry: DictConfig, folder: Path) -> Stage:
@@ -213,6 +221,18 @@ def tune_command(chain: Chain, members: list[Path], rerank: list[Path], out: Pat
     return command
 
 
+def report_stage(chain: Chain, runs: list[Path], split: str) -> Stage:
+    """scripts/compare_runs.py over the chain's training runs on one test split, grouped as the recipe's ``report``
+    says (``group_by``: e.g. attention, each group against ``baseline`` over the seeds, in each direction), with
+    beam search timed on this machine (the stage runs after every training, alone)."""
+    out = chain.path(f"runs/{chain.recipe_name}_{split}")
+    command = [*chain.programs["compare"], *map(str, runs), "--split", split,
+               "--group-by", str(chain.recipe.report.group_by), "--baseline", str(chain.recipe.report.baseline),
+               "--time-decoding", "--out", str(out)]
+    result = Path(f"{out}.json")
+    return Stage(f"report {split}", "report", [result], list(runs), lambda: command, result.is_file)
+
+
 def extra_test_splits(chain: Chain) -> list[str]:
     """The test splits of a ``data.test_splits=[...]`` override besides the recipe's ``test_split``."""
     overrides = OmegaConf.from_dotlist([a for a in chain.data_overrides if a.startswith("data.test_splits=")])
@@ -233,9 +253,13 @@ def plan(chain: Chain) -> list[Stage]:
         for training in chain.recipe.trainings:
             for pair in chain.recipe.pairs:
                 stages += [s for s in training_stages(chain, training, pair) if s.name not in {t.name for t in stages}]
+    runs = [s.outputs[0] for s in stages if s.kind != "backtranslate"]
     stages += [tune_stage(chain, system, pair) for system in chain.recipe.systems for pair in chain.recipe.pairs]
     stages += [score_stage(chain, system, pair, split) for split in extra_test_splits(chain)
                for system in chain.recipe.systems for pair in chain.recipe.pairs]
+    if chain.recipe.get("report"):  # a study's report, on every test split the trainings score
+        splits = [str(chain.recipe.test_split), *extra_test_splits(chain)]
+        stages += [report_stage(chain, runs, split) for split in splits]
     makers = {path: stage.name for stage in reversed(stages) for path in stage.outputs}  # the first stage making it
     for stage in stages:
         if missing := [need for need in stage.needs if need not in makers and not need.exists()]:
@@ -337,6 +361,17 @@ def eta(stages: list[Stage], finished: set[str], running: dict[str, Any], clock:
     return format_duration(max(ends.values(), default=0.0))
 
 
+def eta_sources(stages: list[Stage], clock: Clock, recipe: DictConfig, device: str) -> str:
+    """Where each kind of stage's estimate comes from: this workdir's own times, a time the recipe records as
+    measured (``eta_measured.<device>``), or the recipe's guess."""
+    measured = (recipe.get("eta_measured") or {}).get(device) or {}
+    kinds: dict[str, list[str]] = {"timed here": [], "measured": [], "guessed": []}
+    for kind in dict.fromkeys(s.kind for s in stages):
+        source = "timed here" if clock.times.get(kind) else "measured" if kind in measured else "guessed"
+        kinds[source].append(f"{kind} ({measured[kind]})" if source == "measured" else kind)
+    return "; ".join(f"{source}: {', '.join(names)}" for source, names in kinds.items() if names)
+
+
 def show_plan(stages: list[Stage]) -> None:
     """Each stage, complete or to run, with its command (or what it is built from, when that is not made yet)."""
     for stage in stages:
@@ -355,10 +390,12 @@ def say(line: str) -> None:
 def summary(chain: Chain, stages: list[Stage]) -> dict[str, Any]:
     """Each run's val and test BLEU and minutes (results.json), each system's choice on val and test score."""
     split = str(chain.recipe.test_split)
-    runs, systems = [], []
+    runs, systems, reports = [], [], []
     for stage in stages:
         output = stage.outputs[0]
-        if stage.name.startswith("tune "):
+        if stage.kind == "report":
+            reports.append(str(output.with_suffix(".md")))
+        elif stage.name.startswith("tune "):
             report = json.loads(output.read_text(encoding="utf-8"))
             chosen = next(iter(report["test"].values()))
             systems.append({"system": stage.name.removeprefix("tune "), "choice": setting_label(report["best"]),
@@ -378,23 +415,25 @@ def summary(chain: Chain, stages: list[Stage]) -> dict[str, Any]:
         if mine := [s for s in systems if s["system"].startswith(f"{pair} student")]:
             students[pair] = max(mine, key=lambda s: s["val_bleu"])["system"]
     return {"recipe": chain.recipe_name, "test_split": split, "runs": runs, "systems": systems,
-            "student_chosen_on_val": students, **provenance("reproduce.py")}
+            "student_chosen_on_val": students, "reports": reports, **provenance("reproduce.py")}
 
 
 def render(report: dict[str, Any]) -> str:
-    """The two tables, in markdown."""
+    """The runs' table and the systems' (when the recipe has systems), in markdown."""
     split = report["test_split"]
     lines = [f"# recipe={report['recipe']}: {report['date']}", "", f"| run | val BLEU | {split} BLEU | minutes |",
              "| --- | ---: | ---: | ---: |"]
     lines += [f"| {r['run']} | {r['val_bleu']:.2f} | {fmt(r['test_bleu'])} | {r['minutes']:.1f} |"
               for r in report["runs"]]
     more = list(dict.fromkeys(k for s in report["systems"] for k in s["more_tests"]))
-    lines += ["", f"| system | chosen on val | val BLEU | {' | '.join([split, *more])} BLEU (once) |",
-              "| --- | --- | ---: |" + " ---: |" * (1 + len(more))]
+    if report["systems"]:
+        lines += ["", f"| system | chosen on val | val BLEU | {' | '.join([split, *more])} BLEU (once) |",
+                  "| --- | --- | ---: |" + " ---: |" * (1 + len(more))]
     lines += [f"| {s['system']} | {s['choice']} | {s['val_bleu']:.2f} | {s['test_bleu']:.2f} |"
               + "".join(f" {fmt(s['more_tests'].get(k))} |" for k in more) for s in report["systems"]]
     chosen = report["student_chosen_on_val"]
     lines += ["", *(f"Student chosen on val for {pair}: {name}." for pair, name in chosen.items())]
+    lines += [f"The study's report: {path}" for path in report.get("reports", [])]
     return "\n".join([*lines, ""])
 
 
@@ -415,18 +454,21 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
         ChainError: a bad setting or recipe, or a stage that failed (rerun to resume).
     """
     settings, data, recipe = parse_arguments(args, repo / "configs" / "recipe")
-    scripts = {"train": "train.py", "backtranslate": "backtranslate.py", "tune": "scripts/tune_decoding.py"}
+    scripts = {"train": "train.py", "backtranslate": "backtranslate.py", "tune": "scripts/tune_decoding.py",
+               "compare": "scripts/compare_runs.py"}
     programs = {kind: [sys.executable, str(repo / script)] for kind, script in scripts.items()}
     workdir = Path(str(settings["workdir"])).expanduser().resolve()
     chain = Chain(workdir, programs, recipe, str(settings["recipe"]), data, repo / "configs")
-    stages, parallel = plan(chain), int(settings["parallel"])
+    stages = plan(chain)
     auto = "cuda" if torch.cuda.is_available() else "cpu"
-    device = auto if settings["device"] == "auto" else settings["device"]  # whose eta_minutes to use
+    device = auto if settings["device"] == "auto" else settings["device"]  # whose eta_minutes and parallel=auto
+    parallel = settings["parallel"] if settings["parallel"] != "auto" else PARALLEL_ON_CUDA if device == "cuda" else 1
     clock = Clock(workdir / "runs" / ".reproduce" / "times.json", dict(recipe.eta_minutes[str(device)]))
     if settings["dry_run"]:
         show_plan(stages)
         done = {s.name for s in stages if s.done()}
-        say(f"ETA {eta(stages, done, {}, clock, parallel)} ({device}, parallel={parallel})")
+        say(f"ETA {eta(stages, done, {}, clock, parallel)} ({device}, parallel={parallel}); "
+            f"{eta_sources(stages, clock, recipe, str(device))}")
         return None
     run_stages(chain, stages, parallel, clock)
     report = summary(chain, stages)
