@@ -2,19 +2,23 @@
 
 A thin entry point: ``nmt.analysis.reproduce.main`` plans the recipe's stages (configs/recipe/) and runs
 train.py, backtranslate.py and scripts/tune_decoding.py from this folder. Run it again after a stop: complete
-stages are skipped and stopped ones resumed. Mistakes end in one line on stderr with exit status 2.
+stages are skipped and stopped ones resumed. Mistakes (a workdir that cannot be made included) end in one line on
+stderr with exit status 2; a disk that fills ends in one line with exit status 74: run the same command again once
+space is freed.
 """
 
 import sys
 from pathlib import Path
 
 from nmt.analysis.reproduce import ChainError, main
-from nmt.common.entry_point import fail
+from nmt.common.disk import PathNotWritable
+from nmt.common.entry_point import disk_full_exits, fail, same_command
 
 if __name__ == "__main__":
     try:
-        main(sys.argv[1:], Path(__file__).resolve().parent)
-    except ChainError as error:
+        with disk_full_exits("reproduce.py", "complete stages are kept", same_command("reproduce.py")):
+            main(sys.argv[1:], Path(__file__).resolve().parent)
+    except (ChainError, PathNotWritable) as error:
         fail("reproduce.py", error)
     except KeyboardInterrupt:
         raise SystemExit(130) from None

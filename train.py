@@ -2,7 +2,9 @@
 
 Thin entry point: Hydra composes ``configs/train.yaml`` with the command-line overrides, and
 ``nmt.train.trainer.train`` does the work (see README.md for the commands). A mistake the user can fix
-(config, data, checkpoint, device) ends in one line on stderr and exit status 2, not a traceback.
+(config, data, checkpoint, device, a run dir that cannot be made) ends in one line on stderr and exit status 2,
+not a traceback. A disk that fills mid-run ends in one line with exit status 74: the last good checkpoints are
+kept, and ``trainer.resume=RUN_DIR`` goes on.
 """
 
 import sys
@@ -11,7 +13,13 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from nmt.common.entry_point import check_keys_or_exit, user_errors
+from nmt.common.entry_point import (
+    check_keys_or_exit,
+    check_outputs_or_exit,
+    disk_full_exits,
+    same_command,
+    user_errors,
+)
 from nmt.model.checkpoint import CheckpointError
 from nmt.train.resume import resume_overrides
 from nmt.train.schema import TrainSettings
@@ -20,7 +28,8 @@ from nmt.train.trainer import USER_ERRORS, train
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    with user_errors("train.py", USER_ERRORS):
+    nothing_kept = "no checkpoint was written yet"
+    with user_errors("train.py", USER_ERRORS), disk_full_exits("train.py", nothing_kept, same_command("train.py")):
         results = train(cfg)
     if results.get("interrupted"):
         # Exit the process, not just this job: under `-m` Hydra would otherwise start the next run.
@@ -31,6 +40,7 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     check_keys_or_exit("train.py", Path(__file__).parent / "configs", sys.argv[1:], TrainSettings)
+    check_outputs_or_exit("train.py", sys.argv[1:], folders=("data.cache_dir",))
     with user_errors("train.py", (CheckpointError,)):  # a resumed run writes into its own run dir only
         sys.argv += resume_overrides(sys.argv[1:])
     main()

@@ -16,6 +16,7 @@ from conftest import SRC, TGT, TINY_MAX_WORDS, save_tiny_checkpoint
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from nmt.common.disk import PathNotWritable
 from nmt.data.batching import token_batches
 from nmt.inference.engine import TranslationError, Translator
 from nmt.inference.translate_job import translate_main
@@ -177,9 +178,9 @@ def test_user_errors_say_what_is_wrong(tiny_run_dir: Path, no_attention_ckpt: Pa
     out = tmp_path / "out.en"
     translate_main(translate_cfg(f"checkpoint={tiny_run_dir}", f"input={bad}", f"output={out}", "invalid_utf8=replace"))
     assert len(read_lines(out)) == 3
-    with pytest.raises(TranslationError, match=r"attention_dir=.*in\.de is a file; name a folder to write"):
+    with pytest.raises(PathNotWritable, match=r"attention_dir=.*in\.de is a file; name a folder to write"):
         translate_main(translate_cfg(f"checkpoint={tiny_run_dir}", f"input={src}", f"attention_dir={src}"))
-    with pytest.raises(TranslationError, match=r"alignments=.* is a directory; name a file to write"):
+    with pytest.raises(PathNotWritable, match=r"alignments=.* is a directory; name a file to write"):
         translate_main(translate_cfg(f"checkpoint={tiny_run_dir}", f"input={src}", f"alignments={tmp_path}"))
     ref = write_lines(tmp_path / "short.en", TGT[:1])
     with pytest.raises(TranslationError, match="has 1 lines but the input has 2"):

@@ -18,6 +18,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from nmt.analysis.decoding import setting_label
+from nmt.common.disk import EXIT_WRITE_STOPPED, WriteStopped, check_writable, free_space
 from nmt.common.files import write_json_durably, write_text_durably
 from nmt.common.progress import format_duration
 from nmt.common.provenance import provenance
@@ -291,6 +292,7 @@ def run_stages(chain: Chain, stages: list[Stage], parallel: int, clock: Clock) -
 
     Raises:
         ChainError: a stage failed or stopped (after the others running have ended): rerun to resume.
+        WriteStopped: the same, for a stage that ran out of disk space (exit 74).
     """
     finished = {s.name for s in stages if s.done()}
     for name in [s.name for s in stages if s.name in finished]:
@@ -322,10 +324,13 @@ def run_stages(chain: Chain, stages: list[Stage], parallel: int, clock: Clock) -
                 say(f"done  {name} in {format_duration(seconds)}")
             else:
                 how = f"failed (exit {process.returncode})" if process.returncode else "stopped before it finished"
+                if process.returncode == EXIT_WRITE_STOPPED:
+                    how = f"ran out of disk space ({free_space(chain.workdir)}; exit {EXIT_WRITE_STOPPED})"
                 failed.append(f"stage '{name}' {how}; its log: {log_path(chain, stage)}")
     if failed or len(finished) < len(stages):
         reason = failed[0] if failed else "a stage's inputs never became complete"
-        raise ChainError(f"{reason}; run the same command again to resume (complete stages are skipped)")
+        error = WriteStopped if "ran out of disk space" in reason else ChainError  # 74, not 2: free space, go on
+        raise error(f"{reason}; run the same command again to resume (complete stages are skipped)")
 
 
 def start(chain: Chain, stage: Stage) -> subprocess.Popen:
@@ -452,12 +457,14 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
 
     Raises:
         ChainError: a bad setting or recipe, or a stage that failed (rerun to resume).
+        PathNotWritable: a workdir that cannot be made.
     """
     settings, data, recipe = parse_arguments(args, repo / "configs" / "recipe")
     scripts = {"train": "train.py", "backtranslate": "backtranslate.py", "tune": "scripts/tune_decoding.py",
                "compare": "scripts/compare_runs.py"}
     programs = {kind: [sys.executable, str(repo / script)] for kind, script in scripts.items()}
     workdir = Path(str(settings["workdir"])).expanduser().resolve()
+    check_writable(workdir, "workdir", folder=True)  # before the plan, not in the first stage's traceback
     chain = Chain(workdir, programs, recipe, str(settings["recipe"]), data, repo / "configs")
     stages = plan(chain)
     auto = "cuda" if torch.cuda.is_available() else "cpu"

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from nmt.common.disk import is_disk_full
+
 
 class FolderInUse(RuntimeError):
     """Another process holds the folder's lock; the message names it and says what to do."""
@@ -30,19 +32,59 @@ def replace_durably(tmp: str | Path, path: str | Path) -> Path:
     return Path(path)
 
 
-def write_durably(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
-    """Write ``path`` through ``write(handle)`` into a temp file beside it, fsync, rename, fsync the folder: a crash,
-    full disk or power cut leaves the previous file (or none), never half of one; a failed write removes its temp.
+class _ErrorKeepingFile:
+    """A binary file that remembers the OSError a write raised: ``torch.save`` reports one as its own RuntimeError
+    (``unexpected pos ...``), which loses the errno that says the disk is full."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self.handle, self.error = handle, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.handle, name)
+
+
+@contextlib.contextmanager
+def durable_file(path: str | Path) -> Iterator[IO[bytes]]:
+    """A binary file for the block to fill: a temp file beside ``path``, fsynced and renamed over ``path`` when the
+    block ends; a crash, full disk or power cut leaves the previous file (or none), never half of one, and a failed
+    write removes its temp.
+
+    Raises:
+        OSError: a disk-full one (``DISK_FULL_ERRNOS``) names ``path``, not the temp file, whatever wrote it.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process: two writers never share a temp file
     try:
-        with open(tmp, "wb") as handle:
-            write(handle)
-        return replace_durably(tmp, path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as raw:
+            handle = _ErrorKeepingFile(raw)
+            try:
+                yield handle  # type: ignore[misc]  # a file in all but name
+            except Exception as error:
+                if handle.error is None or handle.error is error:
+                    raise
+                raise handle.error from error  # the errno, not the writer's wrapping of it
+        replace_durably(tmp, path)
+    except OSError as error:
+        if not is_disk_full(error):
+            raise
+        raise OSError(error.errno, error.strerror, str(path)) from error
     finally:
         tmp.unlink(missing_ok=True)  # gone after the rename; a failed write leaves no temp file
+
+
+def write_durably(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
+    """Write ``path`` through ``write(handle)`` into a ``durable_file``: the old file or the new one, never half."""
+    with durable_file(path) as handle:
+        write(handle)
+    return Path(path)
 
 
 def write_bytes_durably(path: str | Path, data: bytes) -> Path:

@@ -21,6 +21,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nmt.common.device import uses_bf16
+from nmt.common.disk import is_disk_full
 from nmt.common.progress import ProgressDisplay, format_duration
 from nmt.common.provenance import provenance
 from nmt.data.errors import DataError
@@ -282,6 +283,10 @@ def _run(translator: Translator, text: InputText, out: Path, record: dict[str, A
         progress.close()
         log.warning("interrupted: %s holds the first %d of %d lines; run the same command again to go on", out,
                     record["lines"]["done"], text.lines)
+        raise
+    except OSError as error:  # a full disk: name the folder, which a file object's write does not
+        if is_disk_full(error) and not error.filename:
+            raise OSError(error.errno, error.strerror, str(out)) from error
         raise
     finally:
         progress.close()

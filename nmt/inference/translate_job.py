@@ -9,14 +9,15 @@ import logging
 import os
 import sys
 import time
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
+from nmt.common.disk import WriteStopped, check_writable
+from nmt.common.files import write_text_durably
 from nmt.common.metrics import corpus_scores
 from nmt.data import DataError
 from nmt.data.text import STRICT_UTF8, decode_lines
@@ -84,35 +85,30 @@ def format_output(result: Translation, n_best: int) -> str:
     return texts[0] if n_best == 1 else "\t".join(f"{text}\t{c.score:.4f}" for text, c in zip(texts, result.nbest))
 
 
-def _open_output(path: str) -> AbstractContextManager[IO[str]]:
-    if path == STDIO:
-        if hasattr(sys.stdout, "reconfigure"):  # UTF-8, whatever the locale says (a test's StringIO is text already)
-            sys.stdout.reconfigure(encoding="utf-8")
-        return nullcontext(sys.stdout)  # writing must not close stdout
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return open(path, "w", encoding="utf-8", newline="\n")
-
-
-def check_writable(path: str, key: str, folder: bool = False) -> None:
-    """Refuse, before any decoding, an output ``path`` (a file, or with ``folder`` a folder; created with its parents
-    if missing) that cannot be written: a folder for a file or the reverse, a path under a file, no permission.
+def write_output(path: str, lines: list[str]) -> None:
+    """Write the output ``lines`` (each ending in a newline) whole: a file through a temp file renamed into place,
+    so a full disk leaves the old file (or none), never half of one; stdout, which cannot be taken back, as it goes.
 
     Raises:
-        TranslationError: one line naming ``key`` and what to change.
+        WriteStopped: stdout was cut (a closed pipe, a full disk under ``> file``); says how many lines got out.
+        OSError: a full disk writing the file (named), for the entry point to report.
     """
-    target = Path(path)
-    if target.exists():
-        if target.is_dir() != folder:
-            kind, wanted = ("a file", "a folder") if folder else ("a directory", "a file")
-            raise TranslationError(f"{key}={path} is {kind}; name {wanted} to write")
-        if not os.access(target, os.W_OK):
-            raise TranslationError(f"{key}={path} is not writable; choose another path or change its permissions")
+    if path != STDIO:
+        write_text_durably(path, "".join(lines))
         return
-    parent = next(folder for folder in target.parents if folder.exists())  # below it: what translate.py would create
-    if not parent.is_dir():
-        raise TranslationError(f"{key}={path} cannot be created: {parent} is a file, not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise TranslationError(f"{key}={path} cannot be created: {parent} is not writable; choose another path")
+    if hasattr(sys.stdout, "reconfigure"):  # UTF-8, whatever the locale says (a test's StringIO is text already)
+        sys.stdout.reconfigure(encoding="utf-8")
+    written = 0
+    try:
+        for line in lines:
+            sys.stdout.write(line)
+            written += 1  # handed to the buffer; how many reached the reader is not known
+        sys.stdout.flush()
+    except OSError as error:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush must not fail
+        raise WriteStopped(f"could not write stdout: {error.strerror} (a closed pipe or a full disk); at most "
+                           f"{written} of {len(lines)} lines got out, and stdout cannot be taken back: pass "
+                           "output=FILE, which is written whole or not at all, and run again") from None
 
 
 def _write_attention(cfg: DictConfig, translator: Translator, lines: list[str], results: list[Translation]) -> None:
@@ -131,9 +127,8 @@ def _write_attention(cfg: DictConfig, translator: Translator, lines: list[str], 
         save_attention_png(Path(cfg.attention_dir) / f"{lineno:0{digits}d}.png", weights, src_labels, tgt_labels,
                            title=title)
     if cfg.alignments:
-        Path(cfg.alignments).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.alignments).write_text("".join((r.attention.alignment if r.attention else "") + "\n" for r in results),
-                                        encoding="utf-8")
+        write_text_durably(cfg.alignments, "".join((r.attention.alignment if r.attention else "") + "\n"
+                                                   for r in results))
 
 
 def translate_main(cfg: DictConfig) -> dict[str, Any]:
@@ -143,7 +138,8 @@ def translate_main(cfg: DictConfig) -> dict[str, Any]:
         ``{"lines", "seconds", "sentences_per_s"}``, plus ``corpus_scores``' keys when ``cfg.reference`` is given.
 
     Raises:
-        TranslationError, CheckpointError, DataError: user mistakes, reported in one line by ``translate.py``.
+        TranslationError, CheckpointError, DataError, PathNotWritable: user mistakes, reported in one line by
+            ``translate.py``.
     """
     options = SearchOptions.from_settings(cfg)
     if cfg.rerank.checkpoint:
@@ -171,9 +167,7 @@ def translate_main(cfg: DictConfig) -> dict[str, Any]:
     results = translator.translate(lines, attention=wants_attention, progress=show_bar, rerank=rerank,
                                    **asdict(options))
     seconds = time.perf_counter() - start
-    with _open_output(str(cfg.output)) as out:
-        out.writelines(format_output(result, options.n_best) + "\n" for result in results)
-        out.flush()
+    write_output(str(cfg.output), [format_output(result, options.n_best) + "\n" for result in results])
     if wants_attention:
         _write_attention(cfg, translator, lines, results)
 

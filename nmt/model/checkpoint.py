@@ -5,6 +5,7 @@ atomically and loaded with ``torch.load(weights_only=True)``, so opening one nev
 from __future__ import annotations
 
 import pickle
+import shutil
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import torch
 
+from nmt.common.disk import existing_folder, format_size
 from nmt.common.files import write_durably
 from nmt.common.version import __version__
 from nmt.data import Tokenizer
@@ -171,3 +173,31 @@ class RunCheckpoints:
 
     def load(self, name: str) -> dict[str, Any]:
         return load_checkpoint(self.folder / f"{name}.pt")
+
+    def kept(self) -> str | None:
+        """What the folder holds for a stopped run to go on from (``checkpoints/last.pt (step 300) and best.pt
+        (step 150)``), read from the files themselves; None without a readable ``last.pt``."""
+        steps = {}
+        for name in ("last", "best"):
+            try:
+                steps[name] = self.load(name)["progress"]["step"]
+            except (CheckpointError, KeyError):  # a best.pt from before progress was recorded: left unnamed
+                continue
+        if "last" not in steps:
+            return None
+        best = f" and best.pt (step {steps['best']})" if "best" in steps else ""
+        return f"kept: {CHECKPOINT_DIR}/last.pt (step {steps['last']}, where the run resumes){best}"
+
+    def space_warning(self, model: torch.nn.Module) -> str | None:
+        """One line when the disk holding the folder has less free space than two checkpoints (``last``, ``best``)
+        need; None when it has room. A resumed run's ``last.pt`` gives the size; a new run's is estimated from
+        ``model``: weights and AdamW's two moments per parameter."""
+        last = self.folder / "last.pt"
+        size = last.stat().st_size if last.is_file() else 3 * sum(p.numel() * p.element_size()
+                                                                   for p in model.parameters())
+        free = shutil.disk_usage(existing_folder(self.folder)).free
+        if not self.enabled or free >= 2 * size:
+            return None
+        return (f"only {format_size(free)} free for {self.folder}, and a checkpoint takes about {format_size(size)} "
+                f"(last.pt and best.pt: {format_size(2 * size)}); training goes on, but stops at the first checkpoint "
+                "that does not fit: free some space")

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from nmt.common.device import DeviceError, autocast, configure_matmul, slow_bf16_warning, uses_bf16
+from nmt.common.disk import WriteStopped, disk_full_message, is_disk_full
 from nmt.common.files import FolderInUse, folder_lock, write_json_durably, write_text_durably
 from nmt.common.metrics import corpus_scores
 from nmt.common.provenance import device_name, host, library_versions
@@ -484,6 +485,7 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     Raises:
         ConfigError, DataError, CheckpointError, DeviceError, TrainingError: a problem the user can fix; the
             message says how (``train.py`` prints it in one line and exits with status 2).
+        WriteStopped: the disk filled; names the checkpoints kept and the ``trainer.resume`` command (status 74).
     """
     validate_config(cfg)
     resume_state = None
@@ -507,6 +509,8 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     try:
         with lock:
             trainer = Trainer(cfg, run_dir, info, resume_state)
+            if warning := trainer.checkpoints.space_warning(trainer.model):
+                log.warning(warning)
             if info.is_main:
                 OmegaConf.save(OmegaConf.create(to_plain_dict(cfg)), run_dir / "config.yaml")
             results = trainer.fit()
@@ -515,6 +519,11 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
             f"CUDA out of memory: lower data.max_tokens (now {cfg.data.max_tokens}) or "
             f"data.valid_max_tokens (now {cfg.data.valid_max_tokens}), or use a smaller model=..."
         ) from error
+    except OSError as error:  # a full disk: the last good checkpoints stand (written whole or not at all)
+        kept = RunCheckpoints(run_dir).kept() if is_disk_full(error) else None
+        if kept is None:  # nothing to resume from: train.py says "run the same command again"
+            raise
+        raise WriteStopped(disk_full_message(error, kept, f"python train.py trainer.resume={run_dir}")) from None
     finally:
         distributed.shutdown(info, finished=results is not None)
     return results

@@ -1,0 +1,94 @@
+"""Where a job writes: a place that cannot be made is refused before any work, and a disk that fills mid-job is
+told in one line (what could not be written, the free space, what is kept, how to go on) with its own exit status.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+
+# Errors that mean "no room to write here", not a bug: a full disk, a quota, a file-size limit, a read-only remount.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
+# sysexits.h's EX_IOERR (74): the job stopped mid-way for want of space (or a closed stdout); 2 stays "bad input,
+# nothing done", so a scheduler can tell "free space and go on" from "fix the command".
+EXIT_WRITE_STOPPED = 74
+
+
+class PathNotWritable(ValueError):
+    """An output path that cannot be made or written; the message names the setting, the path and the fix."""
+
+
+class WriteStopped(Exception):
+    """A write that could not finish mid-job (no room, or stdout's reader gone); the message is the whole one-line
+    report: what could not be written, what is kept, how to go on (``disk_full_message``)."""
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether ``error`` is a write that found no room (``DISK_FULL_ERRNOS``)."""
+    return isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS
+
+
+def check_writable(path: str | Path, key: str, folder: bool = False) -> None:
+    """Refuse, before any work, an output ``path`` (a file, or with ``folder`` a folder; created with its parents if
+    missing) that cannot be written: a folder for a file or the reverse, a path under a file or where no folder can
+    be made (``/proc``), no permission. A missing path is probed by making and removing its first missing folder.
+
+    Raises:
+        PathNotWritable: one line naming ``key``, the path and what to change.
+    """
+    target = Path(path)
+    if target.exists():
+        if target.is_dir() != folder:
+            kind, wanted = ("a file", "a folder") if folder else ("a directory", "a file")
+            raise PathNotWritable(f"{key}={path} is {kind}; name {wanted} to write")
+        if not os.access(target, os.W_OK):
+            raise PathNotWritable(f"{key}={path} is not writable; choose another path or change its permissions")
+        return
+    parent = existing_folder(target)  # below it: what the job would create
+    if not parent.is_dir():
+        raise PathNotWritable(f"{key}={path} cannot be created: {parent} is a file, not a folder; choose another path")
+    first_missing = target.absolute().relative_to(parent).parts[0]
+    try:  # access() says yes to root where mkdir still fails (/proc, a read-only remount): ask mkdir itself
+        os.mkdir(parent / first_missing)
+        os.rmdir(parent / first_missing)
+    except OSError as error:
+        raise PathNotWritable(f"{key}={path} cannot be created: no folder can be made in {parent} "
+                              f"({error.strerror}); choose another path") from None
+
+
+def format_size(n_bytes: float) -> str:
+    """``n_bytes`` for people: ``"512 B"``, ``"1.2 MB"``."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if n_bytes < 1000 or unit == "GB":
+            return f"{n_bytes:.0f} {unit}" if unit == "B" else f"{n_bytes:.1f} {unit}"
+        n_bytes /= 1000
+    raise AssertionError("unreachable")
+
+
+def existing_folder(path: str | Path) -> Path:
+    """``path`` or its nearest existing parent: where ``shutil.disk_usage`` can look before the path is made."""
+    folder = Path(path).absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
+def free_space(path: str | Path) -> str:
+    """``"1.2 MB free of 45.0 MB"`` on the file system of ``path`` (or of its nearest existing folder)."""
+    try:
+        usage = shutil.disk_usage(existing_folder(path))
+    except OSError:
+        return "free space unknown"
+    return f"{format_size(usage.free)} free of {format_size(usage.total)}"
+
+
+def disk_full_message(error: OSError, kept: str, go_on: str) -> str:
+    """The one-line report of a write that found no room: the file, the reason, the free space, what ``kept``
+    holds and the command (``go_on``) that goes on once space is freed.
+    """
+    where = error.filename or "a file"
+    reason = error.strerror or os.strerror(error.errno or errno.ENOSPC)
+    space = free_space(where) if error.filename else "free space unknown"
+    return f"could not write {where}: {reason} ({space}); {kept}; free some space, then go on with: {go_on}"
