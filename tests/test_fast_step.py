@@ -53,8 +53,8 @@ def test_a_padded_bucket_step_gives_the_loss_and_gradients_of_the_unpadded_one(n
     pairs = items()
     plain = collate_batch(pairs)
     padded = collate_batch(pairs, ShapeBuckets(width=8, max_tokens=200))
-    assert (*padded.src.shape, padded.tgt_in.shape[1]) == (12, 16, 16) and plain.src.shape[0] == 5  # 200 // 16 rows
-    assert padded.num_tgt_tokens == plain.num_tgt_tokens and padded.indices.tolist()[5:] == [-1] * 7
+    assert (*padded.src.shape, padded.tgt_in.shape[1]) == (22, 16, 16) and plain.src.shape[0] == 5  # 200 // 9 rows
+    assert padded.num_tgt_tokens == plain.num_tgt_tokens and padded.indices.tolist()[5:] == [-1] * 17
     loss, grads = loss_and_gradients(model, plain, fixed_shapes=False)  # packed encoder, the eager path
     padded_loss, padded_grads = loss_and_gradients(model, padded, fixed_shapes=True)  # the graph's step
     torch.testing.assert_close(padded_loss.double(), loss.double(), rtol=1e-6, atol=1e-9)
@@ -64,15 +64,12 @@ def test_a_padded_bucket_step_gives_the_loss_and_gradients_of_the_unpadded_one(n
 
 def test_the_bucket_of_a_batch_is_deterministic_and_every_sampled_batch_fits_one() -> None:
     buckets = ShapeBuckets(width=8, max_tokens=300)
-    assert buckets.shape(17, 9, 14) == buckets.shape(17, 9, 14) == (18, 16, 16)
-    assert buckets.shape(19, 9, 14) is None  # 19 x 14 fits the budget, but not padded to 16: such a batch is cut
-    assert buckets.shape(37, 7, 8) == (37, 8, 8) and buckets.shape(38, 7, 8) is None  # 300 // 8 = 37 rows
-    assert buckets.shape(1, 301, 3) is None  # a pair over the budget fits no bucket: the eager step takes it
+    assert buckets.shape(20, 9, 14) == buckets.shape(20, 9, 14) == (33, 16, 16)  # 300 // 9: the narrowest width
+    assert buckets.shape(34, 9, 14) is None  # 34 x 9 is over the budget: no sampler cuts such a batch
+    assert buckets.shape(1, 400, 3) is None  # a pair well over the budget fits no bucket: the eager step takes it
     rng = random.Random(1)
     src, tgt = [rng.randint(2, 60) for _ in range(3000)], [rng.randint(2, 60) for _ in range(3000)]
-    sampler = TokenBucketSampler(src, tgt, 300, shuffle=True, seed=4, width_multiple=8)
-    batches = sampler.epoch_batches(0)
-    assert sorted(i for batch in batches for i in batch) == list(range(3000))  # every pair once
+    batches = TokenBucketSampler(src, tgt, 300, shuffle=True, seed=4).epoch_batches(0)
     shapes = {buckets.shape(len(b), max(src[i] for i in b), max(tgt[i] for i in b)) for b in batches}
     assert None not in shapes and len(shapes) <= 8 * 8  # lengths up to 60: 8 multiples of 8 each way
 
@@ -152,6 +149,45 @@ def test_cuda_graphs_settings_are_checked_in_one_line() -> None:
     if torch.cuda.is_available():
         with pytest.raises(FastPathError, match="torchrun"):
             use_cuda_graphs("true", torch.device("cuda"), 2)
+
+
+def cpu_graph_steps(monkeypatch: pytest.MonkeyPatch, capture_error: Exception) -> TrainingSteps:
+    """``TrainingSteps`` with graphs on, on the CPU, whose capture raises ``capture_error`` (the CUDA calls
+    replaced): what the trainer sees when capturing fails on a GPU."""
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+
+    def fail(self: TrainingSteps, batch: Batch) -> None:
+        raise capture_error
+
+    monkeypatch.setattr(TrainingSteps, "_warm_up_and_capture", fail)
+    model = tiny_model("additive")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
+    return TrainingSteps(model, model, optimizer, torch.device("cpu"), graphs=True, label_smoothing=0.0,
+                         max_norm=1.0, precision="fp32")
+
+
+def test_a_capture_that_fails_warns_in_one_line_and_trains_on_eagerly(monkeypatch: pytest.MonkeyPatch,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    steps = cpu_graph_steps(monkeypatch, RuntimeError("operation not permitted when stream is capturing\nmore"))
+    batch = collate_batch(items(), ShapeBuckets(width=8, max_tokens=200))
+    before = [p.detach().clone() for p in steps.model.parameters()]
+    figures = [steps.run(batch, 0.01, bucketed=True) for _ in range(3)]
+    assert all(f.shape == (3,) and not bool(f[2]) for f in figures)  # three real updates
+    assert not all(torch.equal(a, b) for a, b in zip(before, steps.model.parameters()))
+    assert steps.stats.eager_steps == 3 and steps.stats.shapes_captured == 0
+    assert steps.stats.fallback == "RuntimeError: operation not permitted when stream is capturing"
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == ["trainer.cuda_graphs: capturing the step failed (RuntimeError: operation not permitted "
+                        "when stream is capturing); training goes on eagerly"]  # once, not at every step
+
+
+def test_a_shape_that_does_not_fit_in_memory_names_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    steps = cpu_graph_steps(monkeypatch, torch.cuda.OutOfMemoryError("CUDA out of memory"))
+    batch = collate_batch(items(), ShapeBuckets(width=8, max_tokens=200))
+    with pytest.raises(FastPathError, match=r"a batch of 22 rows x 16 source x 16 target tokens does not fit in GPU "
+                                            r"memory; lower data.max_tokens"):
+        steps.run(batch, 0.01, bucketed=True)
+    assert all(p.grad is None for p in steps.model.parameters())
 
 
 # ------------------------------------------------------------------------------------------------ GPU only
