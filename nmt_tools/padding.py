@@ -5,8 +5,9 @@ The data is ``train.py``'s ``data`` section: Multi30k by default, or any other t
 mirror into an empty cache (copy + sha256 check, read, clean, SentencePiece, encode), with the
 process's peak RSS at its end (``ru_maxrss``), (2) the same again from the caches, (3) the training batches at
 ``--max-tokens``: batches per epoch, pairs per batch, padding fraction (padding slots / all slots of
-the src and tgt tensors) for 1..8 DDP ranks, the validation batches at ``--valid-max-tokens``, and for
-scale the padding of the same budget filled in random order (no length buckets).
+the src and tgt tensors) for 1..8 DDP ranks, the validation batches at ``--valid-max-tokens``, for
+scale the padding of the same budget filled in random order (no length buckets), and (4) the shapes the
+training batches take when padded to ``ShapeBuckets`` (``trainer.cuda_graphs``) at bucket widths 4, 8, 16.
 
 Not done here: training or translation speed (the other ``benchmark.py`` modes).
 """
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 
 from nmt.data import EncodedSplit, TokenBucketSampler, prepare_data
-from nmt.data.batching import pack_batches
+from nmt.data.batching import ShapeBuckets, pack_batches
 from nmt_tools.timing import compose_config
 
 
@@ -62,6 +63,21 @@ def padding_stats(split: EncodedSplit, batches: list[list[int]], max_tokens: int
     }
 
 
+def bucket_figures(split: EncodedSplit, batches: list[list[int]], max_tokens: int) -> dict[str, Any]:
+    """Per bucket width: the distinct shapes one epoch's ``batches`` take padded to ``ShapeBuckets`` (the CUDA graphs
+    a run captures), and their ``B * max(S, T)`` slots over the batches' own."""
+    figures = {}
+    for width in (4, 8, 16):
+        buckets, shapes, slots, own = ShapeBuckets(width, max_tokens), set(), 0, 0
+        for batch in batches:
+            src, tgt = (max(len(ids[i]) + 1 for i in batch) for ids in (split.src_ids, split.tgt_ids))
+            shape = buckets.shape(len(batch), src, tgt) or (len(batch), src, tgt)  # no bucket: its own shape
+            shapes.add(shape)
+            slots, own = slots + shape[0] * max(shape[1:]), own + len(batch) * max(src, tgt)
+        figures[str(width)] = {"shapes": len(shapes), "slots_over_unpadded": round(slots / own, 3)}
+    return figures
+
+
 def batch_figures(train: EncodedSplit, valid: EncodedSplit, args: argparse.Namespace) -> dict[str, Any]:
     """Padding of the training batches (length-bucketed and random order), per DDP rank count, and of validation."""
     sampler = TokenBucketSampler.from_split(train, args.max_tokens, shuffle=True, seed=0)
@@ -82,6 +98,7 @@ def batch_figures(train: EncodedSplit, valid: EncodedSplit, args: argparse.Names
         "train_batches_per_rank": per_rank,
         "train_random_order_same_budget": padding_stats(train, pack_batches(order, *lengths, args.max_tokens),
                                                         args.max_tokens),
+        "shape_buckets": bucket_figures(train, epoch, args.max_tokens),
         "sampler_epoch_seconds": round(sampler_seconds, 4), "valid_max_tokens": args.valid_max_tokens,
         "valid_batches": padding_stats(valid, valid_batches, args.valid_max_tokens),
     }
@@ -114,6 +131,8 @@ def benchmark_data(args: argparse.Namespace) -> tuple[dict[str, Any], torch.devi
           f"{train['padding_fraction_tgt']:.1%}); random order would pad {unsorted['padding_fraction']:.1%} in "
           f"{unsorted['batches']} batches")
     print("batches per rank:", {k: v["batches_per_rank"] for k, v in batches["train_batches_per_rank"].items()})
+    print("padded to shape buckets (width: shapes, slots over unpadded):",
+          {k: (v["shapes"], v["slots_over_unpadded"]) for k, v in batches["shape_buckets"].items()})
     print(f"valid @ max_tokens={args.valid_max_tokens}: {valid['batches']} batches, "
           f"padding {valid['padding_fraction']:.1%}")
     return {
