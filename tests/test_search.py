@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from nmt.data import BOS_ID, EOS_ID, PAD_ID
 from nmt.model.attention import build_attention
 from nmt.model.search import (
+    LateFlag,
     _best_candidates,
     _row_top_k,
     beam_search,
@@ -110,6 +111,41 @@ def test_not_keeping_attention_changes_nothing_else() -> None:
         assert [[(h.tokens, h.score) for h in n] for n in beam] == [[(h.tokens, h.score) for h in n] for n in kept_beam]
         assert all(h.attention is None for h in greedy) and all(h.attention is None for n in beam for h in n)
         assert all(h.attention is not None for h in kept_greedy)
+
+
+def as_tuples(hyps: list) -> list:
+    return [(h.tokens, h.score, None if h.attention is None else h.attention.tolist()) for h in hyps]
+
+
+@pytest.mark.parametrize("lag", [1, 3, 8])
+def test_learning_late_that_rows_are_done_changes_no_output(lag: int) -> None:
+    """On a GPU the search learns that rows are done a few steps late (``LateFlag``), never stalling the device;
+    the extra steps change nothing: the same tokens, scores and attention as checking at once."""
+    model = tiny_model("additive", eos_bias=2.0)
+    src, src_lengths = batch(LENGTHS)
+    greedy = [greedy_search(model, src, src_lengths, 12, 1.0, lag=late) for late in (0, lag)]
+    assert as_tuples(greedy[0]) == as_tuples(greedy[1])
+    for k, n_best in ((1, 1), (3, 3), (4, 2)):
+        beams = [beam_search(model, src, src_lengths, k, 1.0, 12, 1.0, n_best, lag=late) for late in (0, lag)]
+        assert [as_tuples(n) for n in beams[0]] == [as_tuples(n) for n in beams[1]]
+    assert len({len(h.tokens) for h in greedy[0]}) > 2  # rows end at different steps
+
+
+def test_a_late_flag_is_read_after_its_lag_and_forgets_on_reset() -> None:
+    flag = LateFlag(torch.device("cpu"), lag=2)
+    flag.post(torch.tensor(False))
+    flag.post(torch.tensor(True))
+    assert not flag.seen()  # nothing landed yet
+    flag.post(torch.tensor(False))
+    assert not flag.seen()  # the first (False) landed
+    flag.post(torch.tensor(False))
+    assert flag.seen()  # the True landed
+    flag.post(torch.tensor(True))
+    flag.reset()
+    flag.post(torch.tensor(False))
+    flag.post(torch.tensor(False))
+    flag.post(torch.tensor(False))
+    assert not flag.seen()
 
 
 @pytest.mark.parametrize("name", TYPES)

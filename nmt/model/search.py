@@ -6,6 +6,7 @@ Shapes: B batch, K beam size, S source length, T target length, V target vocabul
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -69,15 +70,50 @@ def length_penalty_factor(length: int | Tensor, alpha: float) -> float | Tensor:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def _step_constants(device: torch.device) -> tuple[Tensor, int]:
-    """Token ids that are never outputs (PAD, BOS): ``[2]``, for ``index_fill_`` on ``[rows, V]``; steps between two
-    "all done?" checks (on the CPU a check costs nothing and saves whole steps; on a GPU it stalls the queue)."""
-    return torch.tensor([PAD_ID, BOS_ID], device=device), 1 if device.type == "cpu" else 4
+def _blocked_tokens(device: torch.device) -> Tensor:
+    """Token ids that are never outputs (PAD, BOS): ``[2]``, for ``index_fill_`` on ``[rows, V]``."""
+    return torch.tensor([PAD_ID, BOS_ID], device=device)
+
+
+class LateFlag:
+    """A per-step device flag (``all rows finished``, ``some sentence done``) read without stalling the device.
+
+    On CUDA each posted flag is copied to pinned host memory without blocking and read once its copy has landed,
+    so the search loop never waits for the GPU: it learns a step or a few late, and the extra steps change no
+    output (finished rows are masked). Elsewhere a flag is read at once, or after ``lag`` more posts (tests use
+    that to hold a late read equal to an immediate one). The flags a search posts only ever turn True.
+    """
+
+    def __init__(self, device: torch.device, lag: int = 0) -> None:
+        self.on_cuda, self.lag = device.type == "cuda", lag
+        self.pending: deque[tuple[Any, Tensor]] = deque()  # (CUDA event or None, the flag's host copy)
+
+    def post(self, flag: Tensor) -> None:
+        """Start reading ``flag`` (a bool scalar on the device)."""
+        if not self.on_cuda:
+            self.pending.append((None, flag))
+            return
+        host = torch.empty((), dtype=torch.bool, pin_memory=True)
+        host.copy_(flag, non_blocking=True)
+        landed = torch.cuda.Event()
+        landed.record()
+        self.pending.append((landed, host))
+
+    def seen(self) -> bool:
+        """Whether a posted flag that has reached the host so far was True."""
+        true = False
+        while self.pending and (self.pending[0][0].query() if self.on_cuda else len(self.pending) > self.lag):
+            true = bool(self.pending.popleft()[1]) or true  # a host tensor here: no device wait
+        return true
+
+    def reset(self) -> None:
+        """Drop the flags posted so far (they describe rows that have just left the batch)."""
+        self.pending.clear()
 
 
 @torch.no_grad()
 def greedy_search(model: StepModel, src: Tensor, src_lengths: Tensor, max_len: int, max_len_ratio: float | None,
-                  keep_attention: bool = True) -> list[Hypothesis]:
+                  keep_attention: bool = True, lag: int = 0) -> list[Hypothesis]:
     """Decode a batch by taking the most probable token at every step.
 
     Args:
@@ -87,12 +123,13 @@ def greedy_search(model: StepModel, src: Tensor, src_lengths: Tensor, max_len: i
         max_len: at most this many output tokens per sentence.
         max_len_ratio: if set, also at most ``ceil(ratio * src_len) + 5``.
         keep_attention: record each step's attention (False saves the copies when nobody reads them).
+        lag: off CUDA, learn that every row is finished this many steps late (``LateFlag``; for tests).
 
     Returns:
         One hypothesis per row of ``src``, in order.
     """
     return _token_by_token(model, src, src_lengths, max_len, max_len_ratio, keep_attention,
-                           choose=lambda log_probs: log_probs.max(dim=-1))
+                           choose=lambda log_probs: log_probs.max(dim=-1), lag=lag)
 
 
 @torch.no_grad()
@@ -121,9 +158,10 @@ def sample_search(model: StepModel, src: Tensor, src_lengths: Tensor, max_len: i
 
 
 def _token_by_token(model: StepModel, src: Tensor, src_lengths: Tensor, max_len: int, max_len_ratio: float | None,
-                    keep_attention: bool, choose: Callable[[Tensor], tuple[Tensor, Tensor]]) -> list[Hypothesis]:
+                    keep_attention: bool, choose: Callable[[Tensor], tuple[Tensor, Tensor]], lag: int = 0
+                    ) -> list[Hypothesis]:
     """One hypothesis per sentence, one token per step: ``choose(log_probs [B, V]) -> (log-probs [B], tokens [B])``.
-    All B rows step until all are finished (a finished row's tokens are discarded).
+    All B rows step until all are finished (a finished row's tokens are discarded), learnt through a ``LateFlag``.
     """
     device, batch = src.device, src.shape[0]
     limits_list = length_limits(src_lengths, max_len, max_len_ratio)
@@ -133,7 +171,7 @@ def _token_by_token(model: StepModel, src: Tensor, src_lengths: Tensor, max_len:
     finished = torch.zeros(batch, dtype=torch.bool, device=device)  # [B]
     out_len = limits.clone()  # [B] tokens kept per row, fixed when EOS comes
     scores = torch.zeros(batch, device=device)  # [B]
-    blocked, sync_every = _step_constants(device)
+    blocked, all_finished = _blocked_tokens(device), LateFlag(device, lag)
     steps_tokens, steps_attn = [], []  # per step: [B] tokens, [B, S] attention
     for step in range(max(limits_list)):
         logits, state, attn = model.decode_step(prev, state, memory)  # [B, V], [L, B, H], [B, S]
@@ -148,7 +186,8 @@ def _token_by_token(model: StepModel, src: Tensor, src_lengths: Tensor, max_len:
         if keep_attention and model.has_attention:
             steps_attn.append(attn.float())
         prev = best
-        if (step + 1) % sync_every == 0 and bool(finished.all()):
+        all_finished.post(finished.all())
+        if all_finished.seen():
             break
     attention = torch.stack(steps_attn, dim=1).cpu() if steps_attn else None  # [B, T, S]
     return _hypotheses(torch.stack(steps_tokens, dim=1).cpu(), attention, out_len, scores, src_lengths)
@@ -163,19 +202,20 @@ def _hypotheses(tokens: Tensor, attention: Tensor | None, lengths: Tensor, score
 
 @torch.no_grad()
 def beam_search(model: StepModel, src: Tensor, src_lengths: Tensor, beam_size: int, length_penalty: float, max_len: int,
-                max_len_ratio: float | None, n_best: int, keep_attention: bool = True) -> list[list[Hypothesis]]:
+                max_len_ratio: float | None, n_best: int, keep_attention: bool = True, lag: int = 0
+                ) -> list[list[Hypothesis]]:
     """Batched beam search with the GNMT length penalty (Wu et al., 2016, Eq. 14): a finished Y scores
     ``log P(Y|X) / ((5 + |Y|) / 6) ** alpha``, |Y| counting EOS. All B*K hypotheses step at once; as in fairseq,
     an EOS among the first K of the 2K best candidates goes to the sentence's pool and the K best non-EOS go on.
     A sentence is done with K finished or at its length limit (live ones finish as they are) and leaves the
-    batch at the next sync point. K=1 is token for token the greedy search. Returns, for each row of ``src``,
-    up to ``n_best`` hypotheses, best first.
+    batch once the host learns of it (``LateFlag``: at once on a CPU, a step or a few later on a GPU). K=1 is
+    token for token the greedy search. Returns, for each row of ``src``, up to ``n_best`` hypotheses, best first.
 
     Args:
         beam_size: K, hypotheses kept per sentence.
         length_penalty: alpha (0 = none).
         n_best: hypotheses returned per sentence (at most K).
-        Others: as for ``greedy_search``.
+        Others (``lag`` too): as for ``greedy_search``.
     """
     device, batch, k = src.device, src.shape[0], beam_size
     limits = length_limits(src_lengths, max_len, max_len_ratio)
@@ -186,7 +226,7 @@ def beam_search(model: StepModel, src: Tensor, src_lengths: Tensor, beam_size: i
     beams = _Beams.start(torch.tensor(limits, device=device), k)
     final = _Pool.empty(batch, k, device)  # the pools of the sentences that have left the batch, in original order
     history = _History(batch, keep_attention and model.has_attention)
-    blocked, sync_every = _step_constants(device)
+    blocked, some_done = _blocked_tokens(device), LateFlag(device, lag)
     # after a compaction the A active sentences are rows 0..A-1, so the first A rows of these serve
     row_base = (torch.arange(batch, device=device) * k).unsqueeze(1)  # [B, 1] first beam row of each sentence
     slots = torch.arange(k, device=device).expand(batch, k)  # [B, K] slot numbers
@@ -199,7 +239,9 @@ def beam_search(model: StepModel, src: Tensor, src_lengths: Tensor, beam_size: i
         history.record(keep_token, keep_slot, attn, beams.rows)
         reorder = (row_base[:n_active] + keep_slot).view(-1)  # [A*K] rows of the previous beam to continue
         prev = keep_token.view(-1)  # [A*K]
-        if (step + 1) % sync_every == 0 and bool(beams.done.any()):
+        some_done.post(beams.done.any())
+        if some_done.seen():
+            some_done.reset()
             leaving, staying = beams.done.nonzero().squeeze(1), (~beams.done).nonzero().squeeze(1)  # [A_done], [A']
             final.store(beams.rows[leaving], beams.pool.select(leaving))
             if staying.numel() == 0:
@@ -244,14 +286,14 @@ class _Pool:
 @dataclass
 class _Beams:
     """The search state of the A sentences still in the batch (row a is ``src`` row ``rows[a]``); a done sentence
-    leaves at the next sync point, so the batch shrinks as sentences end.
+    leaves once the host learns of it, so the batch shrinks as sentences end.
     """
 
     rows: Tensor  # [A]
     limits: Tensor  # [A] output length limit
     score: Tensor  # [A, K] summed log-probs of the live hypotheses (-inf = empty slot)
     n_finished: Tensor  # [A] hypotheses finished with EOS
-    done: Tensor  # [A] K finished or at the limit: can add nothing more, leaves at the next sync point
+    done: Tensor  # [A] K finished or at the limit: can add nothing more, leaves when the host learns it
     pool: _Pool  # [A, K]
 
     @staticmethod
@@ -294,7 +336,7 @@ class _Beams:
         self.pool = self.pool.merge((eos_score, torch.full_like(cand_slot[:, :k], step - 1), cand_slot[:, :k]),
                                     (forced_score, torch.full_like(keep_slot, step), slots))
         self.done = self.done | at_limit | (self.n_finished >= k)
-        # between sync points finished sentences keep running, but can add nothing more
+        # until the host learns of it a finished sentence keeps running, but can add nothing more
         self.score = keep_score.masked_fill(self.done.unsqueeze(1), NEG_INF)  # [A, K]
         return keep_slot, keep_token
 
