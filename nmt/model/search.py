@@ -99,8 +99,13 @@ class LateFlag:
         landed.record()
         self.pending.append((landed, host))
 
+    MAX_AHEAD = 4  # steps the host may queue past the last flag it has read
+
     def seen(self) -> bool:
         """Whether a posted flag that has reached the host so far was True."""
+        if self.on_cuda and len(self.pending) > self.MAX_AHEAD:
+            # A few queued steps keep the GPU busy; more would only be work past the end when it computes slowly.
+            self.pending[0][0].synchronize()
         true = False
         while self.pending and (self.pending[0][0].query() if self.on_cuda else len(self.pending) > self.lag):
             true = bool(self.pending.popleft()[1]) or true  # a host tensor here: no device wait
