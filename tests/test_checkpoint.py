@@ -76,3 +76,22 @@ def test_translate_py_refuses_a_file_that_is_not_a_checkpoint_in_one_line_of_our
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and f"cannot read checkpoint {path}: {reason}" in done.stderr
     assert "weights_only" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_detached_copy_is_a_snapshot_training_cannot_change() -> None:
+    """The trainer writes checkpoints in the background from ``detached_copy``: steps taken meanwhile, in place,
+    must not reach the file."""
+    from nmt.model.checkpoint import detached_copy
+
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.AdamW([weight], lr=0.1)
+    weight.grad = torch.ones(3)
+    optimizer.step()
+    state = {"model": {"w": weight}, "optimizer": optimizer.state_dict(), "progress": {"step": 1}, "tag": b"x"}
+    copy = detached_copy(state)
+    saved_weight, saved_moment = copy["model"]["w"].clone(), copy["optimizer"]["state"][0]["exp_avg"].clone()
+    optimizer.step()  # training goes on, in place
+    assert torch.equal(copy["model"]["w"], saved_weight) and not torch.equal(weight.detach(), saved_weight)
+    assert torch.equal(copy["optimizer"]["state"][0]["exp_avg"], saved_moment)
+    assert not copy["model"]["w"].requires_grad and copy["progress"] == {"step": 1} and copy["tag"] == b"x"
+    assert copy["optimizer"]["param_groups"][0]["lr"] == 0.1

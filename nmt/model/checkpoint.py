@@ -47,6 +47,18 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     return write_durably(path, lambda handle: torch.save(state, handle))
 
 
+def detached_copy(state: Any) -> Any:
+    """``state`` with every tensor copied to the CPU (dicts, lists and tuples rebuilt): a snapshot that training,
+    going on in place, cannot change while a background thread writes it."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {key: detached_copy(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(detached_copy(value) for value in state)
+    return state
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint file, a run dir (its ``checkpoints/best.pt``, else ``checkpoints/last.pt``), or a Hub
     folder (its ``model.safetensors``; ``nmt.model.hub_folder``)."""

@@ -22,14 +22,14 @@ from torch import nn
 
 from nmt.common.device import DeviceError, autocast, configure_matmul, slow_bf16_warning, uses_bf16
 from nmt.common.disk import WriteStopped, disk_full_message, is_disk_full
-from nmt.common.files import FolderInUse, folder_lock, write_json_durably, write_text_durably
+from nmt.common.files import BackgroundWrites, FolderInUse, folder_lock, write_json_durably, write_text_durably
 from nmt.common.metrics import corpus_scores
 from nmt.common.provenance import device_name, host, library_versions
 from nmt.common.settings import ConfigError, to_plain_dict
 from nmt.data import Batch, DataError, EncodedSplit, PreparedData, Tokenizer, build_loader, prepare_data
 from nmt.inference.backtranslation import BacktranslationError, rebuild_synthetic_sources
 from nmt.inference.engine import SearchOptions, TranslationError, Translator
-from nmt.model.checkpoint import CheckpointError, RunCheckpoints, build_model, load_checkpoint
+from nmt.model.checkpoint import CheckpointError, RunCheckpoints, build_model, detached_copy, load_checkpoint
 from nmt.model.loss import sequence_loss
 from nmt.model.search import Hypothesis
 from nmt.model.seq2seq import count_parameters
@@ -134,6 +134,7 @@ class Trainer:
         self.clock = RunClock(self.progress)
         self.logger = RunLogger(run_dir, self.total_steps, self.progress.step, enabled=info.is_main)
         self.checkpoints = RunCheckpoints(run_dir, self.tcfg.average_last, enabled=info.is_main)
+        self.checkpoint_writes = BackgroundWrites()  # checkpoints written while training goes on
         # The same on every rank (all load one checkpoint), so every rank agrees when validation is due.
         validations = self.progress.validations
         self.validated_at_step = int(validations[-1]["step"]) if validations else None
@@ -170,8 +171,11 @@ class Trainer:
         gpu = GpuMonitor.for_device(self.device) if self.info.is_main else GpuMonitor(None)
         self.clock.start()
         with self._signals_stop_training(), gpu:
-            stopped_early = self._loop()
-            self._read_steps()  # the steps after the last log line
+            try:
+                stopped_early = self._loop()
+                self._read_steps()  # the steps after the last log line
+            finally:
+                self.checkpoint_writes.wait()  # on disk (or its error raised) before anything reports it
         self.clock.stop()  # the final evaluation is timed on its own
         self.logger.display.close()  # what follows, the final summary, is printed below the bar
         self.gpu_utilisation = gpu.summary()
@@ -293,6 +297,7 @@ class Trainer:
 
     def _save_interrupted(self) -> dict[str, Any]:
         self.save("last")
+        self.checkpoint_writes.wait()
         self.logger.display.message(f"stopped by {self.stop_signal} at step {self.progress.step}; checkpoint saved. "
                                     f"Resume with:\n  python train.py trainer.resume={self.run_dir}")
         self.logger.close()
@@ -375,14 +380,19 @@ class Trainer:
 
     # ------------------------------------------------------------------------------ checkpoints
     def save(self, *names: str) -> None:
-        """Write ``checkpoints/<name>.pt`` for each name (``"last"``, ``"best"``; rank 0 writes). A collective: every
-        rank's RNG states are gathered into it.
+        """Write ``checkpoints/<name>.pt`` for each name (``"last"``, ``"best"``; rank 0 writes) in the background:
+        the state is copied now, written while training goes on; ``checkpoint_writes.wait()`` holds until it is on
+        disk. A collective: every rank's RNG states are gathered into it.
         """
         rng_states = distributed.gather_from_ranks(distributed.rng_state(), self.info)  # indexed by rank
         self.clock.sync_wall_clock()
-        self.checkpoints.save(names, {**self._weights_state(), "optimizer": self.optimizer.state_dict(),
-                                      "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
-                                      "rng": rng_states, "progress": asdict(self.progress)})
+        if not self.info.is_main:
+            return
+        state = detached_copy({**self._weights_state(), "optimizer": self.optimizer.state_dict(),
+                               "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+                               "rng": rng_states, "progress": asdict(self.progress)})
+        self.checkpoint_writes.wait()  # one at a time: the previous checkpoint is on disk before the next starts
+        self.checkpoint_writes.submit(lambda: self.checkpoints.save(names, state))
 
     def _weights_state(self) -> dict[str, Any]:
         """What rebuilds the model with no other file: config, tokenizer, weights."""
@@ -395,7 +405,9 @@ class Trainer:
         self.validated_at_step = self.progress.step
         improved = self._validate_and_record() if self.info.is_main else False
         self.save(*(["last", "best"] if improved else ["last"]))  # every rank's RNG states, for an exact resume
-        self.checkpoints.keep_for_averaging(self.progress.step, self._weights_state())  # with trainer.average_last > 1
+        if self.tcfg.average_last > 1 and self.info.is_main:
+            averaged, step = detached_copy(self._weights_state()), self.progress.step
+            self.checkpoint_writes.submit(lambda: self.checkpoints.keep_for_averaging(step, averaged))
         p = self.progress
         p.best_bleu, p.best_step, p.bad_validations = distributed.broadcast_from_main(
             [p.best_bleu, p.best_step, p.bad_validations], self.info)
