@@ -306,7 +306,9 @@ class Seq2Seq(nn.Module):
         """src ``[B, S]`` (+EOS, right-padded), src_lengths ``[B]`` -> the memory, initial state ``[L, B, Hd]``;
         ``fixed_shapes`` as for ``Encoder.forward``."""
         enc_out, enc_last = self.encoder(src, src_lengths, fixed_shapes)  # [B, S, 2He], [B, 2He]
-        src_mask = torch.arange(src.shape[1], device=src.device)[None, :] < src_lengths.to(src.device)[:, None]
+        # non_blocking: host lengths (the packed encoder's) are pinned in training, so no wait for the device
+        lengths = src_lengths.to(src.device, non_blocking=True)  # [B]
+        src_mask = torch.arange(src.shape[1], device=src.device)[None, :] < lengths[:, None]  # [B, S]
         memory = EncoderMemory(enc_out, self.decoder.attention.prepare(enc_out), src_mask)
         return memory, self.decoder.init_state(enc_last)
 

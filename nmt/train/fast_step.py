@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -136,7 +136,6 @@ class TrainingSteps:
         """One optimizer step on ``batch`` (host tensors, pinned on CUDA) at learning rate ``lr``; ``bucketed``:
         the batch has a bucket's shape. Returns the step's ``[3]`` figures on the device.
         """
-        batch = batch.to(self.device, non_blocking=True)
         if self.graphs and bucketed:
             graph = self._graph_for(batch)
             if graph is not None:
@@ -148,11 +147,14 @@ class TrainingSteps:
                 return graph.figures.clone()  # the next replay overwrites the graph's own
         if self.graphs:
             self.stats.eager_steps += 1
-        figures = train_step(self.forward_model, self.optimizer, batch, fixed_shapes=False, **self.step_options)
+        # The packed encoder reads the source lengths on the host: it keeps the batch's host copy (no round trip).
+        on_device = replace(batch.to(self.device, non_blocking=True), src_lengths=batch.src_lengths)
+        figures = train_step(self.forward_model, self.optimizer, on_device, fixed_shapes=False, **self.step_options)
         self.optimizer.zero_grad(set_to_none=True)
         return figures
 
     def _graph_for(self, batch: Batch) -> _Graph | None:
+        """The graph of ``batch``'s shape (host tensors), captured on first sight; None for the eager step."""
         shape = (*batch.src.shape, batch.tgt_in.shape[1])
         if shape not in self.captured and self.stats.fallback is None:
             self.captured[shape] = self._capture(batch, shape)
@@ -187,7 +189,7 @@ class TrainingSteps:
         return graph
 
     def _warm_up_and_capture(self, batch: Batch) -> _Graph:
-        inputs = batch.to(self.device)  # the graph's own copy, refilled before every replay
+        inputs = batch.to(self.device)  # the graph's own copy on the device, refilled before every replay
         rng = torch.cuda.get_rng_state(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
