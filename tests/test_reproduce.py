@@ -211,8 +211,8 @@ def test_the_attention_study_is_36_trainings_and_a_report_per_test_split(recipe:
     stages = reproduce.plan(chain)
     trainings = [s for s in stages if s.kind != "report"]
     types = ("none", "additive", "dot", "scaled_dot", "general", "multihead")
-    expected = {f"{t} {p} seed{s}": (t, p, s) for t in types for p in ("de-en", "en-de") for s in (42, 1, 2)}
-    assert len(trainings) == 36 and {s.name for s in trainings} == set(expected)
+    expected = {f"{t} {p} seed{s}": (t, p, s) for p in ("de-en", "en-de") for s in (42, 1, 2) for t in types}
+    assert [s.name for s in trainings] == list(expected)  # seed by seed: a stopped study already compares the types
     for stage in trainings:
         kind, pair, seed = expected[stage.name]
         src, tgt = pair.split("-")

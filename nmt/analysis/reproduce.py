@@ -254,6 +254,8 @@ def plan(chain: Chain) -> list[Stage]:
         for training in chain.recipe.trainings:
             for pair in chain.recipe.pairs:
                 stages += [s for s in training_stages(chain, training, pair) if s.name not in {t.name for t in stages}]
+    if chain.recipe.get("run_order") == "seed_by_seed":
+        stages = seed_by_seed(chain, stages)
     runs = [s.outputs[0] for s in stages if s.kind != "backtranslate"]
     stages += [tune_stage(chain, system, pair) for system in chain.recipe.systems for pair in chain.recipe.pairs]
     stages += [score_stage(chain, system, pair, split) for split in extra_test_splits(chain)
@@ -268,6 +270,18 @@ def plan(chain: Chain) -> list[Stage]:
                              "makes and which does not exist; check the recipe's seeds and trainings")
         stage.after = list(dict.fromkeys(makers[n] for n in stage.needs if makers.get(n, stage.name) != stage.name))
     return stages
+
+
+def seed_by_seed(chain: Chain, trainings: list[Stage]) -> list[Stage]:
+    """Independent trainings reordered direction by direction, one seed of every training at a time: a study
+    stopped part way already compares every type in its first direction, on one seed or more."""
+    pairs, seeds = list(chain.recipe.pairs), list(chain.recipe.seeds)
+
+    def position(stage: Stage) -> tuple[int, int]:
+        run_dir = stage.outputs[0]  # runs/<runs>_<pair>/seed<N>
+        return pairs.index(run_dir.parent.name.rsplit("_", 1)[1]), seeds.index(int(run_dir.name.removeprefix("seed")))
+
+    return sorted(trainings, key=position)  # stable: within a seed the recipe's order of trainings
 
 
 # ----------------------------------------------------------------------------------------------- Running
