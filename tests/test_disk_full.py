@@ -77,7 +77,7 @@ def run(script: str, *args: str, cwd: Path, max_file_bytes: int | None = None,
 
     return subprocess.run([sys.executable, str(REPO_ROOT / script), *args], cwd=cwd, text=True, stdout=stdout,
                           stderr=subprocess.PIPE, timeout=300, preexec_fn=limit,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)})  # scripts/ too
 
 
 def assert_one_line(proc: subprocess.CompletedProcess[str], program: str, status: int, *expected: str) -> None:
@@ -123,6 +123,34 @@ def test_an_uncreatable_output_is_one_line_and_exit_2_before_any_work(
     key, path = args[-1].split("=", 1)
     assert_one_line(proc, script, 2, f"{key}={path} cannot be created", "choose another path")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "in.de"] and proc.stdout == ""  # no plan either
+
+
+@pytest.mark.parametrize(("script", "args"), [
+    ("scripts/benchmark.py", ["translate", "--checkpoint", "{run}", "--out", "{file}/bench"]),
+    ("scripts/compare_runs.py", ["{run}", "--out", "/proc/nmt_nope/cmp"]),
+    ("scripts/export_speed.py", ["--run", "{run}", "--out", "{file}/speed"]),
+    ("scripts/gpu_check.py", ["--out", "/proc/nmt_nope"]),
+    ("scripts/peer_compare.py", ["--skip-peer-run", "peer", "--out", "r", "--work-dir", "{file}/work"]),
+    ("scripts/peer_compare.py", ["time-to-bleu", "--ours", "{run}", "--peer-workdir", "peer", "--out", "{file}/t"]),
+    ("scripts/tune_decoding.py", ["{run}", "--out", "{file}/grid"]),
+])
+def test_a_script_refuses_an_uncreatable_output_in_one_line_before_any_work(
+        script: str, args: list[str], tiny_run_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "a_file").write_text("")
+    args = [a.format(file=tmp_path / "a_file", run=tiny_run_dir) for a in args]
+    proc = run(script, *args, cwd=tmp_path)
+    option, path = args[-2:]
+    assert_one_line(proc, Path(script).name + (" time-to-bleu" if "time-to-bleu" in args else ""), 2,
+                    f"{option}={path}", "cannot be created", "choose another path")
+    assert [p.name for p in tmp_path.iterdir()] == ["a_file"] and proc.stdout == ""
+
+
+def test_benchmark_py_without_a_place_for_its_report_stops_before_measuring(tiny_run_dir: Path,
+                                                                           tmp_path: Path) -> None:
+    proc = run("scripts/benchmark.py", "translate", "--checkpoint", str(tiny_run_dir), str(tiny_run_dir),
+               cwd=tmp_path)  # an ensemble has no one run dir for the report
+    assert_one_line(proc, "benchmark.py translate", 2, "pass --out PATH (without extension)")
+    assert proc.stdout == ""
 
 
 # ------------------------------------------------------------------------------ A disk that fills mid-job
@@ -211,3 +239,15 @@ def test_a_chain_stage_out_of_space_stops_the_chain_with_exit_74(fake_repo: Path
     with pytest.raises(WriteStopped, match=r"stage 'base.*' ran out of disk space \(.* free of .*; exit 74\); its "
                                            r"log: .*; run the same command again to resume"):
         reproduce.main(["recipe=tiny", f"workdir={tmp_path / 'work'}", "device=cpu"], fake_repo)
+
+
+def test_a_script_on_a_full_disk_is_one_line_and_exit_74_without_a_half_written_report(tiny_run_dir: Path,
+                                                                                      tmp_path: Path) -> None:
+    (tmp_path / "in.de").write_text(SOURCE * 2)
+    (tmp_path / "bench.json").write_text("{}\n")
+    args = ["translate", "--checkpoint", str(tiny_run_dir), "--input", "in.de", "--beam-sizes", "1", "--reps", "1",
+            "--device", "cpu", "--out", "bench"]
+    proc = run("scripts/benchmark.py", *args, cwd=tmp_path, max_file_bytes=200)  # the report is longer
+    assert_one_line(proc, "benchmark.py", EXIT_WRITE_STOPPED, "could not write bench.json: File too large",
+                    "every report is written whole or not at all", "go on with: python ")
+    assert (tmp_path / "bench.json").read_text() == "{}\n" and leftovers(tmp_path) == []

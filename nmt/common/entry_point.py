@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
@@ -51,6 +51,23 @@ def check_outputs_or_exit(program: str, args: Sequence[str], folders: Sequence[s
             continue
         try:
             check_writable(value, key, folder=key not in files)
+        except PathNotWritable as error:
+            fail(program, error)
+
+
+def check_options_or_exit(program: str, folders: Mapping[str, str | Path | None] | None = None,
+                          reports: Mapping[str, str | Path | None] | None = None) -> None:
+    """Exit with one line (status 2), before any work, when a place an option names cannot be written: ``folders``
+    maps an option (``--out``) to a folder the command writes into, ``reports`` to a report path without extension
+    (``PATH.json`` beside ``PATH.md``, ``PATH.png``). A value left out (``None``) is skipped.
+    """
+    places = [(option, path, True) for option, path in (folders or {}).items()]
+    places += [(option, path and f"{path}.json", False) for option, path in (reports or {}).items()]
+    for option, path, folder in places:
+        if path is None:
+            continue
+        try:
+            check_writable(path, option, folder=folder)
         except PathNotWritable as error:
             fail(program, error)
 
