@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from nmt.common.entry_point import (
     check_keys_or_exit,
     check_outputs_or_exit,
+    check_run_dir_or_exit,
     disk_full_exits,
     same_command,
     user_errors,
@@ -43,4 +44,5 @@ if __name__ == "__main__":
     check_outputs_or_exit("train.py", sys.argv[1:], folders=("data.cache_dir",))
     with user_errors("train.py", (CheckpointError,)):  # a resumed run writes into its own run dir only
         sys.argv += resume_overrides(sys.argv[1:])
+    check_run_dir_or_exit("train.py", Path(__file__).parent / "configs", "train", sys.argv[1:])  # the default too
     main()

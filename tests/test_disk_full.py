@@ -125,6 +125,25 @@ def test_an_uncreatable_output_is_one_line_and_exit_2_before_any_work(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "in.de"] and proc.stdout == ""  # no plan either
 
 
+@pytest.mark.parametrize(("args", "refused"), [
+    ([], "hydra.run.dir=outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}_${attention.name} cannot be made: outputs is a file"),
+    (["experiment=multi30k_bt"], "hydra.run.dir=runs/bt_best_${data.src_lang}-${data.tgt_lang}/seed${trainer.seed} "
+                                 "cannot be made: runs is a file"),  # an experiment's own run dir
+    (["-m", "experiment=multi30k_best", "trainer.seed=1,2"], "hydra.sweep.dir=runs/best_${data.src_lang}-"
+                                                             "${data.tgt_lang} cannot be made: runs is a file"),
+    (["hydra.run.dir=/proc/nmt_nope/${now:%H}"], "hydra.run.dir=/proc/nmt_nope/${now:%H} cannot be made: "
+                                                 "/proc/nmt_nope cannot be created: no folder can be made in /proc"),
+])
+def test_train_py_checks_its_default_run_dir_before_hydra_makes_it(args: list[str], refused: str,
+                                                                   tmp_path: Path) -> None:
+    for name in ("outputs", "runs"):
+        (tmp_path / name).write_text("")
+    proc = run("train.py", *args, cwd=tmp_path)
+    key = refused.split("=", 1)[0]
+    assert_one_line(proc, "train.py", 2, refused, f"(pass {key}=DIR)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs", "runs"] and proc.stdout == ""
+
+
 @pytest.mark.parametrize(("script", "args"), [
     ("scripts/benchmark.py", ["translate", "--checkpoint", "{run}", "--out", "{file}/bench"]),
     ("scripts/compare_runs.py", ["{run}", "--out", "/proc/nmt_nope/cmp"]),

@@ -72,6 +72,34 @@ def check_options_or_exit(program: str, folders: Mapping[str, str | Path | None]
             fail(program, error)
 
 
+def check_run_dir_or_exit(program: str, config_dir: Path, config_name: str, args: Sequence[str]) -> None:
+    """Exit with one line (status 2), before Hydra makes it, when the run dir lies where no folder can be made: the
+    pattern Hydra would use (``hydra.run.dir``, or ``hydra.sweep.dir`` with ``-m``, from the command line, an
+    experiment or the config: ``outputs/${now:...}``) is checked up to its first interpolation.
+    """
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    key = "hydra.sweep.dir" if any(arg in ("-m", "--multirun") for arg in args) else "hydra.run.dir"
+    # Only these can change the pattern's fixed part; the others (a sweep's a=1,2 among them) need not compose.
+    overrides = [arg for arg in args if arg.lstrip("+").startswith(("experiment=", "hydra."))]
+    try:
+        with initialize_config_dir(config_dir=str(config_dir.absolute()), version_base="1.3"):
+            hydra_cfg = compose(config_name, overrides=overrides, return_hydra_config=True).hydra
+    except Exception:  # noqa: BLE001  # an override Hydra refuses: it says so itself when it starts
+        return
+    pattern = str(OmegaConf.to_container(hydra_cfg, resolve=False)[key.split(".")[1]]["dir"])
+    if pattern.startswith("${"):
+        return  # made wherever an interpolation says: nothing fixed to check
+    fixed = pattern.split("${")[0]
+    folder = (fixed.rpartition("/")[0] or ".") if "${" in pattern else fixed
+    try:
+        check_writable(folder, key, folder=True)
+    except PathNotWritable as error:
+        reason = str(error).removeprefix(f"{key}={folder} ")
+        fail(program, f"{key}={pattern} cannot be made: {folder} {reason} (pass {key}=DIR)")
+
+
 @contextmanager
 def user_errors(program: str, errors: tuple[type[Exception], ...]) -> Iterator[None]:
     """Report ``errors`` (and ``PathNotWritable``) raised inside the block in one line and exit 2; anything else
