@@ -221,6 +221,25 @@ def test_train_py_on_a_full_disk_is_one_line_and_exit_74(tmp_path: Path) -> None
     assert leftovers(tmp_path / "run") == []
 
 
+def test_train_py_with_its_log_file_or_hydra_config_on_a_full_disk_prints_the_one_line_alone(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path, [])
+    files = ", ".join(f"{split}: {{src: '{sides.src}', tgt: '{sides.tgt}'}}" for split, sides in cfg.data.files.items())
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "train.log").symlink_to("/dev/full")  # every line Hydra's file handler writes: ENOSPC
+    args = ["data=files", f"data.files={{{files}}}", f"data.cache_dir={tmp_path}/cache", "model.emb_size=32",
+            "model.enc_hidden_size=32", "model.dec_hidden_size=64", "data.tokenizer.vocab_size=20",
+            "data.tokenizer.model_type=bpe", "trainer.max_steps=4", "trainer.validate_every=2",
+            f"hydra.run.dir={tmp_path}/run"]
+    proc = run("train.py", *args, cwd=tmp_path, max_file_bytes=300_000)  # and the first checkpoint does not fit
+    assert_one_line(proc, "train.py", EXIT_WRITE_STOPPED, "File too large", "go on with: python train.py data=files")
+    assert "Logging error" not in proc.stderr, proc.stderr[-3000:]
+    args[-1] = f"hydra.run.dir={tmp_path}/full"
+    proc = run("train.py", *args, cwd=tmp_path, max_file_bytes=1)  # not even .hydra/config.yaml fits
+    assert_one_line(proc, "train.py", EXIT_WRITE_STOPPED, f"could not write {tmp_path}/full/.hydra/config.yaml: File "
+                    "too large", "no checkpoint was written yet", "go on with: python train.py data=files")
+    assert proc.stderr.count("\n") == 1
+
+
 def test_translate_py_keeps_the_old_output_and_reports_a_cut_stdout(tiny_run_dir: Path, tmp_path: Path) -> None:
     (tmp_path / "in.de").write_text(SOURCE * 400)
     (tmp_path / "out.en").write_text("old\n")

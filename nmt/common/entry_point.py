@@ -5,12 +5,13 @@ fills mid-job ends in one line too, with exit status 74 (``EXIT_WRITE_STOPPED``)
 
 from __future__ import annotations
 
+import logging
 import shlex
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from nmt.common.disk import (
     EXIT_WRITE_STOPPED,
@@ -115,11 +116,56 @@ def same_command(program: str, args: Sequence[str] | None = None) -> str:
     return shlex.join(["python", program, *(sys.argv[1:] if args is None else args)])
 
 
+def _dropping_disk_full(handle_error: Callable[[logging.LogRecord], None]) -> Callable[[logging.LogRecord], None]:
+    """A log handler's ``handleError`` that drops a record which found no room and reports any other failure."""
+    def handle(record: logging.LogRecord) -> None:
+        if not is_disk_full(sys.exc_info()[1]):  # handleError runs inside the emit's except block
+            handle_error(record)
+
+    handle.dropping_disk_full = True  # type: ignore[attr-defined]  # wrapped once, however often the job starts
+    return handle
+
+
+def quiet_log_files_when_full() -> None:
+    """Make the root logger's handlers (Hydra's ``train.log`` among them) drop a line the disk has no room for,
+    instead of printing logging's "--- Logging error ---" traceback for each: the job's one disk-full line says
+    what happened. Other logging failures are still reported.
+    """
+    for handler in logging.getLogger().handlers:
+        if not getattr(handler.handleError, "dropping_disk_full", False):
+            handler.handleError = _dropping_disk_full(handler.handleError)  # type: ignore[method-assign]
+
+
+def hydra_saves_exit_when_full(program: str, kept: str, go_on: str) -> None:
+    """Make a full disk while Hydra writes the run dir's ``.hydra/*.yaml`` (before the job starts, so outside
+    ``disk_full_exits``) the one disk-full line and exit ``EXIT_WRITE_STOPPED``, not Hydra's traceback and exit 1.
+    """
+    from hydra.core import utils
+
+    save = getattr(utils, "_save_config", None)  # Hydra's own writer, looked up by run_job as a module global
+    if save is None or getattr(save, "exits_when_full", False):
+        return  # another Hydra version: its own report stands
+
+    def guarded(cfg: Any, filename: str, output_dir: Path) -> None:
+        try:
+            save(cfg, filename, output_dir)
+        except OSError as error:
+            if not is_disk_full(error):
+                raise
+            named = OSError(error.errno, error.strerror, str(Path(output_dir) / filename))
+            fail(program, disk_full_message(named, kept, go_on), EXIT_WRITE_STOPPED)
+
+    guarded.exits_when_full = True  # type: ignore[attr-defined]
+    utils._save_config = guarded
+
+
 @contextmanager
 def disk_full_exits(program: str, kept: str, go_on: str) -> Iterator[None]:
     """Report a write stopped inside the block in one line and exit ``EXIT_WRITE_STOPPED``: a ``WriteStopped`` as the
     job worded it, any other disk-full ``OSError`` with ``kept`` (what is safe) and ``go_on`` (the command to rerun).
+    Log lines that find the disk full inside the block are dropped (``quiet_log_files_when_full``).
     """
+    quiet_log_files_when_full()
     try:
         yield
     except WriteStopped as error:
