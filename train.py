@@ -16,7 +16,9 @@ from omegaconf import DictConfig
 from nmt.common.entry_point import (
     check_keys_or_exit,
     check_outputs_or_exit,
+    check_run_dir_or_exit,
     disk_full_exits,
+    hydra_saves_exit_when_full,
     same_command,
     user_errors,
 )
@@ -25,11 +27,12 @@ from nmt.train.resume import resume_overrides
 from nmt.train.schema import TrainSettings
 from nmt.train.trainer import USER_ERRORS, train
 
+NOTHING_KEPT = "no checkpoint was written yet"  # what a stop outside the trainer's checkpoint writes leaves
+
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    nothing_kept = "no checkpoint was written yet"
-    with user_errors("train.py", USER_ERRORS), disk_full_exits("train.py", nothing_kept, same_command("train.py")):
+    with user_errors("train.py", USER_ERRORS), disk_full_exits("train.py", NOTHING_KEPT, same_command("train.py")):
         results = train(cfg)
     if results.get("interrupted"):
         # Exit the process, not just this job: under `-m` Hydra would otherwise start the next run.
@@ -43,4 +46,6 @@ if __name__ == "__main__":
     check_outputs_or_exit("train.py", sys.argv[1:], folders=("data.cache_dir",))
     with user_errors("train.py", (CheckpointError,)):  # a resumed run writes into its own run dir only
         sys.argv += resume_overrides(sys.argv[1:])
+    check_run_dir_or_exit("train.py", Path(__file__).parent / "configs", "train", sys.argv[1:])  # the default too
+    hydra_saves_exit_when_full("train.py", NOTHING_KEPT, same_command("train.py"))  # .hydra/ on a full disk
     main()

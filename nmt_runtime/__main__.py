@@ -3,12 +3,15 @@
 A mistake the user can fix (a folder that is not an export, a missing file, invalid UTF-8, a model for
 another language pair, an option out of range) ends in one line on stderr and exit status 2. With
 ``--n-best N`` (N > 1) a line holds ``text TAB score`` for each of the N best, as translate.py writes it.
+The command writes no file: a stdout that is cut (a closed pipe, a full disk under ``> file``) ends in one line
+on stderr and exit status 74, as translate.py's does.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -18,6 +21,9 @@ from nmt_runtime.translator import Translation, Translator
 
 PROGRAM = "nmt_runtime"
 SEARCH_OPTIONS = ("beam_size", "length_penalty", "n_best", "max_len", "max_len_ratio", "batch_tokens")
+# nmt.common.disk's EXIT_WRITE_STOPPED (sysexits.h's EX_IOERR): the job stopped mid-way, not a bad request (2).
+# Repeated here because the runtime ships without the nmt package; the two must agree.
+EXIT_WRITE_STOPPED = 74
 
 
 class _Parser(argparse.ArgumentParser):
@@ -25,9 +31,9 @@ class _Parser(argparse.ArgumentParser):
         fail(message)
 
 
-def fail(message: str) -> NoReturn:
+def fail(message: str, status: int = 2) -> NoReturn:
     print(f"{PROGRAM}: error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
+    raise SystemExit(status)
 
 
 def _ratio(text: str) -> float | None:
@@ -76,6 +82,23 @@ def format_output(result: Translation, n_best: int) -> str:
     return "\t".join(f"{text}\t{score:.4f}" for text, (_, score) in zip(texts, result.nbest))
 
 
+def write_stdout(lines: list[str]) -> None:
+    """Write ``lines`` (each ending in a newline) to stdout; a cut stdout ends the command in one line and exit
+    status 74 (translate.py's ``write_output`` does the same; the runtime cannot import it).
+    """
+    written = 0
+    try:
+        for line in lines:
+            sys.stdout.write(line)
+            written += 1  # handed to the buffer; how many reached the reader is not known
+        sys.stdout.flush()
+    except OSError as error:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush must not fail
+        fail(f"could not write stdout: {error.strerror} (a closed pipe or a full disk); at most {written} of "
+             f"{len(lines)} lines got out, and stdout cannot be taken back: redirect it to a file on a disk with "
+             "room and run again", EXIT_WRITE_STOPPED)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format=f"{PROGRAM}: %(message)s")
@@ -91,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ExportFolderError as error:
         fail(str(error))
     n_best = options.get("n_best", translator.defaults.n_best)
-    sys.stdout.writelines(format_output(result, n_best) + "\n" for result in results)
+    write_stdout([format_output(result, n_best) + "\n" for result in results])
     return 0
 
 

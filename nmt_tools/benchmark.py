@@ -47,6 +47,7 @@ import torch
 
 from nmt.analysis.cli import one_line_errors, write_report
 from nmt.common.device import INFERENCE_PRECISIONS, uses_bf16
+from nmt.common.entry_point import check_options_or_exit, fail
 from nmt.common.metrics import corpus_scores
 from nmt.common.provenance import device_name, provenance
 from nmt.common.settings import to_plain_dict
@@ -66,7 +67,7 @@ MEANINGLESS_BLEU_NOTE = (
 
 
 def parse_args(argv: list[str] | None, project_dir: Path | None = None) -> argparse.Namespace:
-    p = parser(__doc__)
+    p = parser(__doc__, reports=("out",))
     modes = p.add_subparsers(dest="mode", required=True,
                              metavar="{train,translate,backtranslate,data,scale,server,overload,profile}")
     out = argparse.ArgumentParser(add_help=False)
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None, project_dir: Path | None = None) -> dict
     """Run the chosen mode, write its report; returns it. ``project_dir``: ``--project-dir``'s default."""
     with one_line_errors("benchmark.py"):
         args = parse_args(argv, project_dir)
+        run_dir = report_folder(args)
         measure = {"train": benchmark_training, "translate": benchmark_translation,
                    "backtranslate": backtranslation_speed.benchmark_backtranslation,
                    "data": padding.benchmark_data, "scale": scale.benchmark_scale,
@@ -121,14 +123,24 @@ def main(argv: list[str] | None = None, project_dir: Path | None = None) -> dict
                    "profile": training_profile.benchmark_profile}[args.mode]
         report, device = measure(args)
         report = {"benchmark": args.mode, **provenance("scripts/benchmark.py", argv), **report}
-        checkpoint = getattr(args, "checkpoint", None)
-        if isinstance(checkpoint, list):  # translate modes: an ensemble's report has no one run dir to go to
-            checkpoint = checkpoint[0] if len(checkpoint) == 1 else None
-        if args.out is None and not (checkpoint and Path(checkpoint).is_dir()):
-            raise SystemExit(f"benchmark.py {args.mode}: pass --out PATH (without extension): there is no run dir "
-                             "to write the report into")
-        write_report(args.out or Path(checkpoint) / f"benchmark_{args.mode}_{device_slug(device)}", report)
+        write_report(args.out or run_dir / f"benchmark_{args.mode}_{device_slug(device)}", report)
         return report
+
+
+def report_folder(args: argparse.Namespace) -> Path | None:
+    """The checkpoint's run dir, where the report goes without ``--out``, checked before any work; ``None`` with
+    ``--out`` (the parser checked it). Exits with one line (status 2) when neither gives a place to write.
+    """
+    if args.out is not None:
+        return None
+    checkpoint = getattr(args, "checkpoint", None)
+    if isinstance(checkpoint, list):  # translate modes: an ensemble's report has no one run dir to go to
+        checkpoint = checkpoint[0] if len(checkpoint) == 1 else None
+    if not (checkpoint and Path(checkpoint).is_dir()):
+        fail(f"benchmark.py {args.mode}", "pass --out PATH (without extension): there is no run dir to write the "
+             "report into")
+    check_options_or_exit("benchmark.py", folders={"--out": checkpoint})  # the default: into the run dir
+    return Path(checkpoint)
 
 
 def measure_translation(translator: Translator, lines: list[str], refs: list[str] | None, args: argparse.Namespace,

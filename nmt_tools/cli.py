@@ -1,5 +1,5 @@
-"""The frame the measuring tools share on top of ``nmt.analysis.cli``: ``--project-dir``, the corpus mirror's test
-files, device names fit for file names, and CUDA-aware timing.
+"""The frame the measuring tools share on top of ``nmt.analysis.cli``: ``--project-dir``, the places a tool writes
+checked before any work, the corpus mirror's test files, device names fit for file names, and CUDA-aware timing.
 """
 
 from __future__ import annotations
@@ -7,20 +7,22 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from nmt.analysis.cli import OutputsParser
 from nmt.common.entry_point import fail
 from nmt.common.provenance import device_name
 
 TEST_SPLIT = "test_2016_flickr"
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(OutputsParser):
     """Checks ``--project-dir`` (where a command or one of its modes has it) once all arguments are parsed: resolved,
-    or one line on stderr and exit status 2 if it holds no train.py and configs/."""
+    or one line on stderr and exit status 2 if it holds no train.py and configs/; and the places the tool writes."""
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:
         parsed = super().parse_args(args, namespace)
@@ -32,9 +34,12 @@ class _Parser(argparse.ArgumentParser):
         return parsed
 
 
-def parser(doc: str) -> argparse.ArgumentParser:
-    """An argument parser whose help is the tool's module docstring, and which checks ``--project-dir``."""
-    return _Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser(doc: str, folders: Sequence[str] = (), reports: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """An argument parser whose help is the tool's module docstring, and which checks ``--project-dir`` and, before
+    any work, the options ``folders`` (folders the tool writes into) and ``reports`` (report paths without
+    extension)."""
+    return _Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter, folders=folders,
+                   reports=reports)
 
 
 def add_project_dir(arguments: argparse.ArgumentParser, default: Path | None = None) -> None:

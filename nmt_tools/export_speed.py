@@ -27,6 +27,8 @@ from omegaconf import OmegaConf
 from packaging.requirements import Requirement
 
 from nmt.analysis.cli import write_report
+from nmt.common.entry_point import check_options_or_exit
+from nmt.common.files import write_text_durably
 from nmt.common.metrics import corpus_scores
 from nmt.common.provenance import provenance
 from nmt.data.text import read_lines
@@ -115,11 +117,12 @@ def markdown(rows: list[dict[str, Any]], sizes: dict[str, float], lines: int) ->
 def main(argv: list[str] | None = None) -> None:
     args = _arguments(argv)
     out = Path(args.out or Path(args.run) / "export_speed")
+    check_options_or_exit("export_speed.py", folders={"--out": out})  # the default too, before any work
     out.mkdir(parents=True, exist_ok=True)
     info = Translator.from_checkpoint(args.run, device="cpu").info()
     source = read_lines(Path(args.source) if args.source else mirror_file(info["src_lang"]))[: args.limit]
     references = read_lines(Path(args.reference) if args.reference else mirror_file(info["tgt_lang"]))[: args.limit]
-    (out / "source.txt").write_text("".join(line + "\n" for line in source), encoding="utf-8")
+    write_text_durably(out / "source.txt", "".join(line + "\n" for line in source))
     folders = export_folders(args.run, out)
     rows = []
     for system, precision in SYSTEMS:

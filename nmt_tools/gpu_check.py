@@ -32,13 +32,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nmt.analysis.cli import OutputsParser
 from nmt.common.files import write_json_durably
 
 PARTS = ("graphs", "precision", "recipe", "translate", "chain")
 
 
 def parse_args(argv: list[str] | None, project_dir: Path) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="gpu_check.py", description=__doc__.split("\n\n")[0])
+    parser = OutputsParser(prog="gpu_check.py", description=__doc__.split("\n\n")[0], folders=("out",))
     parser.add_argument("--out", type=Path, required=True, help="folder for the runs and gpu_check.json")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=["graphs", "translate"])
     parser.add_argument("--experiment", default="multi30k_best", help="train.py's experiment for precision/recipe")

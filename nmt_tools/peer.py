@@ -45,7 +45,7 @@ OUR_TRAINING_OVERRIDES = ["model=default", "attention=additive"]
 
 
 def parse_args(argv: list[str], project_dir: Path | None = None) -> argparse.Namespace:
-    p = parser(__doc__)
+    p = parser(__doc__, folders=("work_dir",), reports=("out",))
     add_project_dir(p, project_dir)  # configs/ for our training, scripts/peer_compare.py for our decoding
     p.add_argument("--checkpoint", help="our run dir or .pt for the translation figures (without: training only)")
     p.add_argument("--peer-dir", type=Path, help="the folder with JoeyNMT's run.sh (not needed with --skip-peer-run)")

@@ -155,7 +155,7 @@ def _ratio_cell(entry: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> dict[str, Any]:
-    p = parser(__doc__)
+    p = parser(__doc__, reports=("out",))
     p.prog = "peer_compare.py time-to-bleu"
     p.add_argument("--ours", type=Path, nargs="+", required=True, help="our run dirs (each with results.json)")
     p.add_argument("--peer-workdir", type=Path, required=True, help="the WORKDIR of the peer's run.sh")

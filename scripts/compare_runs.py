@@ -11,5 +11,5 @@ from nmt.analysis.cli import one_line_errors
 from nmt.analysis.compare import main
 
 if __name__ == "__main__":
-    with one_line_errors("compare_runs.py"):  # a run it cannot use: one line naming it, exit 2
+    with one_line_errors("compare_runs.py"):  # a run it cannot use: one line naming it, exit 2; a full disk: 74
         main()

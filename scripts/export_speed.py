@@ -6,7 +6,9 @@
 Logic and options: nmt_tools/export_speed.py (``--help``); the guide: docs/guides/export.md.
 """
 
+from nmt.analysis.cli import one_line_errors
 from nmt_tools.export_speed import main
 
 if __name__ == "__main__":
-    main()
+    with one_line_errors("export_speed.py"):  # a mistake: one line, exit 2; a full disk: one line, exit 74
+        main()

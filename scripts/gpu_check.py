@@ -9,7 +9,9 @@ Logic and options: nmt_tools/gpu_check.py (``--help``); the guide: docs/guides/b
 
 from pathlib import Path
 
+from nmt.analysis.cli import one_line_errors
 from nmt_tools.gpu_check import main
 
 if __name__ == "__main__":
-    main(project_dir=Path(__file__).resolve().parents[1])
+    with one_line_errors("gpu_check.py"):  # a mistake: one line, exit 2; a full disk: one line, exit 74
+        main(project_dir=Path(__file__).resolve().parents[1])

@@ -7,7 +7,9 @@ Logic and options: nmt_tools/peer.py (`--help`); the figures explained: docs/dev
 
 from pathlib import Path
 
+from nmt.analysis.cli import one_line_errors
 from nmt_tools.peer import main
 
 if __name__ == "__main__":
-    main(project_dir=Path(__file__).resolve().parents[1])  # this checkout, from any working directory
+    with one_line_errors("peer_compare.py"):  # a mistake: one line, exit 2; a full disk: one line, exit 74
+        main(project_dir=Path(__file__).resolve().parents[1])  # this checkout, from any working directory

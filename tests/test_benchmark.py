@@ -181,7 +181,7 @@ def tiny_run(tmp_path: Path) -> tuple[Path, list[str], Any]:
     return tmp_path / "run", list(data.tests["test"].src_text), cfg
 
 
-def test_translate_mode_writes_into_the_run_dir(tmp_path: Path) -> None:
+def test_translate_mode_writes_into_the_run_dir(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     torch.set_num_threads(1)
     run, lines, _ = tiny_run(tmp_path)
     src = tmp_path / "test.src"
@@ -193,9 +193,10 @@ def test_translate_mode_writes_into_the_run_dir(tmp_path: Path) -> None:
     assert [(row["mode"], row["sentences"]) for row in report["results"]] == [("greedy", 10), ("beam2", 10)]
     assert report["command"].startswith("python scripts/benchmark.py translate --checkpoint")
 
-    with pytest.raises(SystemExit, match="pass --out PATH"):  # an ensemble has no one run dir to write into
+    with pytest.raises(SystemExit) as exit_info:  # an ensemble has no one run dir to write into
         benchmark.main(["translate", "--checkpoint", str(run), str(run), "--input", str(src), "--reps", "1",
                         "--beam-sizes", "1", "--device", "cpu", "--limit", "3"])
+    assert exit_info.value.code == 2 and "error: pass --out PATH" in capsys.readouterr().err
     ensemble = benchmark.main(["translate", "--checkpoint", str(run), str(run), "--input", str(src), "--reps", "1",
                                "--beam-sizes", "1", "--device", "cpu", "--limit", "10", "--out", str(tmp_path / "e")])
     assert ensemble["config"]["checkpoint"] == [str(run)] * 2 and (tmp_path / "e.json").is_file()
@@ -225,12 +226,14 @@ def test_modes_without_a_run_dir_or_mirror_say_what_to_pass(tmp_path: Path, monk
         benchmark.main(["data", "--out", str(tmp_path / "data")])
     run, _, _ = tiny_run(tmp_path)
     with pytest.raises(SystemExit, match="NMT_DATA_MIRROR is not set"):
-        benchmark.main(["translate", "--checkpoint", str(run / "checkpoints" / "best.pt"), "--device", "cpu"])
+        benchmark.main(["translate", "--checkpoint", str(run / "checkpoints" / "best.pt"), "--device", "cpu",
+                        "--out", str(tmp_path / "t")])
     src = tmp_path / "one.src"
     src.write_text("a b c\n")
-    with pytest.raises(SystemExit, match="pass --out PATH"):  # a .pt file has no run dir to write into
+    with pytest.raises(SystemExit) as exit_info:  # a .pt file has no run dir to write into: said before measuring
         benchmark.main(["translate", "--checkpoint", str(run / "checkpoints" / "best.pt"), "--input", str(src),
                         "--reps", "1", "--beam-sizes", "1", "--device", "cpu"])
+    assert exit_info.value.code == 2 and "error: pass --out PATH" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:  # no default outside the repository: the peer's folder is named
         peer_compare.main(["--out", str(tmp_path / "p")])
     assert exit_info.value.code == 2 and "error: pass --peer-dir" in capsys.readouterr().err

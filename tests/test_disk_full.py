@@ -77,7 +77,7 @@ def run(script: str, *args: str, cwd: Path, max_file_bytes: int | None = None,
 
     return subprocess.run([sys.executable, str(REPO_ROOT / script), *args], cwd=cwd, text=True, stdout=stdout,
                           stderr=subprocess.PIPE, timeout=300, preexec_fn=limit,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)})  # scripts/ too
 
 
 def assert_one_line(proc: subprocess.CompletedProcess[str], program: str, status: int, *expected: str) -> None:
@@ -123,6 +123,53 @@ def test_an_uncreatable_output_is_one_line_and_exit_2_before_any_work(
     key, path = args[-1].split("=", 1)
     assert_one_line(proc, script, 2, f"{key}={path} cannot be created", "choose another path")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "in.de"] and proc.stdout == ""  # no plan either
+
+
+@pytest.mark.parametrize(("args", "refused"), [
+    ([], "hydra.run.dir=outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}_${attention.name} cannot be made: outputs is a file"),
+    (["experiment=multi30k_bt"], "hydra.run.dir=runs/bt_best_${data.src_lang}-${data.tgt_lang}/seed${trainer.seed} "
+                                 "cannot be made: runs is a file"),  # an experiment's own run dir
+    (["-m", "experiment=multi30k_best", "trainer.seed=1,2"], "hydra.sweep.dir=runs/best_${data.src_lang}-"
+                                                             "${data.tgt_lang} cannot be made: runs is a file"),
+    (["hydra.run.dir=/proc/nmt_nope/${now:%H}"], "hydra.run.dir=/proc/nmt_nope/${now:%H} cannot be made: "
+                                                 "/proc/nmt_nope cannot be created: no folder can be made in /proc"),
+])
+def test_train_py_checks_its_default_run_dir_before_hydra_makes_it(args: list[str], refused: str,
+                                                                   tmp_path: Path) -> None:
+    for name in ("outputs", "runs"):
+        (tmp_path / name).write_text("")
+    proc = run("train.py", *args, cwd=tmp_path)
+    key = refused.split("=", 1)[0]
+    assert_one_line(proc, "train.py", 2, refused, f"(pass {key}=DIR)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs", "runs"] and proc.stdout == ""
+
+
+@pytest.mark.parametrize(("script", "args"), [
+    ("scripts/benchmark.py", ["translate", "--checkpoint", "{run}", "--out", "{file}/bench"]),
+    ("scripts/compare_runs.py", ["{run}", "--out", "/proc/nmt_nope/cmp"]),
+    ("scripts/export_speed.py", ["--run", "{run}", "--out", "{file}/speed"]),
+    ("scripts/gpu_check.py", ["--out", "/proc/nmt_nope"]),
+    ("scripts/peer_compare.py", ["--skip-peer-run", "peer", "--out", "r", "--work-dir", "{file}/work"]),
+    ("scripts/peer_compare.py", ["time-to-bleu", "--ours", "{run}", "--peer-workdir", "peer", "--out", "{file}/t"]),
+    ("scripts/tune_decoding.py", ["{run}", "--out", "{file}/grid"]),
+])
+def test_a_script_refuses_an_uncreatable_output_in_one_line_before_any_work(
+        script: str, args: list[str], tiny_run_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "a_file").write_text("")
+    args = [a.format(file=tmp_path / "a_file", run=tiny_run_dir) for a in args]
+    proc = run(script, *args, cwd=tmp_path)
+    option, path = args[-2:]
+    assert_one_line(proc, Path(script).name + (" time-to-bleu" if "time-to-bleu" in args else ""), 2,
+                    f"{option}={path}", "cannot be created", "choose another path")
+    assert [p.name for p in tmp_path.iterdir()] == ["a_file"] and proc.stdout == ""
+
+
+def test_benchmark_py_without_a_place_for_its_report_stops_before_measuring(tiny_run_dir: Path,
+                                                                           tmp_path: Path) -> None:
+    proc = run("scripts/benchmark.py", "translate", "--checkpoint", str(tiny_run_dir), str(tiny_run_dir),
+               cwd=tmp_path)  # an ensemble has no one run dir for the report
+    assert_one_line(proc, "benchmark.py translate", 2, "pass --out PATH (without extension)")
+    assert proc.stdout == ""
 
 
 # ------------------------------------------------------------------------------ A disk that fills mid-job
@@ -174,6 +221,25 @@ def test_train_py_on_a_full_disk_is_one_line_and_exit_74(tmp_path: Path) -> None
     assert leftovers(tmp_path / "run") == []
 
 
+def test_train_py_with_its_log_file_or_hydra_config_on_a_full_disk_prints_the_one_line_alone(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path, [])
+    files = ", ".join(f"{split}: {{src: '{sides.src}', tgt: '{sides.tgt}'}}" for split, sides in cfg.data.files.items())
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "train.log").symlink_to("/dev/full")  # every line Hydra's file handler writes: ENOSPC
+    args = ["data=files", f"data.files={{{files}}}", f"data.cache_dir={tmp_path}/cache", "model.emb_size=32",
+            "model.enc_hidden_size=32", "model.dec_hidden_size=64", "data.tokenizer.vocab_size=20",
+            "data.tokenizer.model_type=bpe", "trainer.max_steps=4", "trainer.validate_every=2",
+            f"hydra.run.dir={tmp_path}/run"]
+    proc = run("train.py", *args, cwd=tmp_path, max_file_bytes=300_000)  # and the first checkpoint does not fit
+    assert_one_line(proc, "train.py", EXIT_WRITE_STOPPED, "File too large", "go on with: python train.py data=files")
+    assert "Logging error" not in proc.stderr, proc.stderr[-3000:]
+    args[-1] = f"hydra.run.dir={tmp_path}/full"
+    proc = run("train.py", *args, cwd=tmp_path, max_file_bytes=1)  # not even .hydra/config.yaml fits
+    assert_one_line(proc, "train.py", EXIT_WRITE_STOPPED, f"could not write {tmp_path}/full/.hydra/config.yaml: File "
+                    "too large", "no checkpoint was written yet", "go on with: python train.py data=files")
+    assert proc.stderr.count("\n") == 1
+
+
 def test_translate_py_keeps_the_old_output_and_reports_a_cut_stdout(tiny_run_dir: Path, tmp_path: Path) -> None:
     (tmp_path / "in.de").write_text(SOURCE * 400)
     (tmp_path / "out.en").write_text("old\n")
@@ -211,3 +277,15 @@ def test_a_chain_stage_out_of_space_stops_the_chain_with_exit_74(fake_repo: Path
     with pytest.raises(WriteStopped, match=r"stage 'base.*' ran out of disk space \(.* free of .*; exit 74\); its "
                                            r"log: .*; run the same command again to resume"):
         reproduce.main(["recipe=tiny", f"workdir={tmp_path / 'work'}", "device=cpu"], fake_repo)
+
+
+def test_a_script_on_a_full_disk_is_one_line_and_exit_74_without_a_half_written_report(tiny_run_dir: Path,
+                                                                                      tmp_path: Path) -> None:
+    (tmp_path / "in.de").write_text(SOURCE * 2)
+    (tmp_path / "bench.json").write_text("{}\n")
+    args = ["translate", "--checkpoint", str(tiny_run_dir), "--input", "in.de", "--beam-sizes", "1", "--reps", "1",
+            "--device", "cpu", "--out", "bench"]
+    proc = run("scripts/benchmark.py", *args, cwd=tmp_path, max_file_bytes=200)  # the report is longer
+    assert_one_line(proc, "benchmark.py", EXIT_WRITE_STOPPED, "could not write bench.json: File too large",
+                    "every report is written whole or not at all", "go on with: python ")
+    assert (tmp_path / "bench.json").read_text() == "{}\n" and leftovers(tmp_path) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -81,6 +82,25 @@ def test_mistakes_are_one_line_and_exit_2(folder: Path, tmp_path: Path) -> None:
         stderr = done.stderr.decode()
         assert done.returncode == 2 and done.stdout == b"", (message, stderr)
         assert message in stderr and len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr, stderr
+
+
+def test_a_cut_stdout_is_one_line_and_exit_74(folder: Path) -> None:
+    stdin = "".join(line + "\n" for line in LINES).encode()
+    command = [sys.executable, "-m", "nmt_runtime", str(folder), "--threads", "1"]
+    with open("/dev/full", "wb") as full:  # stdout on a full disk: ENOSPC
+        done = subprocess.run(command, input=stdin, stdout=full, stderr=subprocess.PIPE, timeout=120, cwd=REPO_ROOT)
+    reader, writer = os.pipe()
+    os.close(reader)  # the reader has gone before the first line: EPIPE
+    try:
+        closed = subprocess.run(command, input=stdin, stdout=writer, stderr=subprocess.PIPE, timeout=120,
+                                cwd=REPO_ROOT)
+    finally:
+        os.close(writer)
+    for proc, reason in ((done, "No space left on device"), (closed, "Broken pipe")):
+        stderr = proc.stderr.decode()
+        assert proc.returncode == 74 and stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
+        assert stderr.startswith(f"nmt_runtime: error: could not write stdout: {reason}"), stderr
+        assert re.search(rf"; at most \d of {len(LINES)} lines got out, .* redirect it to a file", stderr), stderr
 
 
 def _top_level_names(requirements: tuple[str, ...]) -> set[str]:

@@ -20,12 +20,13 @@ from nmt.analysis.cli import RunError, one_line_errors, parser, write_report
 from nmt.analysis.grouped import plot_groups, render_groups
 from nmt.analysis.measures import TUTORIAL_BLEU_LABEL, attention_sharpness, bleu_by_length, tutorial_bleu
 from nmt.analysis.significance import Output, summarise
+from nmt.common.entry_point import check_options_or_exit
 from nmt.common.files import write_text_durably
 from nmt.common.metrics import corpus_scores
 from nmt.common.provenance import provenance
 from nmt.data import prepare_data
 from nmt.inference.engine import Translator
-from nmt.inference.plotting import new_figure
+from nmt.inference.plotting import new_figure, save_png
 from nmt.model.checkpoint import CheckpointError, resolve_checkpoint
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ RECORDED_FIELDS = ("run_dir", "attention", "split", "hypotheses", "sentences", "
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = parser(__doc__)
+    p = parser(__doc__, reports=("out",))
     p.add_argument("run_dirs", nargs="*", type=Path, help="run dirs with results.json")
     p.add_argument("--sweep-dir", type=Path, help="also every folder below it with a results.json (a multirun)")
     p.add_argument("--from-report", type=Path, action="append", default=[], metavar="REPORT_JSON",
@@ -280,7 +281,7 @@ def plot(runs: list[dict[str, Any]], out: Path) -> None:
     ax.set(ylabel="score (sacreBLEU, cased)", title=f"{runs[0]['split']}: test scores by attention type")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(f"{out}.png", format="png", dpi=100)
+    save_png(fig, f"{out}.png")
 
     fig, ax = new_figure(6.5, 4.0)
     labels = [f"{b['range']}\n(n={b['n']})" for b in runs[0]["by_length"]]
@@ -293,7 +294,7 @@ def plot(runs: list[dict[str, Any]], out: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(f"{out}_length.png", format="png", dpi=100)
+    save_png(fig, f"{out}_length.png")
 
 
 def check_one_split(runs: list[dict[str, Any]], split: str | None) -> None:
@@ -329,6 +330,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     run_dirs = find_run_dirs(args.run_dirs, args.sweep_dir)
+    out = args.out or (args.sweep_dir or Path(os.path.commonpath(run_dirs))) / "attention_comparison"
+    check_options_or_exit("compare_runs.py", reports={"--out": out})  # the default too, before any translation
     outputs = [analyse_run(run_dir, args.split, args.buckets, args.device, args.group_by, args.time_decoding)
                for run_dir in run_dirs]
     runs = [output.run for output in outputs]
@@ -341,7 +344,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report = {**provenance("scripts/compare_runs.py", argv), "split": runs[0]["split"],
               "buckets": list(args.buckets), "tutorial_bleu_label": TUTORIAL_BLEU_LABEL, "group_by": args.group_by,
               "baseline": args.baseline, "groups": groups, "runs": runs}
-    out = args.out or (args.sweep_dir or Path(os.path.commonpath(run_dirs))) / "attention_comparison"
     print(markdown)
     write_report(out, report, markdown)
     plot(runs, out)

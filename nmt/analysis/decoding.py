@@ -14,6 +14,7 @@ from typing import Any
 
 from nmt.analysis.cli import one_line_errors, parser, write_report
 from nmt.common.device import INFERENCE_PRECISIONS, uses_bf16
+from nmt.common.entry_point import check_options_or_exit
 from nmt.common.metrics import corpus_scores
 from nmt.common.provenance import device_name, provenance
 from nmt.data import EncodedSplit, prepare_data
@@ -23,7 +24,7 @@ from nmt.model.checkpoint import resolve_checkpoint
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = parser(__doc__)
+    p = parser(__doc__, reports=("out",))
     p.add_argument("run_dir", type=Path, help="run dir written by train.py (outputs go here by default)")
     p.add_argument("--checkpoint", nargs="+",
                    help="checkpoint files or run dirs to decode with, several: one ensemble (default: the run's best)")
@@ -148,6 +149,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Decode the grid, choose, score on test, write the report; returns it."""
     args = parse_args(argv)
     run_dir = args.run_dir.resolve()
+    check_options_or_exit("tune_decoding.py", reports={"--out": args.out or run_dir / "decoding_grid"})
     checkpoints = [resolve_checkpoint(path) for path in args.checkpoint or [run_dir]]
     # no input-length cut: the scores are comparable to those train.py reports
     translator = Translator.from_checkpoint(checkpoints, args.device, args.precision, max_input_words=None)

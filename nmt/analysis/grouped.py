@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt.analysis.significance import ALPHA, TESTS
-from nmt.inference.plotting import new_figure
+from nmt.inference.plotting import new_figure, save_png
 
 DIFFERENCE = {"BLEU": "bleu_difference", "chrF2": "chrf_difference"}  # significance.against_baseline's keys
 
@@ -108,7 +108,7 @@ def plot_groups(groups: list[dict[str, Any]], split: str, key: str, out: Path) -
     ax.set(ylabel="test BLEU (sacreBLEU, cased)", title=f"{split}: BLEU by {key}, mean ± std over seeds")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(f"{out}_groups.png", format="png", dpi=100)
+    save_png(fig, f"{out}_groups.png")
 
     fig, first = new_figure(5.5 * len(directions), 4.0)
     fig.delaxes(first)  # one panel per direction instead
@@ -124,4 +124,4 @@ def plot_groups(groups: list[dict[str, Any]], split: str, key: str, out: Path) -
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(f"{out}_groups_length.png", format="png", dpi=100)
+    save_png(fig, f"{out}_groups_length.png")

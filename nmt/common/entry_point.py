@@ -5,12 +5,13 @@ fills mid-job ends in one line too, with exit status 74 (``EXIT_WRITE_STOPPED``)
 
 from __future__ import annotations
 
+import logging
 import shlex
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from nmt.common.disk import (
     EXIT_WRITE_STOPPED,
@@ -55,6 +56,51 @@ def check_outputs_or_exit(program: str, args: Sequence[str], folders: Sequence[s
             fail(program, error)
 
 
+def check_options_or_exit(program: str, folders: Mapping[str, str | Path | None] | None = None,
+                          reports: Mapping[str, str | Path | None] | None = None) -> None:
+    """Exit with one line (status 2), before any work, when a place an option names cannot be written: ``folders``
+    maps an option (``--out``) to a folder the command writes into, ``reports`` to a report path without extension
+    (``PATH.json`` beside ``PATH.md``, ``PATH.png``). A value left out (``None``) is skipped.
+    """
+    places = [(option, path, True) for option, path in (folders or {}).items()]
+    places += [(option, path and f"{path}.json", False) for option, path in (reports or {}).items()]
+    for option, path, folder in places:
+        if path is None:
+            continue
+        try:
+            check_writable(path, option, folder=folder)
+        except PathNotWritable as error:
+            fail(program, error)
+
+
+def check_run_dir_or_exit(program: str, config_dir: Path, config_name: str, args: Sequence[str]) -> None:
+    """Exit with one line (status 2), before Hydra makes it, when the run dir lies where no folder can be made: the
+    pattern Hydra would use (``hydra.run.dir``, or ``hydra.sweep.dir`` with ``-m``, from the command line, an
+    experiment or the config: ``outputs/${now:...}``) is checked up to its first interpolation.
+    """
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    key = "hydra.sweep.dir" if any(arg in ("-m", "--multirun") for arg in args) else "hydra.run.dir"
+    # Only these can change the pattern's fixed part; the others (a sweep's a=1,2 among them) need not compose.
+    overrides = [arg for arg in args if arg.lstrip("+").startswith(("experiment=", "hydra."))]
+    try:
+        with initialize_config_dir(config_dir=str(config_dir.absolute()), version_base="1.3"):
+            hydra_cfg = compose(config_name, overrides=overrides, return_hydra_config=True).hydra
+    except Exception:  # noqa: BLE001  # an override Hydra refuses: it says so itself when it starts
+        return
+    pattern = str(OmegaConf.to_container(hydra_cfg, resolve=False)[key.split(".")[1]]["dir"])
+    if pattern.startswith("${"):
+        return  # made wherever an interpolation says: nothing fixed to check
+    fixed = pattern.split("${")[0]
+    folder = (fixed.rpartition("/")[0] or ".") if "${" in pattern else fixed
+    try:
+        check_writable(folder, key, folder=True)
+    except PathNotWritable as error:
+        reason = str(error).removeprefix(f"{key}={folder} ")
+        fail(program, f"{key}={pattern} cannot be made: {folder} {reason} (pass {key}=DIR)")
+
+
 @contextmanager
 def user_errors(program: str, errors: tuple[type[Exception], ...]) -> Iterator[None]:
     """Report ``errors`` (and ``PathNotWritable``) raised inside the block in one line and exit 2; anything else
@@ -70,11 +116,56 @@ def same_command(program: str, args: Sequence[str] | None = None) -> str:
     return shlex.join(["python", program, *(sys.argv[1:] if args is None else args)])
 
 
+def _dropping_disk_full(handle_error: Callable[[logging.LogRecord], None]) -> Callable[[logging.LogRecord], None]:
+    """A log handler's ``handleError`` that drops a record which found no room and reports any other failure."""
+    def handle(record: logging.LogRecord) -> None:
+        if not is_disk_full(sys.exc_info()[1]):  # handleError runs inside the emit's except block
+            handle_error(record)
+
+    handle.dropping_disk_full = True  # type: ignore[attr-defined]  # wrapped once, however often the job starts
+    return handle
+
+
+def quiet_log_files_when_full() -> None:
+    """Make the root logger's handlers (Hydra's ``train.log`` among them) drop a line the disk has no room for,
+    instead of printing logging's "--- Logging error ---" traceback for each: the job's one disk-full line says
+    what happened. Other logging failures are still reported.
+    """
+    for handler in logging.getLogger().handlers:
+        if not getattr(handler.handleError, "dropping_disk_full", False):
+            handler.handleError = _dropping_disk_full(handler.handleError)  # type: ignore[method-assign]
+
+
+def hydra_saves_exit_when_full(program: str, kept: str, go_on: str) -> None:
+    """Make a full disk while Hydra writes the run dir's ``.hydra/*.yaml`` (before the job starts, so outside
+    ``disk_full_exits``) the one disk-full line and exit ``EXIT_WRITE_STOPPED``, not Hydra's traceback and exit 1.
+    """
+    from hydra.core import utils
+
+    save = getattr(utils, "_save_config", None)  # Hydra's own writer, looked up by run_job as a module global
+    if save is None or getattr(save, "exits_when_full", False):
+        return  # another Hydra version: its own report stands
+
+    def guarded(cfg: Any, filename: str, output_dir: Path) -> None:
+        try:
+            save(cfg, filename, output_dir)
+        except OSError as error:
+            if not is_disk_full(error):
+                raise
+            named = OSError(error.errno, error.strerror, str(Path(output_dir) / filename))
+            fail(program, disk_full_message(named, kept, go_on), EXIT_WRITE_STOPPED)
+
+    guarded.exits_when_full = True  # type: ignore[attr-defined]
+    utils._save_config = guarded
+
+
 @contextmanager
 def disk_full_exits(program: str, kept: str, go_on: str) -> Iterator[None]:
     """Report a write stopped inside the block in one line and exit ``EXIT_WRITE_STOPPED``: a ``WriteStopped`` as the
     job worded it, any other disk-full ``OSError`` with ``kept`` (what is safe) and ``go_on`` (the command to rerun).
+    Log lines that find the disk full inside the block are dropped (``quiet_log_files_when_full``).
     """
+    quiet_log_files_when_full()
     try:
         yield
     except WriteStopped as error:

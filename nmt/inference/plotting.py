@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from torch import Tensor
 
+from nmt.common.files import write_durably
 from nmt.inference.words import as_array
 
 if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn: translating without plots skips it
@@ -58,9 +59,12 @@ def attention_figure(weights: Tensor | np.ndarray, src_labels: Sequence[str], tg
     return fig
 
 
+def save_png(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig`` to ``path`` as a PNG whole or not at all (a temp file renamed into place), making its folder."""
+    return write_durably(path, lambda handle: fig.savefig(handle, format="png", dpi=100))
+
+
 def save_attention_png(path: str | Path, weights: Tensor | np.ndarray, src_labels: Sequence[str],
                        tgt_labels: Sequence[str], title: str | None = None) -> None:
     """Write ``attention_figure(...)`` (weights ``[T, S]``) to ``path`` as a PNG, creating parent folders."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    attention_figure(weights, src_labels, tgt_labels, title=title).savefig(path, format="png", dpi=100)
+    save_png(attention_figure(weights, src_labels, tgt_labels, title=title), path)
