@@ -297,7 +297,6 @@ class Trainer:
 
     def _save_interrupted(self) -> dict[str, Any]:
         self.save("last")
-        self.checkpoint_writes.wait()
         self.logger.display.message(f"stopped by {self.stop_signal} at step {self.progress.step}; checkpoint saved. "
                                     f"Resume with:\n  python train.py trainer.resume={self.run_dir}")
         self.logger.close()
@@ -379,10 +378,10 @@ class Trainer:
         }
 
     # ------------------------------------------------------------------------------ checkpoints
-    def save(self, *names: str) -> None:
-        """Write ``checkpoints/<name>.pt`` for each name (``"last"``, ``"best"``; rank 0 writes) in the background:
-        the state is copied now, written while training goes on; ``checkpoint_writes.wait()`` holds until it is on
-        disk. A collective: every rank's RNG states are gathered into it.
+    def save(self, *names: str, background: bool = False) -> None:
+        """Write ``checkpoints/<name>.pt`` for each name (``"last"``, ``"best"``; rank 0 writes). ``background``:
+        return once the state is copied, the file written while training goes on (``checkpoint_writes.wait()``
+        holds until it is on disk). A collective: every rank's RNG states are gathered into it.
         """
         rng_states = distributed.gather_from_ranks(distributed.rng_state(), self.info)  # indexed by rank
         self.clock.sync_wall_clock()
@@ -393,6 +392,8 @@ class Trainer:
                                "rng": rng_states, "progress": asdict(self.progress)})
         self.checkpoint_writes.wait()  # one at a time: the previous checkpoint is on disk before the next starts
         self.checkpoint_writes.submit(lambda: self.checkpoints.save(names, state))
+        if not background:
+            self.checkpoint_writes.wait()
 
     def _weights_state(self) -> dict[str, Any]:
         """What rebuilds the model with no other file: config, tokenizer, weights."""
@@ -404,7 +405,7 @@ class Trainer:
         """Validate (rank 0), save ``last`` (and ``best``), decide early stopping on every rank. True = stop early."""
         self.validated_at_step = self.progress.step
         improved = self._validate_and_record() if self.info.is_main else False
-        self.save(*(["last", "best"] if improved else ["last"]))  # every rank's RNG states, for an exact resume
+        self.save(*(["last", "best"] if improved else ["last"]), background=True)  # every rank's RNG states
         if self.tcfg.average_last > 1 and self.info.is_main:
             averaged, step = detached_copy(self._weights_state()), self.progress.step
             self.checkpoint_writes.submit(lambda: self.checkpoints.keep_for_averaging(step, averaged))
