@@ -51,3 +51,43 @@ def test_large_logit_gaps_stay_finite() -> None:
     assert torch.isfinite(loss) and loss.item() == pytest.approx(reference.item(), rel=1e-6)
     loss.backward()
     assert torch.isfinite(logits.grad).all()
+
+
+def _vocab_sized_storages(smoothing: float, grad_in_place: bool) -> tuple[torch.Tensor, int]:
+    """The logits' gradient, and how many new ``[N, V]`` storages the loss's ops made, forward and backward."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Storages(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: set[int] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
+            for tensor in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(tensor, torch.Tensor) and tuple(tensor.shape) == (15, 11):
+                    self.seen.add(tensor.untyped_storage().data_ptr())
+            return out
+
+    logits, targets = _batch(torch.float32)
+    flat = logits.reshape(-1, 11).requires_grad_()
+    with Storages() as mode:
+        sequence_loss(flat, targets, smoothing, grad_in_place=grad_in_place).backward()
+    return flat.grad, len(mode.seen - {flat.untyped_storage().data_ptr()})  # views of the input are not new
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_grad_in_place_gives_the_same_gradient_without_a_new_vocabulary_sized_tensor(smoothing: float) -> None:
+    grad, storages = _vocab_sized_storages(smoothing, grad_in_place=False)
+    grad_in_place, storages_in_place = _vocab_sized_storages(smoothing, grad_in_place=True)
+    assert torch.equal(grad_in_place, grad)  # the same op on the same values: bit for bit
+    assert (storages, storages_in_place) == (2, 1)  # softmax + gradient, or the softmax alone
+
+
+def test_grad_in_place_refuses_a_second_backward() -> None:
+    logits, targets = _batch(torch.float32)
+    logits.requires_grad_()
+    loss = sequence_loss(logits, targets, 0.1, grad_in_place=True)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="grad_in_place"):
+        loss.backward()

@@ -81,7 +81,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
     # Autocast's weight cache must be off where a graph is captured (the cached casts would be stale on replay).
     with autocast(precision, device, cache=not fixed_shapes):
         logits, _ = model(batch.src, batch.src_lengths, batch.tgt_in, fixed_shapes=fixed_shapes)  # [B, T, V]
-    loss_sum = sequence_loss(logits, batch.tgt_out, label_smoothing)
+    loss_sum = sequence_loss(logits, batch.tgt_out, label_smoothing, grad_in_place=True)  # one backward
     tokens = batch.tgt_lengths.sum().clamp(min=1)  # on the device: a padded bucket row adds 0
     (loss_sum / tokens).backward()  # the mean over this rank's tokens; DDP averages over the ranks
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm or math.inf)
