@@ -4,9 +4,11 @@ nothing back from the device, skipped non-finite steps, the setting's checks; on
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +17,15 @@ from torch.overrides import TorchFunctionMode
 from nmt.data.batching import Batch, ShapeBuckets, TokenBucketSampler, collate_batch
 from nmt.model.attention import build_attention
 from nmt.model.seq2seq import Seq2Seq
-from nmt.train.fast_step import FastPathError, StepResult, StepWindow, TrainingSteps, train_step, use_cuda_graphs
+from nmt.train.fast_step import (
+    FastPathError,
+    StepResult,
+    StepWindow,
+    TrainingSteps,
+    _Graph,
+    train_step,
+    use_cuda_graphs,
+)
 from tests.test_model import TYPES
 
 SRC_V, TGT_V = 23, 29
@@ -188,6 +198,50 @@ def test_a_shape_that_does_not_fit_in_memory_names_the_budget(monkeypatch: pytes
                                             r"memory; lower data.max_tokens"):
         steps.run(batch, 0.01, bucketed=True)
     assert all(p.grad is None for p in steps.model.parameters())
+
+
+class ReplayedEagerly:
+    """A stand-in for a captured ``torch.cuda.CUDAGraph``: ``replay`` runs the captured step on the graph's own
+    input tensors, at the learning rate the graph would read, and writes its figures where the graph would."""
+
+    def __init__(self, steps: TrainingSteps, inputs: Batch, figures: torch.Tensor) -> None:
+        self.steps, self.inputs, self.figures = steps, inputs, figures
+
+    def replay(self) -> None:
+        group = self.steps.optimizer.param_groups[0]
+        float_lr, group["lr"] = group["lr"], float(self.steps.lr)
+        self.figures.copy_(train_step(self.steps.forward_model, self.steps.optimizer, self.inputs, fixed_shapes=True,
+                                      **self.steps.step_options))
+        group["lr"] = float_lr
+        self.steps.optimizer.zero_grad(set_to_none=True)
+
+
+def test_the_trainer_on_the_graph_path_gives_the_eager_losses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``trainer.cuda_graphs=true`` through the real trainer on the CPU, each capture replaced by a stand-in that
+    replays the captured step eagerly: the same batches padded to buckets, the unpacked encoder, the learning rate
+    read at replay; the loss curve is the eager path's, and results.json counts the shapes and replays."""
+    from nmt.train import trainer as trainer_module
+    from tests.test_training import tiny_config
+
+    def capture(self: TrainingSteps, batch: Batch) -> _Graph:
+        inputs, figures = batch.to(self.device), torch.zeros(3)
+        return _Graph(ReplayedEagerly(self, inputs, figures), inputs, figures)
+
+    common = ["trainer.max_steps=40", "trainer.validate_every=20", "trainer.log_every=1", "trainer.test_beam_size=1"]
+    eager = trainer_module.train(tiny_config(tmp_path, common), run_dir=tmp_path / "eager")
+    monkeypatch.setattr(trainer_module, "use_cuda_graphs", lambda setting, device, world_size: True)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(TrainingSteps, "_warm_up_and_capture", capture)
+    graphs = trainer_module.train(tiny_config(tmp_path, [*common, "trainer.cuda_graphs=true"]),
+                                  run_dir=tmp_path / "graphs")
+    curves = [[json.loads(line) for line in (tmp_path / run / "train_log.jsonl").read_text().splitlines()]
+              for run in ("eager", "graphs")]
+    assert [r["lr"] for r in curves[0]] == [r["lr"] for r in curves[1]]
+    torch.testing.assert_close([r["loss"] for r in curves[1]], [r["loss"] for r in curves[0]], rtol=1e-4, atol=1e-5)
+    stats = graphs["cuda_graphs"]
+    assert eager["cuda_graphs"] is None and stats["replayed_steps"] + stats["eager_steps"] == 40
+    assert stats["eager_steps"] == 0 and 0 < stats["shapes_captured"] == len(stats["shapes"]) < 40
+    assert all(shape[1] % 8 == 0 and shape[2] % 8 == 0 for shape in stats["shapes"])
 
 
 # ------------------------------------------------------------------------------------------------ GPU only
