@@ -105,7 +105,7 @@ def plot_groups(groups: list[dict[str, Any]], split: str, key: str, out: Path) -
                       capsize=3, label=direction)
         ax.bar_label(bars, fmt="%.1f", fontsize=7)
     ax.set_xticks(range(len(names)), names, rotation=20, ha="right")
-    ax.set(ylabel="test BLEU (sacreBLEU, cased)", title=f"{split}: BLEU by {key}, mean ± std over seeds")
+    ax.set(ylabel="test BLEU (sacreBLEU, cased)", title=f"{split}: BLEU by {key}\n(mean ± std over seeds)")
     ax.legend()
     fig.tight_layout()
     save_png(fig, f"{out}_groups.png")
