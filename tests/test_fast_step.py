@@ -184,7 +184,7 @@ def test_a_capture_that_fails_warns_in_one_line_and_trains_on_eagerly(monkeypatc
     figures = [steps.run(batch, 0.01, bucketed=True) for _ in range(3)]
     assert all(f.shape == (3,) and not bool(f[2]) for f in figures)  # three real updates
     assert not all(torch.equal(a, b) for a, b in zip(before, steps.model.parameters()))
-    assert steps.stats.eager_steps == 3 and steps.stats.shapes_captured == 0
+    assert steps.stats.eager_steps == 3 and steps.stats.shapes == []
     assert steps.stats.fallback == "RuntimeError: operation not permitted when stream is capturing"
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warnings == ["trainer.cuda_graphs: capturing the step failed (RuntimeError: operation not permitted "
@@ -240,7 +240,7 @@ def test_the_trainer_on_the_graph_path_gives_the_eager_losses(tmp_path: Path, mo
     torch.testing.assert_close([r["loss"] for r in curves[1]], [r["loss"] for r in curves[0]], rtol=1e-4, atol=1e-5)
     stats = graphs["cuda_graphs"]
     assert eager["cuda_graphs"] is None and stats["replayed_steps"] + stats["eager_steps"] == 40
-    assert stats["eager_steps"] == 0 and 0 < stats["shapes_captured"] == len(stats["shapes"]) < 40
+    assert stats["eager_steps"] == 0 and 0 < len(stats["shapes"]) < 40
     assert all(shape[1] % 8 == 0 and shape[2] % 8 == 0 for shape in stats["shapes"])
 
 
@@ -263,7 +263,7 @@ def test_graph_replay_gives_the_eager_losses_over_50_steps() -> None:
         _, steps = gpu_steps(graphs, dropout=0.0)
         losses[graphs] = torch.stack([steps.run(b.pin_memory(), 0.003, bucketed=True) for b in batches])[:, 0]
         if graphs:
-            assert steps.stats.shapes_captured == len({tuple(b.src.shape) for b in batches})
+            assert len(steps.stats.shapes) == len({tuple(b.src.shape) for b in batches})
             assert steps.stats.replayed_steps == 50 and steps.stats.fallback is None
     torch.testing.assert_close(losses[True], losses[False], rtol=2e-2, atol=2e-2)  # bf16 tolerance
 
@@ -274,7 +274,7 @@ def test_a_shape_outside_every_bucket_falls_back_to_the_eager_step() -> None:
     _, steps = gpu_steps(graphs=True)
     unbucketed = collate_batch(items())  # its own shape: not padded to a bucket
     figures = steps.run(unbucketed.pin_memory(), 0.003, bucketed=False)
-    assert steps.stats.eager_steps == 1 and steps.stats.shapes_captured == 0 and figures.shape == (3,)
+    assert steps.stats.eager_steps == 1 and steps.stats.shapes == [] and figures.shape == (3,)
 
 
 @pytest.mark.gpu

@@ -29,7 +29,7 @@ log = [json.dumps({"step": s, "loss": 5.0 - s / 10 + shift}) for s in range(1, s
 validations = [{"step": 10, "bleu": 30.0, "wall_seconds": 100.0}, {"step": 20, "bleu": 39.0, "wall_seconds": 220.0}]
 results = {"device": "cuda", "precision": value("trainer.precision") or "auto", "bf16_autocast": bf16,
            "steps": steps, "train_target_tokens_per_s": (9000.0 if bf16 else 6000.0) * (3 if graphs else 1),
-           "cuda_graphs": {"shapes_captured": 12} if graphs else None, "validation_seconds": 23.0,
+           "cuda_graphs": {"shapes": [[64, 16, 16]]} if graphs else None, "validation_seconds": 23.0,
            "gpu_utilisation": {"available": True, "mean_percent": 80.0}, "validations": validations,
            "test": {"test_2016_flickr": {"bleu": 40.0}}, "setup_seconds": 5.0, "wall_seconds": 230.0,
            "final_evaluation_seconds": 10.0, "best_val_bleu_greedy": 39.0}
@@ -99,7 +99,8 @@ def test_the_graphs_part_compares_eager_and_graphs_in_both_precisions(fake_proje
     assert report["loss_gap_bf16"] == {"mean": pytest.approx(0.02), "max": pytest.approx(0.02), "steps": 50}
     assert report["fastest"] == "graphs_bf16"
     graphs_run = report["runs"]["graphs_fp32"]
-    assert graphs_run["cuda_graphs"] == {"shapes_captured": 12} and report["runs"]["eager_fp32"]["cuda_graphs"] is None
+    assert graphs_run["cuda_graphs"] == {"shapes": [[64, 16, 16]]}
+    assert report["runs"]["eager_fp32"]["cuda_graphs"] is None
     assert graphs_run["validation_share_of_wall"] == pytest.approx(23.0 / 230.0)
     made = [args for kind, args in calls(fake_project)]
     assert [("trainer.cuda_graphs=true" in a, "trainer.precision=bf16" in a) for a in made] == [

@@ -76,30 +76,31 @@ def _blocked_tokens(device: torch.device) -> Tensor:
 
 
 class LateFlag:
-    """A per-step device flag (``all rows finished``, ``some sentence done``) read without stalling the device.
-
-    On CUDA each posted flag is copied to pinned host memory without blocking and read once its copy has landed,
-    so the search loop never waits for the GPU: it learns a step or a few late, and the extra steps change no
-    output (finished rows are masked). Elsewhere a flag is read at once, or after ``lag`` more posts (tests use
-    that to hold a late read equal to an immediate one). The flags a search posts only ever turn True.
+    """A per-step device flag (``all rows finished``, ``some sentence done``; only ever turning True) read without
+    stalling the device: on CUDA copied to pinned host memory without blocking and read once landed, so the loop
+    learns a step or a few late (finished rows are masked: no output changes); elsewhere at once, or ``lag``
+    posts late (tests).
     """
 
+    MAX_AHEAD = 4  # steps the host may queue past the last flag it has read
+
     def __init__(self, device: torch.device, lag: int = 0) -> None:
-        self.on_cuda, self.lag = device.type == "cuda", lag
+        self.on_cuda, self.lag, self.posted = device.type == "cuda", lag, 0
         self.pending: deque[tuple[Any, Tensor]] = deque()  # (CUDA event or None, the flag's host copy)
+        # Pinned slots allocated once per search, reused in turn: never more than MAX_AHEAD + 1 are pending.
+        self.slots = torch.empty(self.MAX_AHEAD + 2, dtype=torch.bool, pin_memory=True) if self.on_cuda else None
 
     def post(self, flag: Tensor) -> None:
         """Start reading ``flag`` (a bool scalar on the device)."""
-        if not self.on_cuda:
+        if self.slots is None:
             self.pending.append((None, flag))
             return
-        host = torch.empty((), dtype=torch.bool, pin_memory=True)
+        host = self.slots[self.posted % len(self.slots)]
+        self.posted += 1
         host.copy_(flag, non_blocking=True)
         landed = torch.cuda.Event()
         landed.record()
         self.pending.append((landed, host))
-
-    MAX_AHEAD = 4  # steps the host may queue past the last flag it has read
 
     def seen(self) -> bool:
         """Whether a posted flag that has reached the host so far was True."""

@@ -105,12 +105,11 @@ class _Graph:
 class GraphStats:
     """What the graphs did in a run, for results.json."""
 
-    shapes_captured: int = 0
     capture_seconds: float = 0.0
     replayed_steps: int = 0
     eager_steps: int = 0  # batches that fit no bucket (a pair over the budget), or after a failed capture
     fallback: str | None = None  # why the eager path took over, when it did
-    shapes: list[list[int]] = field(default_factory=list)
+    shapes: list[list[int]] = field(default_factory=list)  # [rows, S, T] of each captured graph
 
 
 class TrainingSteps:
@@ -184,7 +183,6 @@ class TrainingSteps:
             for parameter in self.model.parameters():  # each graph keeps its own gradients; eager starts from none
                 parameter.grad = None
         self.stats.capture_seconds += time.perf_counter() - started
-        self.stats.shapes_captured += 1
         self.stats.shapes.append(list(shape))
         return graph
 
