@@ -1,7 +1,8 @@
 """``benchmark.py backtranslate``: back-translation speed in sentences/s, beam search against sampling.
 
 The real job, once per method: ``nmt.inference.backtranslation.backtranslate`` on the config
-``backtranslate.py`` composes (``configs/backtranslate.yaml`` plus ``--set`` overrides), over the first
+``backtranslate.py`` composes (``configs/backtranslate.yaml`` plus ``--set`` overrides, and ``--cuda-graphs`` as
+its ``cuda_graphs=``), over the first
 ``--limit`` lines of the input, into a scratch folder. One untimed warm-up job of ``--warmup`` lines
 runs first. The figure is the job's own clock over its chunk loop: reading, searching, writing and
 fsyncing included; loading the model and the input's first read (sha256, UTF-8) not. sentences/s
@@ -43,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="backtranslate.py settings, e.g. beam_size=5 top_k=10 device=cuda batch_tokens=8192")
+    parser.add_argument("--cuda-graphs", choices=("auto", "true", "false"),
+                        help="backtranslate.py's cuda_graphs setting (replayed decoder steps on a GPU); "
+                             "default: the job's own")
 
 
 def compose_job(overrides: list[str], project_dir: Path) -> DictConfig:
@@ -62,15 +66,16 @@ def first_lines(cfg: DictConfig, n: int, dest: Path) -> Path:
 def benchmark_backtranslation(args: argparse.Namespace) -> tuple[dict[str, Any], torch.device]:
     """Sentences/s of the back-translation job per method, on one machine in one run."""
     checkpoint = args.checkpoint[0] if len(args.checkpoint) == 1 else list(args.checkpoint)
+    settings = [*args.set, *([] if args.cuda_graphs is None else [f"cuda_graphs={args.cuda_graphs}"])]
     lang = args.lang or Translator.from_checkpoint(checkpoint, device="cpu").info()["src_lang"]
     rows = []
     with tempfile.TemporaryDirectory(prefix="nmt_bt_benchmark_") as tmp:
-        base = compose_job(args.set, args.project_dir)
+        base = compose_job(settings, args.project_dir)
         base.checkpoint, base.input, base.lang, base.output = checkpoint, args.input, lang, os.path.join(tmp, "x")
         source = first_lines(base, args.limit, Path(tmp) / f"input.{lang}")
         warm = first_lines(base, args.warmup, Path(tmp) / f"warmup.{lang}")
         for method in args.methods:
-            cfg = compose_job([*args.set, f"method={method}"], args.project_dir)
+            cfg = compose_job([*settings, f"method={method}"], args.project_dir)
             cfg.checkpoint, cfg.lang, cfg.log_every_s = checkpoint, lang, 1e9
             cfg.input, cfg.output = str(warm), f"{tmp}/warmup_{method}"
             backtranslate(cfg)  # untimed: allocator, kernels, caches
@@ -85,7 +90,7 @@ def benchmark_backtranslation(args: argparse.Namespace) -> tuple[dict[str, Any],
                   f"lines translated in {row['seconds']:.1f} s)", flush=True)
         device = resolve_device(base.device)
     config = {"checkpoint": checkpoint, "input": args.input, "lang": lang, "limit": args.limit,
-              "warmup": args.warmup, "settings": list(args.set)}
+              "warmup": args.warmup, "settings": settings, "cuda_graphs": args.cuda_graphs}
     return {"device": {"type": device.type, "name": device_name(device)},
             "measured_without_gpu": device.type != "cuda", "config": config, "results": rows}, device
 

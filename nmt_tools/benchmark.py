@@ -4,6 +4,8 @@
     python scripts/benchmark.py train model=default --checkpoint outputs/RUN     # real BLEU too; JSON into RUN
     python scripts/benchmark.py translate --checkpoint outputs/RUN --beam-sizes 1 5 10 --reps 5
     python scripts/benchmark.py translate --checkpoint RUN_A RUN_B --beam-sizes 5 --out ens   # an ensemble
+    python scripts/benchmark.py translate --checkpoint RUN --cuda-graphs true --batch-tokens auto \
+        --save-translations runs/bench/graphs_hyps                                # a GPU's graph search
     python scripts/benchmark.py backtranslate --checkpoint outputs/EN_DE_RUN --limit 2000      # beam and sampling
     python scripts/benchmark.py data --out runs/bench/data                        # reads $NMT_DATA_MIRROR
     python scripts/benchmark.py scale --synthetic-pairs 500000 --ranks 1 2 --out runs/scale_500k
@@ -19,10 +21,12 @@ figures below on the config's first test split, with ``--checkpoint`` or else wi
 trained for a few steps (whose BLEU is meaningless: the JSON says so).
 ``translate``: ``Translator.translate`` on a whole file (default: ``$NMT_DATA_MIRROR``'s
 test_2016_flickr) per beam size, the median of ``--reps`` after a warm-up, with BLEU/chrF when there is
-a reference. ``backtranslate``: the back-translation job's sentences/s with beam search and with
-sampling (``nmt_tools.backtranslation_speed``). ``data``: preparation time (cold, then cached) and
-batch padding at the token budget (``nmt_tools.padding``). ``server``: ``serve.py`` under
-concurrent clients (``nmt_tools.load``).
+a reference (``--save-translations DIR``: each beam size's last output as ``DIR/<mode>.txt``, to compare
+two settings line by line); ``--cuda-graphs`` and ``--batch-tokens auto`` are handed to the engine as
+``translate.py``'s ``cuda_graphs=`` and ``batch_tokens=``. ``backtranslate``: the back-translation job's
+sentences/s with beam search and with sampling (``nmt_tools.backtranslation_speed``). ``data``:
+preparation time (cold, then cached) and batch padding at the token budget (``nmt_tools.padding``).
+``server``: ``serve.py`` under concurrent clients (``nmt_tools.load``).
 ``overload``: the worst request the server's limits let through, and up to 300 clients at once
 (``nmt_tools.overload``).
 ``scale``: what a synthetic corpus of N pairs costs to prepare, load and start training on
@@ -48,6 +52,7 @@ import torch
 from nmt.analysis.cli import one_line_errors, write_report
 from nmt.common.device import INFERENCE_PRECISIONS, uses_bf16
 from nmt.common.entry_point import check_options_or_exit, fail
+from nmt.common.files import write_text_durably
 from nmt.common.metrics import corpus_scores
 from nmt.common.provenance import device_name, provenance
 from nmt.common.settings import to_plain_dict
@@ -60,6 +65,7 @@ from nmt_tools import backtranslation_speed, load, overload, padding, scale, tra
 from nmt_tools.cli import add_project_dir, device_slug, mirror_file, parser, sync
 from nmt_tools.timing import compose_config, measure_training
 
+CUDA_GRAPHS = ("auto", "true", "false")
 MEANINGLESS_BLEU_NOTE = (
     "no --checkpoint: translated with the model trained for the benchmark's few steps; its BLEU is "
     "meaningless and its output lengths (hence speed) differ from a trained model's"
@@ -67,7 +73,7 @@ MEANINGLESS_BLEU_NOTE = (
 
 
 def parse_args(argv: list[str] | None, project_dir: Path | None = None) -> argparse.Namespace:
-    p = parser(__doc__, reports=("out",))
+    p = parser(__doc__, folders=("save_translations",), reports=("out",))
     modes = p.add_subparsers(dest="mode", required=True,
                              metavar="{train,translate,backtranslate,data,scale,server,overload,profile}")
     out = argparse.ArgumentParser(add_help=False)
@@ -77,7 +83,8 @@ def parse_args(argv: list[str] | None, project_dir: Path | None = None) -> argpa
     decode = argparse.ArgumentParser(add_help=False)
     decode.add_argument("--reps", type=int, default=3, help="timed translation runs per beam size (median)")
     decode.add_argument("--beam-sizes", type=int, nargs="+", default=[1, 5], help="1 = greedy")
-    decode.add_argument("--batch-tokens", type=int, default=4096, help="translation batch budget (translate.py's)")
+    decode.add_argument("--batch-tokens", type=batch_tokens_value, default=4096,
+                        help="translation batch budget: a number, or auto (the engine sizes it for the device)")
     train = modes.add_parser("train", parents=[out, decode, project], help="training tokens/s (+ translation)")
     train.add_argument("overrides", nargs="*", help="Hydra overrides of configs/train.yaml, e.g. model=default")
     train.add_argument("--train-steps", type=int, default=100, help="timed optimizer steps")
@@ -98,6 +105,10 @@ def parse_args(argv: list[str] | None, project_dir: Path | None = None) -> argpa
     translate.add_argument("--precision", default="auto", choices=INFERENCE_PRECISIONS,
                            help="as translate.py's precision")
     translate.add_argument("--limit", type=int, help="use only the first N sentences (smoke runs)")
+    translate.add_argument("--cuda-graphs", choices=CUDA_GRAPHS, help="as translate.py's cuda_graphs "
+                           "(replayed decoder steps on a GPU); default: the engine's own")
+    translate.add_argument("--save-translations", type=Path, metavar="DIR",
+                           help="write each beam size's last translations to DIR/<mode>.txt")
     backtranslation_speed.add_arguments(modes.add_parser("backtranslate", parents=[out, project],
                                                          help="back-translation sentences/s, beam and sampling"))
     padding.add_arguments(modes.add_parser("data", parents=[out, project], help="data preparation time and padding"))
@@ -109,6 +120,39 @@ def parse_args(argv: list[str] | None, project_dir: Path | None = None) -> argpa
     training_profile.add_arguments(modes.add_parser("profile", parents=[out, project],
                                                     help="training FLOP/s and time per op group"))
     return p.parse_args(argv)
+
+
+def batch_tokens_value(text: str) -> int | str:
+    """``--batch-tokens``: ``auto`` or a whole number >= 1."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither auto nor a whole number >= 1")
+    return value
+
+
+def load_translator(checkpoint: str | list[str], args: argparse.Namespace) -> Translator:
+    """The Translator of ``translate`` mode; ``--cuda-graphs``, when given, handed over as ``cuda_graphs=``.
+    Exits with one line (status 2) when this engine takes no such setting."""
+    engine = {} if args.cuda_graphs is None else {"cuda_graphs": args.cuda_graphs}
+    try:
+        return Translator.from_checkpoint(checkpoint, args.device, args.precision, max_input_words=None, **engine)
+    except TypeError as error:
+        if "cuda_graphs" not in str(error):
+            raise
+        fail("benchmark.py translate", f"--cuda-graphs {args.cuda_graphs}: this engine's Translator takes no "
+             "cuda_graphs setting; leave the option out")
+
+
+def save_translations(folder: Path, rows: list[dict[str, Any]]) -> None:
+    """Each row's translations (popped from the row) as ``folder/<mode>.txt``, one line per sentence."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for row in rows:
+        write_text_durably(folder / f"{row['mode']}.txt", "".join(line + "\n" for line in row.pop("translations")))
 
 
 def main(argv: list[str] | None = None, project_dir: Path | None = None) -> dict[str, Any]:
@@ -144,9 +188,10 @@ def report_folder(args: argparse.Namespace) -> Path | None:
 
 
 def measure_translation(translator: Translator, lines: list[str], refs: list[str] | None, args: argparse.Namespace,
-                        length_penalty: float = 1.0) -> list[dict[str, Any]]:
+                        length_penalty: float = 1.0, keep: bool = False) -> list[dict[str, Any]]:
     """Sentences/s per beam size in ``args.beam_sizes``: the median of ``args.reps`` timed translations of
-    ``lines`` (encode, batch, search, detokenize) after one untimed warm-up; BLEU/chrF when ``refs`` is given."""
+    ``lines`` (encode, batch, search, detokenize) after one untimed warm-up; BLEU/chrF when ``refs`` is given;
+    ``keep``: the last run's translations too, as the row's ``translations``."""
     rows = []
     for beam in args.beam_sizes:
         options = {"beam_size": beam, "length_penalty": length_penalty, "batch_tokens": args.batch_tokens}
@@ -162,6 +207,8 @@ def measure_translation(translator: Translator, lines: list[str], refs: list[str
         row: dict[str, Any] = {"mode": "greedy" if beam == 1 else f"beam{beam}", "beam_size": beam,
                                "sentences": len(lines), "sentences_per_s": len(lines) / median,
                                "seconds_median": median, "seconds_all": times}
+        if keep:
+            row["translations"] = hyps
         if refs is not None:
             scores = corpus_scores(hyps, refs)
             row.update(bleu=scores["bleu"], chrf=scores["chrf"], bleu_signature=scores["bleu_signature"])
@@ -209,7 +256,7 @@ def benchmark_training(args: argparse.Namespace) -> tuple[dict[str, Any], torch.
 def benchmark_translation(args: argparse.Namespace) -> tuple[dict[str, Any], torch.device]:
     """The ``translate`` mode: sentences/s (and BLEU) per beam size for one checkpoint or an ensemble."""
     checkpoint = args.checkpoint[0] if len(args.checkpoint) == 1 else args.checkpoint
-    translator = Translator.from_checkpoint(checkpoint, args.device, args.precision, max_input_words=None)
+    translator = load_translator(checkpoint, args)
     device, train_cfg = translator.device, translator.configs[0]
     data = train_cfg.get("data") or {}
     src_path = Path(args.input) if args.input else mirror_file(data.get("src_lang", "de"))
@@ -218,11 +265,14 @@ def benchmark_translation(args: argparse.Namespace) -> tuple[dict[str, Any], tor
         ref_path = mirror_file(data.get("tgt_lang", "en"))
     lines = read_input_lines(src_path)[: args.limit]
     refs = read_input_lines(ref_path)[: args.limit] if ref_path else None
-    rows = measure_translation(translator, lines, refs, args, args.length_penalty)
+    rows = measure_translation(translator, lines, refs, args, args.length_penalty, keep=bool(args.save_translations))
+    if args.save_translations:
+        save_translations(args.save_translations, rows)
     config = {"checkpoint": checkpoint if isinstance(checkpoint, str) else list(checkpoint),
               "input": str(src_path), "reference": ref_path and str(ref_path),
               "sentences": len(lines), "reps": args.reps, "batch_tokens": args.batch_tokens,
-              "max_len": SearchOptions.max_len, "max_len_ratio": SearchOptions.max_len_ratio,
+              "cuda_graphs": args.cuda_graphs, "max_len": SearchOptions.max_len,
+              "max_len_ratio": SearchOptions.max_len_ratio,
               "length_penalty": args.length_penalty, "precision": args.precision,
               "bf16_autocast": uses_bf16(args.precision, device), "model": train_cfg.get("model"),
               "attention": train_cfg.get("attention"),

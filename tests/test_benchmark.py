@@ -19,7 +19,7 @@ from nmt.data import prepare_data
 from nmt.inference.engine import Translator
 from nmt.model.checkpoint import save_checkpoint
 from nmt.model.seq2seq import Seq2Seq
-from nmt_tools import benchmark
+from nmt_tools import backtranslation_speed, benchmark
 from nmt_tools import peer as peer_compare
 from tests.test_training import TINY, tiny_config, write_reversal_corpus
 
@@ -248,3 +248,84 @@ def test_data_mode_prepares_any_data_section(tmp_path: Path, mirror_dir: Path) -
         ("twice", 28998, 2.0, None), ("multi30k", 28998, 1.0, "<t>")]
     assert report["prepare_cold_peak_rss_mib"] > 0 and report["pairs"]["train"] == 2 * 28998  # weights act per epoch
     assert json.loads((tmp_path / "d.json").read_text())["overrides"] == report["overrides"]
+
+
+class FakeTranslator:
+    """What benchmark.py's translate mode reads of a Translator; ``translate`` records its options and echoes the
+    sentences reversed (word by word), so saved translations can be checked against the input."""
+
+    def __init__(self) -> None:
+        self.device = torch.device("cpu")
+        self.configs = [{"data": {"src_lang": "de", "tgt_lang": "en"}}]
+        self.options: list[dict[str, Any]] = []
+
+    def translate(self, sentences: list[str], **options: Any) -> list[Any]:
+        self.options.append(options)
+        return [type("Result", (), {"text": " ".join(reversed(s.split()))})() for s in sentences]
+
+
+def test_translate_mode_hands_graphs_and_batch_budget_to_the_engine(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    fake, loaded = FakeTranslator(), []
+    monkeypatch.setattr(benchmark.Translator, "from_checkpoint",
+                        lambda *args, **kwargs: loaded.append((args, kwargs)) or fake)
+    src = tmp_path / "in.de"
+    src.write_text("a b c\nd e\nf\n")
+    report = benchmark.main(["translate", "--checkpoint", "RUN", "--input", str(src), "--reps", "1", "--beam-sizes",
+                             "1", "5", "--cuda-graphs", "true", "--batch-tokens", "auto", "--save-translations",
+                             str(tmp_path / "hyps"), "--out", str(tmp_path / "t")])
+    assert loaded[0][1]["cuda_graphs"] == "true"
+    assert {options["batch_tokens"] for options in fake.options} == {"auto"}
+    assert {options["beam_size"] for options in fake.options} == {1, 5}
+    assert report["config"]["cuda_graphs"] == "true" and report["config"]["batch_tokens"] == "auto"
+    for mode in ("greedy", "beam5"):  # the translations go to files, not into the report
+        assert (tmp_path / "hyps" / f"{mode}.txt").read_text() == "c b a\ne d\nf\n"
+    assert all("translations" not in row for row in report["results"])
+
+    loaded.clear()  # without the option, the engine's own default: no cuda_graphs keyword at all
+    benchmark.main(["translate", "--checkpoint", "RUN", "--input", str(src), "--reps", "1", "--beam-sizes", "1",
+                    "--out", str(tmp_path / "u")])
+    assert "cuda_graphs" not in loaded[0][1] and fake.options[-1]["batch_tokens"] == 4096
+
+
+def test_graphs_asked_of_an_engine_without_them_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    def old_engine(path: Any, device: Any = "auto", precision: Any = "auto", max_input_words: Any = "auto") -> None:
+        raise AssertionError("not reached: Python refuses the keyword first")
+
+    monkeypatch.setattr(benchmark.Translator, "from_checkpoint", old_engine)
+    src = tmp_path / "in.de"
+    src.write_text("a b\n")
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(["translate", "--checkpoint", "RUN", "--input", str(src), "--cuda-graphs", "false",
+                        "--out", str(tmp_path / "t")])
+    assert exit_info.value.code == 2
+    assert "--cuda-graphs false: this engine's Translator takes no cuda_graphs setting" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many", "1.5"])
+def test_a_bad_batch_budget_is_refused(value: str, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.parse_args(["translate", "--checkpoint", "RUN", "--batch-tokens", value])
+    assert exit_info.value.code == 2 and "neither auto nor a whole number" in capsys.readouterr().err
+
+
+def test_backtranslate_mode_hands_cuda_graphs_to_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.set_num_threads(1)
+    run = tmp_path / "run"
+    save_tiny_checkpoint(run / "checkpoints" / "best.pt", "additive")
+    source = tmp_path / "mono.de"
+    source.write_text("".join(line + "\n" for line in SRC), encoding="utf-8")
+    composed, compose = [], backtranslation_speed.compose_job
+
+    def compose_without_graphs(overrides: list[str], project_dir: Path) -> Any:  # the key this checkout may lack
+        composed.append(list(overrides))
+        return compose([o for o in overrides if not o.startswith("cuda_graphs=")], project_dir)
+
+    monkeypatch.setattr(backtranslation_speed, "compose_job", compose_without_graphs)
+    report = benchmark.main(["backtranslate", "--checkpoint", str(run), "--input", str(source), "--limit", "4",
+                             "--warmup", "2", "--methods", "beam", "--cuda-graphs", "true", "--set", "device=cpu",
+                             "max_len=4", "--out", str(tmp_path / "bt")])
+    assert composed and all("cuda_graphs=true" in overrides for overrides in composed)
+    assert report["config"]["cuda_graphs"] == "true" and "cuda_graphs=true" in report["config"]["settings"]
+    assert [(row["method"], row["lines"]) for row in report["results"]] == [("beam", 4)]
