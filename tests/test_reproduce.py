@@ -163,9 +163,20 @@ def test_stages_that_do_not_wait_for_each_other_run_at_once(fake_repo: Path, tmp
 @pytest.mark.parametrize(("args", "message"), [
     (["recipe=bt_bets"], "recipe=bt_bets is not in .*; valid: attention_study, attention_study_cpu, bt_best, tiny"),
     (["paralel=2"], "unknown config key paralel: did you mean parallel\\?"),
-    (["parallel=0"], "parallel=0 must be auto \\(4 on a GPU, 1 on a CPU\\) or a whole number >= 1"),
+    (["parallel=0"], "parallel=0 must be auto \\(on a GPU the card's measured figure, else 4; 1 on a CPU\\) or a whole "
+                     "number >= 1"),
     (["device=tpu"], "device='tpu' must be auto, cpu or cuda"),
     (["data.no_such_key=1"], "train.py experiment=multi30k_best .*data.no_such_key=1: .*no_such_key"),
+    (["--dry-run"], "'--dry-run' is not key=value \\(python reproduce.py --help lists them\\)"),
+    (["budget=8 mins"], "budget='8 mins' is not a duration; give seconds \\(600\\), or hours, minutes and seconds "
+                        "\\(90s, 45m, 1h30m, 1h30m15s\\)"),
+    (["budget=1h30"], "budget='1h30' is not a duration \\(a number after h or m needs its unit\\)"),
+    (["budget=0s"], "budget='0s' leaves no time"),
+    (["deadline=25:99"], "deadline='25:99' is not a time of day; give HH:MM or HH:MM:SS"),
+    (["deadline=2020-01-01T00:00"], "deadline='2020-01-01T00:00' has passed"),
+    (["recipe=attention_study", "device=cpu", "budget=40m"],
+     "budget=40m \\(39m\\d\\ds left\\) is shorter than the shortest stage that can start now, 'none de-en seed42' "
+     "\\(about 45m00s\\); give a budget of at least that"),
 ])
 def test_a_mistake_is_one_line_and_exit_2(args: list[str], message: str, tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(REPO_ROOT / "reproduce.py"), *args, f"workdir={tmp_path}",
@@ -183,8 +194,8 @@ def test_a_dry_run_shows_every_stage_and_runs_nothing(fake_repo: Path, tmp_path:
     shown = capsys.readouterr().out.splitlines()
     assert len(shown) == 26 + 10 + 1 and all(line.startswith("reproduce.py: to run ") for line in shown[:-1])
     # the tiny recipe's guesses, one at a time (parallel=auto on a CPU)
-    assert shown[-1] == ("reproduce.py: ETA 1h38m (cpu, parallel=1); guessed: base, backtranslate, bt, student, "
-                         "student_nobt, tune")
+    assert shown[-1] == ("reproduce.py: ETA 1h38m (cpu, parallel=1, auto: 1 on a CPU); guessed: base, backtranslate, "
+                         "bt, student, student_nobt, tune")
     assert "trainer.max_steps=20" in shown[0] and any("score de-en single test_2017: built from " in s for s in shown)
 
 
@@ -279,11 +290,65 @@ def test_stages_are_packed_up_to_the_limit_after_what_they_wait_for(tmp_path: Pa
     assert most == 3 and len(ended) == 9
 
 
-@pytest.mark.parametrize(("device", "parallel"), [("cpu", 1), ("cuda", reproduce.PARALLEL_ON_CUDA)])
-def test_parallel_auto_packs_a_gpu_and_not_a_cpu(device: str, parallel: int, fake_repo: Path, tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture) -> None:
+CARD = "Fake GPU 80GB"  # a card measured in the stand-in measured_parallel.json below
+MEASURED = {"trainings_at_once": 6, "tokens_per_s_together": 300000, "over_one_alone": 4.6,
+            "measured": "2026-11-28, abc1234, PyTorch 2.5"}
+
+
+@pytest.mark.parametrize(("device", "card", "parallel", "how"), [
+    ("cpu", None, 1, "auto: 1 on a CPU"),
+    ("cuda", (CARD, 80000.0), 6, f"auto: measured on this card, {CARD} (2026-11-28, abc1234, PyTorch 2.5): 4.6x one "
+                                 "training alone"),
+    ("cuda", ("Other GPU", 80000.0), reproduce.PARALLEL_ON_CUDA,
+     "auto: the default for a card not measured in measured_parallel.json (Other GPU)"),
+    ("cuda", (CARD, 10000.0), 2, f"auto: measured on this card, {CARD} (2026-11-28, abc1234, PyTorch 2.5): 4.6x one "
+                                 "training alone, cut to the 2 its free memory holds (10,000 MiB)"),
+])
+def test_parallel_auto_follows_what_the_card_measured(device: str, card: tuple[str, float] | None, parallel: int,
+                                                      how: str, fake_repo: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    measured = tmp_path / "measured_parallel.json"
+    measured.write_text(json.dumps({"about": "a test's", "cards": {CARD: MEASURED}}))
+    monkeypatch.setattr(reproduce, "MEASURED_PARALLEL", measured)
+    monkeypatch.setattr(reproduce, "cuda_card", lambda: card)
     reproduce.main(["recipe=attention_study", f"workdir={tmp_path}", f"device={device}", "dry_run=true"], fake_repo)
     last = capsys.readouterr().out.splitlines()[-1]
-    assert f"({device}, parallel={parallel}); " in last
+    assert f"({device}, parallel={parallel}, {how}); " in last
     if device == "cuda":  # the recipe says which of its estimates were measured
         assert "measured: additive (3m40s and 3m49s" in last and "guessed: none, dot," in last
+
+
+def test_the_packaged_measured_parallel_file_is_read_as_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    about = json.loads(reproduce.MEASURED_PARALLEL.read_text())
+    assert "gpu_check.py --parts parallel" in about["about"] and isinstance(about["cards"], dict)
+    name = next(iter(about["cards"]), "a card nobody measured")
+    parallel, how = reproduce.choose_parallel("auto", "cuda", (name, 1e9))
+    assert (parallel, how.split(",")[0]) == ((about["cards"][name]["trainings_at_once"], "auto: measured on this card")
+                                             if about["cards"] else (reproduce.PARALLEL_ON_CUDA, how.split(",")[0]))
+
+
+def test_parallel_beyond_the_card_memory_is_refused_before_any_work(fake_repo: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reproduce, "cuda_card", lambda: ("Other GPU", 10000.0))
+    with pytest.raises(ChainError) as raised:
+        reproduce.main(["recipe=attention_study", f"workdir={tmp_path}", "device=cuda", "parallel=5"], fake_repo)
+    assert str(raised.value) == ("parallel=5 is more than this card's memory holds: 10,000 MiB free on Other GPU, "
+                                 "about 4,096 MiB per training (an estimate); parallel=2 would fit")
+    assert calls(tmp_path) == []
+    reproduce.main(["recipe=attention_study", f"workdir={tmp_path}", "device=cuda", "parallel=2", "dry_run=true"],
+                   fake_repo)  # what fits is taken as given
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_lists_the_recipes_the_settings_and_an_example(flag: str) -> None:
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "reproduce.py"), flag], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    recipes = sorted(p.stem for p in (REPO_ROOT / "configs" / "recipe").glob("*.yaml"))
+    listed = done.stdout.split("recipes (recipe=NAME):\n")[1].split("\n\n")[0].splitlines()
+    assert [line.split()[0] for line in listed] == recipes
+    settings = done.stdout.split("settings [default]:\n")[1].split("\n\n")[0]
+    named = [line.split("=")[0].strip() for line in settings.splitlines() if not line.startswith(" " * 3)]
+    assert named == [*reproduce.DEFAULTS, "data.KEY"]
+    assert "budget=TIME" in settings and "90s, 45m, 1h30m" in settings and "[auto]" in settings
+    assert "python reproduce.py recipe=attention_study workdir=study budget=8m" in done.stdout

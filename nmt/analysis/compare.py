@@ -25,6 +25,7 @@ from nmt.common.files import write_text_durably
 from nmt.common.metrics import corpus_scores
 from nmt.common.provenance import provenance
 from nmt.data import prepare_data
+from nmt.data.batching import EncodedSplit
 from nmt.inference.engine import Translator
 from nmt.inference.plotting import new_figure, save_png
 from nmt.model.checkpoint import CheckpointError, resolve_checkpoint
@@ -57,8 +58,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "such as attention, or a config key such as model.hidden_size) over their seeds (trainer.seed)")
     p.add_argument("--baseline", metavar="VALUE", help="with --group-by: test each group against this one, seed by "
                    "seed, by sacrebleu's paired bootstrap resampling and approximate randomisation")
-    p.add_argument("--time-decoding", action="store_true", help="translate the split once more with each run's "
-                   "checkpoint and test beam, timed: sentences/s on this machine")
+    p.add_argument("--time-decoding", action="store_true", help="beam sentences/s per run: as train.py recorded "
+                   "its final test decoding in results.json, else the split translated once more with the run's "
+                   "checkpoint and test beam, timed on this machine")
     args = p.parse_args(argv)
     if args.baseline is not None and args.group_by is None:
         p.error("--baseline needs --group-by")
@@ -131,7 +133,8 @@ def analyse_run(run_dir: Path, split: str | None, buckets: Sequence[int], device
     Args:
         group_by: a results.json field or config key whose value groups the run (``--group-by``); the run must
             then hold its own test outputs for ``split`` (results.json's scores and the saved translations).
-        time_decoding: translate the split once more with the checkpoint at its test beam, timed.
+        time_decoding: beam sentences/s: results.json's ``test.<split>.sentences_per_s`` (train.py's final
+            decoding) when recorded, else the split translated once more with the checkpoint at its test beam, timed.
 
     Raises:
         RunError: a run without test outputs for ``split`` (with ``group_by``), or whose outputs do not fit it.
@@ -160,8 +163,7 @@ def analyse_run(run_dir: Path, split: str | None, buckets: Sequence[int], device
         "run_dir": str(run_dir), "attention": results["attention"], "split": split, "hypotheses": source,
         "sentences": len(refs), "test": corpus_scores(hyps, refs), "test_in_results_json": results["test"].get(split),
         "tutorial_bleu": tutorial_bleu(hyps, refs), "by_length": bleu_by_length(srcs, hyps, refs, buckets),
-        # None without attention; "no checkpoint" when the run dir holds translations only
-        "attention_sharpness": attention_sharpness(loaded.models[0], text) if loaded else "no checkpoint",
+        "attention_sharpness": sharpness(results, split, loaded, text),
         "beam_size": results["beam_size"], "checkpoint_step": results["checkpoint_step"],
         "valid_bleu": results["valid"]["bleu"], "parameters": results["parameters"],
         "train_seconds": results["train_seconds"], "device": results["device"],
@@ -173,8 +175,21 @@ def analyse_run(run_dir: Path, split: str | None, buckets: Sequence[int], device
     if group_by is not None:
         run["group"] = results[group_by] if group_by in results else OmegaConf.select(OmegaConf.create(cfg), group_by)
     if time_decoding:
-        run["beam_sentences_per_s"] = decoding_speed(loaded, srcs, cfg) if loaded else None
+        recorded = (results["test"].get(split) or {}).get("sentences_per_s")  # train.py's final beam decoding
+        run["beam_sentences_per_s"] = (recorded if recorded is not None
+                                       else decoding_speed(loaded, srcs, cfg) if loaded else None)
     return Output(run, hyps, refs)
+
+
+def sharpness(results: dict[str, Any], split: str, loaded: Translator | None,
+              text: EncodedSplit) -> dict[str, float] | str | None:
+    """How peaked the run's attention is on ``split``: as train.py recorded it in results.json when it did (so a run
+    copied without its checkpoints reports the same), else measured now with the checkpoint; None without
+    attention, ``"no checkpoint"`` when the run dir holds neither."""
+    recorded = results["test"].get(split) or {}
+    if "attention_sharpness" in recorded:
+        return recorded["attention_sharpness"]
+    return attention_sharpness(loaded.models[0], text) if loaded else "no checkpoint"
 
 
 def decoding_speed(loaded: Translator, srcs: list[str], cfg: dict[str, Any]) -> float:

@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
+import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
+from time import monotonic  # one name for the chain's clock (a test replaces it)
 from typing import Any
 
 import torch
@@ -24,11 +30,26 @@ from nmt.common.progress import format_duration
 from nmt.common.provenance import provenance
 from nmt.common.settings import unknown_key_message
 from nmt.data.synthetic import is_complete
+from nmt.model.checkpoint import CheckpointError, resolve_checkpoint
 
-DEFAULTS = {"recipe": "bt_best", "workdir": ".", "parallel": "auto", "dry_run": False, "device": "auto"}
-# parallel=auto: stages at once on a GPU. Four trainings of the recipe shared one H200 at 3.5x the throughput of
-# one (98% utilisation; issue 48's measurement); on a CPU, stages at once only share the same cores.
+DEFAULTS = {"recipe": "bt_best", "workdir": ".", "parallel": "auto", "budget": None, "deadline": None,
+            "dry_run": False, "device": "auto"}
+BUDGET_FORMS = "seconds (600), or hours, minutes and seconds (90s, 45m, 1h30m, 1h30m15s)"
+DEADLINE_FORMS = "HH:MM or HH:MM:SS (the next time the clock reads it) or an ISO date and time (2026-11-28T14:30)"
+AS_WRITTEN = ("budget", "deadline")  # read as text: OmegaConf would turn deadline=14:30 into 870 (YAML's base 60)
+# parallel=auto on a GPU without a measured figure (MEASURED_PARALLEL has none for it): four trainings of the recipe
+# shared one H200 at 3.5x the throughput of one (98% utilisation; issue 48's measurement); on a CPU, stages at
+# once only share the same cores, so auto is 1 there.
 PARALLEL_ON_CUDA = 4
+# What each card measured (scripts/gpu_check.py --parts parallel writes it): "cards" maps
+# torch.cuda.get_device_name() to {"trainings_at_once", "tokens_per_s_together", "over_one_alone", "measured"}.
+MEASURED_PARALLEL = Path(__file__).with_name("measured_parallel.json")
+# An estimate of one training's card memory, used to check parallel= against the free memory when no measured
+# figure (a card's "mib_per_training") exists: one multi30k_best training alone peaked at 2,975 MiB of card memory
+# (nvidia-smi, one H100 at efb7581), rounded up for the CUDA context and a longer batch.
+MIB_PER_TRAINING = 4096
+# After the budget's SIGTERM, how long a stage has to finish its step and save checkpoints/last.pt before SIGKILL.
+STOP_GRACE_S = 120.0
 
 
 class ChainError(ValueError):
@@ -82,21 +103,57 @@ def parse_arguments(args: Sequence[str], recipes: Path) -> tuple[dict[str, Any],
     for arg in args:
         key, sep, value = arg.partition("=")
         if not sep:
-            raise ChainError(f"{arg!r} is not key=value; e.g. recipe=bt_best parallel=2 data.mirror=/corpora")
+            raise ChainError(f"{arg!r} is not key=value (python reproduce.py --help lists them); "
+                             "e.g. recipe=bt_best parallel=2 data.mirror=/corpora")
         if key.startswith("data."):
             data.append(arg)
+        elif key in AS_WRITTEN:
+            settings[key] = value
         elif key in DEFAULTS:
             settings[key] = OmegaConf.from_dotlist([arg])[key]
         else:
             raise ChainError(unknown_key_message("", key, [*DEFAULTS, "data.<key> (train.py's data overrides)"]))
     parallel = settings["parallel"]
     if parallel != "auto" and (not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1):
-        raise ChainError(f"parallel={parallel!r} must be auto ({PARALLEL_ON_CUDA} on a GPU, 1 on a CPU) or a whole "
-                         "number >= 1 (stages run at once)")
+        raise ChainError(f"parallel={parallel!r} must be auto (on a GPU the card's measured figure, else "
+                         f"{PARALLEL_ON_CUDA}; 1 on a CPU) or a whole number >= 1 (stages run at once)")
     if settings["device"] not in ("auto", "cpu", "cuda"):
         raise ChainError(f"device={settings['device']!r} must be auto, cpu or cuda (whose eta_minutes to use; "
                          "each run picks its own device)")
     return settings, data, load_recipe(recipes, str(settings["recipe"]))
+
+
+SETTINGS_HELP = {  # each setting's value form and meaning, for --help (its default comes from DEFAULTS)
+    "recipe": ("NAME", "which chain to run: one of the recipes above"),
+    "workdir": ("DIR", "where its runs/ go; the same workdir again goes on where a call stopped"),
+    "parallel": ("N|auto", f"stages at once; auto: on a GPU the card's figure in {MEASURED_PARALLEL.name}, else "
+                           f"{PARALLEL_ON_CUDA}; 1 on a CPU"),
+    "budget": ("TIME", f"start only stages expected to end inside it, stop (SIGTERM) what runs at its end: "
+                       f"{BUDGET_FORMS}"),
+    "deadline": ("WHEN", f"the same as a time on the clock: {DEADLINE_FORMS}; with budget=, the sooner counts"),
+    "dry_run": ("BOOL", "list each stage, complete or to run, with its command and the ETA; run nothing"),
+    "device": ("auto|cpu|cuda", "whose eta_minutes to use and what parallel=auto means (each run picks its own)"),
+}
+
+
+def usage(recipes: Path) -> str:
+    """``--help``: the recipes (each yaml's first comment line), the settings with their defaults, examples."""
+    lines = ["usage: python reproduce.py [KEY=VALUE ...] [data.KEY=VALUE ...]", "",
+             "Run a recipe's chain of train.py stages (configs/recipe/), resumable from its workdir, with an ETA.", "",
+             "recipes (recipe=NAME):"]
+    for path in sorted(recipes.glob("*.yaml")):
+        first = next((line.lstrip("# ").strip() for line in path.read_text(encoding="utf-8").splitlines()
+                      if line.startswith("#")), "")
+        lines.append(f"  {path.stem:<22}{first.split(': python')[0].split(':  python')[0]}")
+    lines += ["", "settings [default]:"]
+    for key, (form, meaning) in SETTINGS_HELP.items():
+        default = "none" if DEFAULTS[key] is None else str(DEFAULTS[key]).lower()
+        lines += textwrap.wrap(f"{meaning} [{default}]", 110, initial_indent=f"  {key}={form}".ljust(24),
+                               subsequent_indent=" " * 24)
+    lines += ["  data.KEY=VALUE        train.py's data overrides for every stage that reads data (data.mirror=DIR)",
+              "", "examples:", "  python reproduce.py recipe=attention_study dry_run=true",
+              "  python reproduce.py recipe=attention_study workdir=study budget=8m   # then the same again to go on"]
+    return "\n".join(lines)
 
 
 def load_recipe(recipes: Path, name: str) -> DictConfig:
@@ -108,6 +165,95 @@ def load_recipe(recipes: Path, name: str) -> DictConfig:
     recipe = OmegaConf.load(path)
     parents = recipe.pop("defaults", [])
     return OmegaConf.merge(*[load_recipe(recipes, str(parent)) for parent in parents], recipe)  # parents first
+
+
+# ------------------------------------------------------------------------------------------------ Budget
+
+
+def parse_budget(value: str) -> float:
+    """``budget=`` in seconds: ``600``, ``90s``, ``45m``, ``1h30m``, ``1h30m15s`` (decimals allowed).
+
+    Raises:
+        ChainError: anything else, or no time at all (naming the accepted forms).
+    """
+    text = value.strip().lower()
+    parts = re.fullmatch(r"(?:(\d+(?:\.\d*)?)h)?(?:(\d+(?:\.\d*)?)m)?(?:(\d+(?:\.\d*)?)s?)?", text)
+    if not text or parts is None or not any(parts.groups()):
+        raise ChainError(f"budget={value!r} is not a duration; give {BUDGET_FORMS}")
+    if not text[-1].isalpha() and (parts.group(1) or parts.group(2)):
+        raise ChainError(f"budget={value!r} is not a duration (a number after h or m needs its unit); "
+                         f"give {BUDGET_FORMS}")
+    hours, minutes, seconds = (float(g or 0) for g in parts.groups())
+    if hours * 3600 + minutes * 60 + seconds <= 0:
+        raise ChainError(f"budget={value!r} leaves no time; give {BUDGET_FORMS}")
+    return hours * 3600 + minutes * 60 + seconds
+
+
+def parse_deadline(value: str, now: datetime) -> float:
+    """``deadline=`` as seconds from ``now`` (an aware local time): ``HH:MM[:SS]`` is the next time the clock reads
+    it (tomorrow's when today's has passed); an ISO date and time without a zone is local time.
+
+    Raises:
+        ChainError: another form, or an ISO time already past.
+    """
+    text = value.strip()
+    if re.fullmatch(r"\d{1,2}:\d{2}(:\d{2})?", text):
+        try:
+            clock = datetime.strptime(text, "%H:%M:%S" if text.count(":") == 2 else "%H:%M").time()
+        except ValueError:
+            raise ChainError(f"deadline={value!r} is not a time of day; give {DEADLINE_FORMS}") from None
+        target = now.replace(hour=clock.hour, minute=clock.minute, second=clock.second, microsecond=0)
+        target += timedelta(days=1) if target <= now else timedelta()
+    else:
+        try:
+            target = datetime.fromisoformat(text)
+        except ValueError:
+            raise ChainError(f"deadline={value!r} is not a time; give {DEADLINE_FORMS}") from None
+        target = target.astimezone() if target.tzinfo is None else target
+        if target <= now:
+            raise ChainError(f"deadline={value!r} has passed (it is {now.isoformat(timespec='seconds')} now); "
+                             f"give a later one: {DEADLINE_FORMS}")
+    return (target - now).total_seconds()
+
+
+@dataclass
+class Budget:
+    """When the chain must stop: ``ends`` on ``monotonic()``'s clock, and what set it, for messages."""
+
+    ends: float
+    label: str
+
+    def left(self) -> float:
+        return self.ends - monotonic()
+
+
+def time_budget(settings: dict[str, Any], began: float) -> Budget | None:
+    """The sooner of ``budget=`` (counted from ``began``, when the call started) and ``deadline=``; None without."""
+    limits = []
+    if settings["budget"] is not None:
+        limits.append((began + parse_budget(str(settings["budget"])), f"budget={settings['budget']}"))
+    if settings["deadline"] is not None:
+        seconds = parse_deadline(str(settings["deadline"]), datetime.now().astimezone())
+        limits.append((monotonic() + seconds, f"deadline={settings['deadline']}"))
+    return Budget(*min(limits)) if limits else None
+
+
+def check_budget(budget: Budget | None, stages: list[Stage], clock: Clock) -> None:
+    """A budget must hold the shortest stage that can start now (its estimate, as the ETA's).
+
+    Raises:
+        ChainError: naming the budget, that stage and its estimate.
+    """
+    finished = {s.name for s in stages if s.done()}
+    ready = [s for s in stages if s.name not in finished and all(a in finished for a in s.after)]
+    if budget is None or not ready:
+        return
+    shortest = min(ready, key=lambda s: clock.estimate(s.kind))
+    needed = clock.estimate(shortest.kind)
+    if needed > budget.left():
+        raise ChainError(f"{budget.label} ({format_duration(budget.left())} left) is shorter than the shortest stage "
+                         f"that can start now, '{shortest.name}' (about {format_duration(needed)}); give a budget of "
+                         "at least that")
 
 
 # ------------------------------------------------------------------------------------------------ Stages
@@ -284,6 +430,63 @@ def seed_by_seed(chain: Chain, trainings: list[Stage]) -> list[Stage]:
     return sorted(trainings, key=position)  # stable: within a seed the recipe's order of trainings
 
 
+# ------------------------------------------------------------------------------------------ Trainings at once
+def cuda_card() -> tuple[str, float] | None:
+    """This machine's GPU: its name (``torch.cuda.get_device_name``) and free memory in MiB
+    (``torch.cuda.mem_get_info``), asked in a child process so that this one, alive for the whole chain, never holds
+    a CUDA context on the card the stages share; None without a GPU (or when the child cannot tell)."""
+    if not torch.cuda.is_available():
+        return None
+    probe = ("import torch; free, _ = torch.cuda.mem_get_info(); print(free / 2**20); "
+             "print(torch.cuda.get_device_name())")
+    answer = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False)
+    lines = answer.stdout.strip().splitlines()
+    return (lines[1], float(lines[0])) if answer.returncode == 0 and len(lines) == 2 else None
+
+
+def measured_card(name: str | None) -> dict[str, Any] | None:
+    """The card's entry in MEASURED_PARALLEL (what scripts/gpu_check.py --parts parallel measured), if any."""
+    if name is None or not MEASURED_PARALLEL.is_file():
+        return None
+    return (json.loads(MEASURED_PARALLEL.read_text(encoding="utf-8")).get("cards") or {}).get(name)
+
+
+def choose_parallel(setting: Any, device: str, card: tuple[str, float] | None) -> tuple[int, str]:
+    """Stages at once, and where the number came from (for the ETA line).
+
+    ``parallel=auto`` is 1 on a CPU; on a GPU, the card's measured ``trainings_at_once`` when MEASURED_PARALLEL has
+    it, else PARALLEL_ON_CUDA; either way no more than the card's free memory holds. A number is taken as given,
+    once checked against that memory.
+
+    Raises:
+        ChainError: ``parallel=N`` more than the card's free memory holds (naming the number that fits).
+    """
+    if device != "cuda":
+        return (1, "auto: 1 on a CPU") if setting == "auto" else (int(setting), "as given")
+    name, free_mib = card if card is not None else (None, None)
+    entry = measured_card(name) or {}
+    per_training = float(entry.get("mib_per_training") or MIB_PER_TRAINING)
+    fits = None if free_mib is None else max(1, int(free_mib // per_training))
+    if setting != "auto":
+        if fits is not None and int(setting) > fits:
+            how = "as measured on this card" if entry.get("mib_per_training") else "an estimate"
+            raise ChainError(f"parallel={setting} is more than this card's memory holds: {free_mib:,.0f} MiB free on "
+                             f"{name}, about {per_training:,.0f} MiB per training ({how}); parallel={fits} would fit")
+        return int(setting), "as given"
+    if entry.get("trainings_at_once"):
+        parallel = int(entry["trainings_at_once"])
+        how = (f"auto: measured on this card, {name} ({entry.get('measured', 'undated')}): "
+               f"{entry.get('over_one_alone', '?')}x one training alone")
+    elif name is not None:
+        parallel = PARALLEL_ON_CUDA
+        how = f"auto: the default for a card not measured in {MEASURED_PARALLEL.name} ({name})"
+    else:
+        parallel, how = PARALLEL_ON_CUDA, "auto: the default for a GPU (none here to look up)"
+    if fits is not None and fits < parallel:
+        parallel, how = fits, f"{how}, cut to the {fits} its free memory holds ({free_mib:,.0f} MiB)"
+    return parallel, how
+
+
 # ----------------------------------------------------------------------------------------------- Running
 class Clock:
     """How long each kind of stage takes: this workdir's own times when it has any, else the recipe's guess."""
@@ -301,8 +504,14 @@ class Clock:
         write_json_durably(self.path, self.times)
 
 
-def run_stages(chain: Chain, stages: list[Stage], parallel: int, clock: Clock) -> None:
-    """Start each stage once the stages it waits for are done, ``parallel`` at a time; skip done ones.
+def run_stages(chain: Chain, stages: list[Stage], parallel: int, clock: Clock,
+               budget: Budget | None = None) -> list[str]:
+    """Start each stage once the stages it waits for are done, ``parallel`` at a time; skip done ones. With a
+    ``budget``, start only a stage whose estimate ends inside it, and at its end stop the running ones with SIGTERM
+    (train.py then saves checkpoints/last.pt; SIGKILL after ``STOP_GRACE_S``).
+
+    Returns:
+        The stages left for a later call when the budget ended the chain (none when it is complete).
 
     Raises:
         ChainError: a stage failed or stopped (after the others running have ended): rerun to resume.
@@ -313,38 +522,55 @@ def run_stages(chain: Chain, stages: list[Stage], parallel: int, clock: Clock) -
         say(f"skip  {name}: complete")
     running: dict[str, tuple[Stage, subprocess.Popen, float]] = {}
     failed: list[str] = []
+    held: set[str] = set()  # not started: their estimate would overrun the budget
+    stopping: float | None = None  # when the budget's SIGTERM went out
     say(f"{len(stages)} stages, {len(finished)} complete, {parallel} at a time; "
-        f"ETA {eta(stages, finished, running, clock, parallel)}")
+        f"ETA {eta(stages, finished, running, clock, parallel)}" + (f"; {budget.label}" if budget else ""))
     while True:
         ready = [s for s in stages if s.name not in finished and s.name not in running
                  and all(a in finished for a in s.after)]
-        while ready and len(running) < parallel and not failed:
+        while ready and len(running) < parallel and not failed and stopping is None:
             stage = ready.pop(0)
-            running[stage.name] = (stage, start(chain, stage), time.monotonic())
+            if budget is not None and clock.estimate(stage.kind) > budget.left():
+                held.add(stage.name)
+                continue
+            held.discard(stage.name)
+            running[stage.name] = (stage, start(chain, stage), monotonic())
             left = eta(stages, finished, running, clock, parallel)
             say(f"start {stage.name} ({len(finished) + len(running)}/{len(stages)}): about "
                 f"{format_duration(clock.estimate(stage.kind))}; chain ETA {left}")
         if not running:
             break
         time.sleep(0.05)  # stages take minutes; polling costs nothing
+        if budget is not None and stopping is None and budget.left() <= 0:
+            stopping = monotonic()
+            for name, (_, process, _) in running.items():
+                say(f"stop  {name}: {budget.label} is spent (SIGTERM: a training saves checkpoints/last.pt)")
+                process.send_signal(signal.SIGTERM)
+        if stopping is not None and monotonic() - stopping > STOP_GRACE_S:
+            for _, process, _ in running.values():
+                process.kill()  # it had its grace; its last checkpoint on disk is what resumes
         for name, (stage, process, began) in list(running.items()):
             if process.poll() is None:
                 continue
             del running[name]
-            seconds = time.monotonic() - began
+            seconds = monotonic() - began
             if process.returncode == 0 and stage.done():
                 finished.add(name)
                 clock.record(stage.kind, seconds)
                 say(f"done  {name} in {format_duration(seconds)}")
+            elif stopping is not None:
+                held.add(name)  # stopped by the budget, not failed: the next call resumes it
             else:
                 how = f"failed (exit {process.returncode})" if process.returncode else "stopped before it finished"
                 if process.returncode == EXIT_WRITE_STOPPED:
                     how = f"ran out of disk space ({free_space(chain.workdir)}; exit {EXIT_WRITE_STOPPED})"
                 failed.append(f"stage '{name}' {how}; its log: {log_path(chain, stage)}")
-    if failed or len(finished) < len(stages):
+    if failed or (len(finished) < len(stages) and not held):
         reason = failed[0] if failed else "a stage's inputs never became complete"
         error = WriteStopped if "ran out of disk space" in reason else ChainError  # 74, not 2: free space, go on
         raise error(f"{reason}; run the same command again to resume (complete stages are skipped)")
+    return [s.name for s in stages if s.name not in finished]
 
 
 def start(chain: Chain, stage: Stage) -> subprocess.Popen:
@@ -366,18 +592,29 @@ def log_path(chain: Chain, stage: Stage) -> Path:
     return chain.workdir / "runs" / ".reproduce" / "logs" / (stage.name.replace(" ", "_") + ".log")
 
 
-def eta(stages: list[Stage], finished: set[str], running: dict[str, Any], clock: Clock, parallel: int) -> str:
-    """The time left if each stage takes its estimate: the rest of the plan scheduled as the runner would,
-    ``parallel`` at a time, each stage after the ones it waits for (stages come in plan order, those first)."""
-    now = time.monotonic()
+def schedule(stages: list[Stage], finished: set[str], running: dict[str, Any], clock: Clock, parallel: int,
+             within: float | None = None) -> dict[str, float]:
+    """When each stage left would end (seconds from now) if each takes its estimate: scheduled as the runner
+    would, ``parallel`` at a time, each after the ones it waits for (stages come in plan order, those first);
+    with ``within`` (seconds), only the stages that would end inside it, as a budget lets the runner start."""
+    now = monotonic()
     ends = {stage.name: max(0.0, clock.estimate(stage.kind) - (now - began)) for stage, _, began in running.values()}
     slots = sorted([*ends.values(), *[0.0] * max(0, parallel - len(ends))])  # when each slot is free
     for stage in stages:
-        if stage.name in finished or stage.name in ends:
+        if stage.name in finished or stage.name in ends or any(a not in finished and a not in ends
+                                                                 for a in stage.after):
             continue
-        ends[stage.name] = max([slots[0], *(ends.get(name, 0.0) for name in stage.after)]) + clock.estimate(stage.kind)
-        slots = sorted([*slots[1:], ends[stage.name]])
-    return format_duration(max(ends.values(), default=0.0))
+        end = max([slots[0], *(ends[name] for name in stage.after if name in ends)]) + clock.estimate(stage.kind)
+        if within is not None and end > within:
+            continue
+        ends[stage.name] = end
+        slots = sorted([*slots[1:], end])
+    return ends
+
+
+def eta(stages: list[Stage], finished: set[str], running: dict[str, Any], clock: Clock, parallel: int) -> str:
+    """The time left if each stage takes its estimate (``schedule``)."""
+    return format_duration(max(schedule(stages, finished, running, clock, parallel).values(), default=0.0))
 
 
 def eta_sources(stages: list[Stage], clock: Clock, recipe: DictConfig, device: str) -> str:
@@ -460,20 +697,55 @@ def fmt(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}"
 
 
+def check_checkpoints(stages: list[Stage]) -> None:
+    """Every stage left to run finds the checkpoints it reads: a finished run copied without its checkpoints/
+    (results.json and translations/ are all the report reads) cannot serve a back-translation or a tuning.
+
+    Raises:
+        ChainError: naming the stage, the run, and the two ways on.
+    """
+    for stage in stages:
+        if stage.kind == "report" or stage.done():
+            continue
+        for need in stage.needs:
+            if (need / "results.json").is_file():
+                try:
+                    resolve_checkpoint(need)
+                except CheckpointError:
+                    raise ChainError(f"stage '{stage.name}' reads the checkpoint of {need}, which holds results.json "
+                                     "but no checkpoints/best.pt or last.pt: copy its checkpoints/ into the workdir, "
+                                     "or delete its results.json to train it again") from None
+
+
+def go_on_command(args: Sequence[str], workdir: Path) -> str:
+    """The call that goes on after a budget's stop: the same settings in the same workdir (made absolute), without
+    ``deadline=`` (past by then: give a new budget= or deadline=)."""
+    kept = [a for a in args if not a.startswith(("workdir=", "deadline="))]
+    return shlex.join(["python", "reproduce.py", *kept, f"workdir={workdir}"])
+
+
 def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
-    """Plan the chain of ``args``' recipe, run what is not complete, write the summary; returns it.
+    """Plan the chain of ``args``' recipe, run what is not complete (what fits in the budget, if any), write the
+    summary; returns it (None for ``--help``, a dry run, or a stop at the budget).
 
     Args:
-        args: ``key=value`` settings (``recipe``, ``workdir``, ``parallel``, ``dry_run``, ``device``) and
-            ``data.*`` overrides.
+        args: ``key=value`` settings (``recipe``, ``workdir``, ``parallel``, ``budget``, ``deadline``,
+            ``dry_run``, ``device``) and ``data.*`` overrides; or ``--help``/``-h``.
         repo: the folder of the commands it drives (train.py, backtranslate.py, scripts/tune_decoding.py)
             and of configs/.
 
     Raises:
-        ChainError: a bad setting or recipe, or a stage that failed (rerun to resume).
+        ChainError: a bad setting or recipe, a budget too short for any stage, a parallel= the card's memory does
+            not hold (all before any work), or a stage that failed (rerun to resume).
         PathNotWritable: a workdir that cannot be made.
     """
-    settings, data, recipe = parse_arguments(args, repo / "configs" / "recipe")
+    began = monotonic()  # the budget counts from here
+    recipes = repo / "configs" / "recipe"
+    if "--help" in args or "-h" in args:
+        print(usage(recipes), flush=True)
+        return None
+    settings, data, recipe = parse_arguments(args, recipes)
+    budget = time_budget(settings, began)
     scripts = {"train": "train.py", "backtranslate": "backtranslate.py", "tune": "scripts/tune_decoding.py",
                "compare": "scripts/compare_runs.py"}
     programs = {kind: [sys.executable, str(repo / script)] for kind, script in scripts.items()}
@@ -483,15 +755,27 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
     stages = plan(chain)
     auto = "cuda" if torch.cuda.is_available() else "cpu"
     device = auto if settings["device"] == "auto" else settings["device"]  # whose eta_minutes and parallel=auto
-    parallel = settings["parallel"] if settings["parallel"] != "auto" else PARALLEL_ON_CUDA if device == "cuda" else 1
+    parallel, chosen = choose_parallel(settings["parallel"], str(device), cuda_card() if device == "cuda" else None)
     clock = Clock(workdir / "runs" / ".reproduce" / "times.json", dict(recipe.eta_minutes[str(device)]))
+    check_budget(budget, stages, clock)
+    check_checkpoints(stages)
     if settings["dry_run"]:
         show_plan(stages)
         done = {s.name for s in stages if s.done()}
-        say(f"ETA {eta(stages, done, {}, clock, parallel)} ({device}, parallel={parallel}); "
+        say(f"ETA {eta(stages, done, {}, clock, parallel)} ({device}, parallel={parallel}, {chosen}); "
             f"{eta_sources(stages, clock, recipe, str(device))}")
+        if budget is not None:
+            fits = len(schedule(stages, done, {}, clock, parallel, within=budget.left()))
+            say(f"{budget.label}: {fits} of the {len(stages) - len(done)} stages left would run in it")
         return None
-    run_stages(chain, stages, parallel, clock)
+    say(f"parallel={parallel} ({chosen})")
+    if left := run_stages(chain, stages, parallel, clock, budget):
+        rest = eta(stages, {s.name for s in stages if s.name not in left}, {}, clock, parallel)
+        say(f"stopped at {budget.label if budget else 'the budget'}: {len(stages) - len(left)} of {len(stages)} "
+            f"stages complete, {len(left)} left (about {rest} at parallel={parallel}); a stopped training resumes "
+            "from its checkpoints/last.pt")
+        say(f"go on with: {go_on_command(args, workdir)}  (elsewhere: copy the workdir there first)")
+        return None
     report = summary(chain, stages)
     out = workdir / "runs" / f"reproduce_{chain.recipe_name}"
     write_json_durably(f"{out}.json", report)
