@@ -1,10 +1,13 @@
-"""The GPU path in one command: bf16 against fp32, training speed, time to val BLEU 38, translation speed, the chain.
+"""The GPU path in one command: the CUDA tests, eager against graphs (training, the recipe, search), trainings side
+by side on one card, the attention study; one JSON, resumable, within a time budget if asked.
 
-    python scripts/gpu_check.py --out runs/gpu_check                            # a few minutes on one GPU
-    python scripts/gpu_check.py --out runs/gpu_check --parts recipe translate   # + time to val BLEU 38
-    python scripts/gpu_check.py --out runs/gpu_check --parts chain --parallel 3 # + the chain's wall time
+    python scripts/gpu_check.py --out runs/gpu_check                            # graphs + translate: minutes
+    python scripts/gpu_check.py --out runs/gpu_check --parts recipe search --recipe-paths graphs eager
+    python scripts/gpu_check.py --out runs/gpu_check --parts parallel --mps     # trainings at once, MPS too
+    python scripts/gpu_check.py --device-run --out /tmp/gpu_check --pack OUT   # 9 minutes, at most 8 files
 
-Logic and options: nmt_tools/gpu_check.py (``--help``); the guide: docs/guides/best-models.md.
+One device call runs scripts/gpu_device_run.sh. Logic and options: nmt_tools/gpu_check.py (``--help``); the
+guides: docs/development/benchmarking.md, docs/results/gpu.md.
 """
 
 from pathlib import Path

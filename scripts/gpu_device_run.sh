@@ -1,0 +1,19 @@
+#!/bin/bash
+# The GPU check in one device call of at most 9 minutes: the CUDA tests, eager against graphs (training, the recipe
+# from process start to its test score, greedy and beam search, back-translating the task-2 captions), trainings
+# side by side on one card, then the attention study in the time left; at most 8 files come back in $OUT.
+#
+# On this machine first:  bash ../shared/tools/gpu-site.sh && git describe --always --dirty > .gpu-site/commit
+# On the GPU machine, from the project root, with .gpu-site carried (docs/development/benchmarking.md):
+#   export PYTHONPATH=$PWD:$PWD/.gpu-site NMT_DATA_MIRROR=$PWD/.gpu-site/corpora PYTHONUNBUFFERED=1;
+#   bash scripts/gpu_device_run.sh                                   # 540 s, every part
+#   bash scripts/gpu_device_run.sh --parts study --budget-seconds 480  # other gpu_check.py options pass through
+# Writes its runs under $GPU_CHECK_WORK (default /tmp/gpu_check), then packs them into $OUT.
+set -euo pipefail
+: "${OUT:?set OUT to the folder whose files come back}"
+if [ -z "${NMT_GIT_COMMIT:-}" ] && [ -s .gpu-site/commit ]; then
+    NMT_GIT_COMMIT=$(head -n 1 .gpu-site/commit)
+    export NMT_GIT_COMMIT
+fi
+work=${GPU_CHECK_WORK:-/tmp/gpu_check}
+exec "${PYTHON:-python3}" scripts/gpu_check.py --device-run --out "$work" --pack "$OUT" "$@"
