@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,8 @@ PROGRAMS = {"train": ["t"], "backtranslate": ["b"], "tune": ["d"], "compare": ["
 
 # One stand-in for the four commands: it records its call, writes what the real one writes when it ends
 # (results.json, a complete provenance.json, the tune report), and, when it is the stage named in FAKE_KILL,
-# first writes what a real one leaves when killed midway (last.pt, a partial provenance.json) and SIGKILLs itself.
+# first writes what a real one leaves when killed midway (last.pt, a partial provenance.json) and SIGKILLs itself;
+# a training named in FAKE_HANG runs until SIGTERM (touching ./hung once it waits), then saves last.pt.
 FAKE = r'''
 import json, os, signal, sys
 from pathlib import Path
@@ -36,8 +38,19 @@ if KIND == "train":
     (run / "checkpoints" / "last.pt").write_text("weights")
     if dying:
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("FAKE_HANG") == stage:  # runs until SIGTERM, then saves last.pt and exits 0, as train.py does
+        def saved(*_):
+            (run / "checkpoints" / "last.pt").write_text("saved at SIGTERM")
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, saved)
+        Path("hung").touch()
+        signal.alarm(60)  # never outlive a test that forgot it
+        while True:
+            signal.pause()
     results = {{"valid": {{"bleu": 40.0}}, "test": {{"test_2016_flickr": {{"bleu": 41.0}}}}, "wall_seconds": 60}}
     (run / "results.json").write_text(json.dumps(results))
+    (run / "translations").mkdir(exist_ok=True)
+    (run / "translations" / "test_2016_flickr.en").write_text("a translation\n")
 elif KIND == "backtranslate":
     out = Path(value("output"))
     out.mkdir(parents=True, exist_ok=True)
@@ -352,3 +365,122 @@ def test_help_lists_the_recipes_the_settings_and_an_example(flag: str) -> None:
     assert named == [*reproduce.DEFAULTS, "data.KEY"]
     assert "budget=TIME" in settings and "90s, 45m, 1h30m" in settings and "[auto]" in settings
     assert "python reproduce.py recipe=attention_study workdir=study budget=8m" in done.stdout
+
+
+# ------------------------------------------------------------------------------------------------ Budget
+LENGTHS = {"report": 300.0}  # seconds each kind of stand-in stage takes on the fake clock; a training 600
+
+
+class FakeClock:
+    """The chain's clock in a test: time moves by a stage's set length when it ends, and past any budget once a
+    stand-in in FAKE_HANG waits (./hung in the workdir)."""
+
+    def __init__(self) -> None:
+        self.now, self.workdirs = 0.0, []
+
+    def __call__(self) -> float:
+        for hung in (w / "hung" for w in self.workdirs):
+            if hung.exists():
+                hung.unlink()
+                self.now += 1e6
+        return self.now
+
+
+@pytest.fixture
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    clock = FakeClock()
+    monkeypatch.setattr(reproduce, "monotonic", clock)
+    monkeypatch.setattr(reproduce.Clock, "estimate", lambda self, kind: LENGTHS.get(kind, 600.0))
+
+    def record(self: reproduce.Clock, kind: str, seconds: float) -> None:
+        clock.now += LENGTHS.get(kind, 600.0)
+
+    monkeypatch.setattr(reproduce.Clock, "record", record)
+    return clock
+
+
+def study(workdir: Path, *more: str) -> list[str]:
+    workdir.mkdir(exist_ok=True)
+    return ["recipe=attention_study", "device=cpu", "parallel=1", *more, f"workdir={workdir}"]
+
+
+def test_a_budget_starts_only_what_fits_and_says_how_to_go_on(fake_repo: Path, tmp_path: Path, fake_clock: FakeClock,
+                                                              capsys: pytest.CaptureFixture) -> None:
+    workdir = tmp_path / "work"
+    args = study(workdir, "budget=35m")  # 2100 s: three 600 s trainings, not a fourth
+    reproduce.main([*args, "dry_run=true"], fake_repo)
+    said = capsys.readouterr().out.splitlines()
+    assert said[-1] == "reproduce.py: budget=35m: 3 of the 37 stages left would run in it"
+    assert reproduce.main(args, fake_repo) is None
+    assert [stage for stage, _ in calls(workdir)] == ["none de-en seed42", "additive de-en seed42", "dot de-en seed42"]
+    said = capsys.readouterr().out.splitlines()
+    assert said[-2].startswith("reproduce.py: stopped at budget=35m: 3 of 37 stages complete, 34 left (about ")
+    assert said[-1] == ("reproduce.py: go on with: python reproduce.py recipe=attention_study device=cpu parallel=1 "
+                        f"budget=35m workdir={workdir}  (elsewhere: copy the workdir there first)")
+    reproduce.main(args, fake_repo)  # the command it printed: the next three
+    assert [stage for stage, _ in calls(workdir)][3:] == ["scaled_dot de-en seed42", "general de-en seed42",
+                                                          "multihead de-en seed42"]
+
+
+def test_the_budget_stops_a_running_training_so_that_it_resumes(fake_repo: Path, tmp_path: Path, fake_clock: FakeClock,
+                                                                monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture) -> None:
+    workdir = tmp_path / "work"
+    fake_clock.workdirs.append(workdir)
+    args = study(workdir, "budget=35m")
+    monkeypatch.setenv("FAKE_HANG", "additive de-en seed42")
+    assert reproduce.main(args, fake_repo) is None  # not an error: the budget ended it
+    said = capsys.readouterr().out
+    assert "reproduce.py: stop  additive de-en seed42: budget=35m is spent (SIGTERM" in said
+    assert "stopped at budget=35m: 1 of 37 stages complete, 36 left" in said
+    run = workdir / "runs" / "study_additive_de-en" / "seed42"
+    assert (run / "checkpoints" / "last.pt").read_text() == "saved at SIGTERM" and not (run / "results.json").exists()
+    monkeypatch.delenv("FAKE_HANG")
+    reproduce.main(args, fake_repo)
+    assert calls(workdir)[2] == ("additive de-en seed42", [f"trainer.resume={run}"])
+
+
+def without_checkpoints_of_finished_runs(folder: str, names: list[str]) -> list[str]:
+    """shutil.copytree's ignore: what is copied to go on elsewhere, a finished run's checkpoints left behind."""
+    return ["checkpoints"] if "results.json" in names else []
+
+
+def test_a_study_goes_on_elsewhere_from_results_and_test_outputs_only(fake_repo: Path, tmp_path: Path,
+                                                                     fake_clock: FakeClock,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    at_once = reproduce.main(study(tmp_path / "at_once"), fake_repo)  # the whole study in one call, for comparison
+    first, second = tmp_path / "first", tmp_path / "second"
+    fake_clock.workdirs.append(first)
+    monkeypatch.setenv("FAKE_HANG", "dot de-en seed42")
+    assert reproduce.main(study(first, "budget=35m"), fake_repo) is None  # none and additive done, dot stopped
+    monkeypatch.delenv("FAKE_HANG")
+    shutil.copytree(first, second, ignore=without_checkpoints_of_finished_runs)
+    finished = [second / "runs" / f"study_{t}_de-en" / "seed42" for t in ("none", "additive")]
+    assert all((r / "results.json").is_file() and not (r / "checkpoints").exists() for r in finished)
+    sliced = reproduce.main(study(second), fake_repo)
+    ran = calls(second)[len(calls(first)):]
+    assert ran[0] == ("dot de-en seed42", [f"trainer.resume={second / 'runs' / 'study_dot_de-en' / 'seed42'}"])
+    assert not {"none de-en seed42", "additive de-en seed42"} & {stage for stage, _ in ran}  # none trained again
+    assert len(ran) == 35 and ran[-1][0] == "report test_2016_flickr"
+
+    def same(report: dict, workdir: Path) -> str:  # the report, wherever it ran
+        runs = [{k: v for k, v in r.items() if k != "dir"} for r in report["runs"]]
+        return json.dumps([runs, report["reports"]]).replace(str(workdir), "WORKDIR")
+
+    assert same(sliced, second) == same(at_once, tmp_path / "at_once")
+    compared = [(w / "runs" / "attention_study_test_2016_flickr.json").read_text().replace(str(w), "WORKDIR")
+                for w in (second, tmp_path / "at_once")]
+    assert compared[0] == compared[1]  # the report stage read the same runs, in the same order
+
+
+def test_a_finished_run_without_checkpoints_is_refused_where_a_later_stage_reads_them(fake_repo: Path,
+                                                                                    tmp_path: Path) -> None:
+    for pair in ("de-en", "en-de"):  # bt_best's base runs copied with their results only
+        run = tmp_path / "runs" / f"best_{pair}" / "seed42"
+        run.mkdir(parents=True)
+        (run / "results.json").write_text("{}")
+    refused = (r"stage 'backtranslate bt_\w+' reads the checkpoint of .*runs/best_\w\w-\w\w/seed42, which holds "
+               r"results.json but no checkpoints/best.pt or last.pt: copy its checkpoints/ into the workdir, or delete "
+               r"its results.json")
+    with pytest.raises(ChainError, match=refused):
+        reproduce.main(["recipe=bt_best", f"workdir={tmp_path}", "device=cpu", "dry_run=true"], fake_repo)
