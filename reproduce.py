@@ -1,8 +1,9 @@
-"""The best models in one resumable command: ``python reproduce.py recipe=bt_best [parallel=2] [data.mirror=DIR]``.
+"""The best models in one resumable command: ``python reproduce.py recipe=bt_best [parallel=2] [budget=55m]
+[data.mirror=DIR]``; ``--help`` lists the recipes and settings.
 
 A thin entry point: ``nmt.analysis.reproduce.main`` plans the recipe's stages (configs/recipe/) and runs
-train.py, backtranslate.py and scripts/tune_decoding.py from this folder. Run it again after a stop: complete
-stages are skipped and stopped ones resumed. Mistakes (a workdir that cannot be made included) end in one line on
+train.py, backtranslate.py and scripts/tune_decoding.py from this folder. Run it again after a stop (a budget's
+included, which exits 0 and prints the command): complete stages are skipped and stopped ones resumed. Mistakes (a workdir that cannot be made included) end in one line on
 stderr with exit status 2; a disk that fills ends in one line with exit status 74: run the same command again once
 space is freed.
 """
