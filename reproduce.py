@@ -3,9 +3,9 @@
 
 A thin entry point: ``nmt.analysis.reproduce.main`` plans the recipe's stages (configs/recipe/) and runs
 train.py, backtranslate.py and scripts/tune_decoding.py from this folder. Run it again after a stop (a budget's
-included, which exits 0 and prints the command): complete stages are skipped and stopped ones resumed. Mistakes (a workdir that cannot be made included) end in one line on
-stderr with exit status 2; a disk that fills ends in one line with exit status 74: run the same command again once
-space is freed.
+included: it exits 0 and prints the command): complete stages are skipped and stopped ones resumed. Mistakes (a
+workdir that cannot be made included) end in one line on stderr with exit status 2; a disk that fills ends in one
+line with exit status 74: run the same command again once space is freed.
 """
 
 import sys
