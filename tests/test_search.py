@@ -12,9 +12,9 @@ from nmt.data import BOS_ID, EOS_ID, PAD_ID
 from nmt.model.attention import build_attention
 from nmt.model.search import (
     LateFlag,
-    _best_candidates,
     _row_top_k,
     beam_search,
+    best_candidates,
     greedy_search,
     length_limits,
     length_penalty_factor,
@@ -304,7 +304,7 @@ def test_best_candidates_equal_log_softmax_reference(scale: float) -> None:
     blocked = torch.tensor([PAD_ID, BOS_ID])
     log_probs = torch.log_softmax(logits, dim=1).index_fill(1, blocked, float("-inf"))  # [A*K, V]
     expected = (beam_score.view(-1, 1) + log_probs).view(n_active, k * vocab).topk(2 * k, dim=1)
-    scores, slots, tokens = _best_candidates(logits.clone(), beam_score, blocked)
+    scores, slots, tokens = best_candidates(logits.clone(), beam_score, blocked)
     assert torch.allclose(scores, expected.values, rtol=1e-5, atol=1e-3 * max(1.0, scale / 100))
     assert torch.equal(slots * vocab + tokens, expected.indices)
 

@@ -70,7 +70,7 @@ def length_penalty_factor(length: int | Tensor, alpha: float) -> float | Tensor:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def _blocked_tokens(device: torch.device) -> Tensor:
+def blocked_tokens(device: torch.device) -> Tensor:
     """Token ids that are never outputs (PAD, BOS): ``[2]``, for ``index_fill_`` on ``[rows, V]``."""
     return torch.tensor([PAD_ID, BOS_ID], device=device)
 
@@ -177,17 +177,11 @@ def _token_by_token(model: StepModel, src: Tensor, src_lengths: Tensor, max_len:
     finished = torch.zeros(batch, dtype=torch.bool, device=device)  # [B]
     out_len = limits.clone()  # [B] tokens kept per row, fixed when EOS comes
     scores = torch.zeros(batch, device=device)  # [B]
-    blocked, all_finished = _blocked_tokens(device), LateFlag(device, lag)
+    blocked, all_finished = blocked_tokens(device), LateFlag(device, lag)
     steps_tokens, steps_attn = [], []  # per step: [B] tokens, [B, S] attention
     for step in range(max(limits_list)):
-        logits, state, attn = model.decode_step(prev, state, memory)  # [B, V], [L, B, H], [B, S]
-        log_probs = F.log_softmax(logits.float(), dim=-1).index_fill_(1, blocked, NEG_INF)  # [B, V]
-        best_lp, best = choose(log_probs)  # [B], [B]
-        active = ~finished
-        scores += torch.where(active, best_lp, torch.zeros_like(best_lp))
-        ended = active & (best == EOS_ID)
-        out_len = torch.where(ended, torch.full_like(out_len, step), out_len)
-        finished = finished | ended | (step + 1 >= limits)
+        best, state, attn, (finished, out_len, scores) = token_step(
+            model, choose, blocked, prev, state, memory, finished, out_len, scores, limits, step)
         steps_tokens.append(best)
         if keep_attention and model.has_attention:
             steps_attn.append(attn.float())
@@ -196,10 +190,40 @@ def _token_by_token(model: StepModel, src: Tensor, src_lengths: Tensor, max_len:
         if all_finished.seen():
             break
     attention = torch.stack(steps_attn, dim=1).cpu() if steps_attn else None  # [B, T, S]
-    return _hypotheses(torch.stack(steps_tokens, dim=1).cpu(), attention, out_len, scores, src_lengths)
+    return hypotheses_of(torch.stack(steps_tokens, dim=1).cpu(), attention, out_len, scores, src_lengths)
 
 
-def _hypotheses(tokens: Tensor, attention: Tensor | None, lengths: Tensor, scores: Tensor, src_lengths: Tensor
+def token_step(model: StepModel, choose: Callable[[Tensor], tuple[Tensor, Tensor]], blocked: Tensor, prev: Tensor,
+               state: Any, memory: Any, finished: Tensor, out_len: Tensor, scores: Tensor, limits: Tensor,
+               step: int | Tensor) -> tuple[Tensor, Any, Tensor, tuple[Tensor, Tensor, Tensor]]:
+    """One step of the token-by-token search over ``R`` rows, reading nothing back (the plain search and the graph
+    search run it; ``step`` is 0-based, an int or a device scalar).
+
+    Args:
+        prev: ``[R]`` previous tokens; state and memory: the model's.
+        finished, out_len, scores, limits: ``[R]`` each: row done, tokens kept (fixed when EOS comes), summed
+            log-probabilities, output length limit.
+
+    Returns:
+        the chosen tokens ``[R]``, the new state, the attention ``[R, S]``, and the new (finished, out_len, scores).
+    """
+    logits, state, attn = model.decode_step(prev, state, memory)  # [R, V], [L, R, H], [R, S]
+    log_probs = F.log_softmax(logits.float(), dim=-1).index_fill_(1, blocked, NEG_INF)  # [R, V]
+    best_lp, best = choose(log_probs)  # [R], [R]
+    active = ~finished
+    scores = scores + torch.where(active, best_lp, torch.zeros_like(best_lp))
+    ended = active & (best == EOS_ID)
+    out_len = torch.where(ended, _filled_like(out_len, step), out_len)
+    finished = finished | ended | (step + 1 >= limits)
+    return best, state, attn, (finished, out_len, scores)
+
+
+def _filled_like(like: Tensor, value: int | Tensor) -> Tensor:
+    """``like``'s shape filled with ``value`` (an int, or a device scalar the host never reads)."""
+    return torch.full_like(like, value) if isinstance(value, int) else value.to(like.dtype).expand_as(like)
+
+
+def hypotheses_of(tokens: Tensor, attention: Tensor | None, lengths: Tensor, scores: Tensor, src_lengths: Tensor
                 ) -> list[Hypothesis]:
     """Row r's tokens ``[R, T]`` cut to ``lengths[r]``, its score, its attention ``[R, T, S]`` cut to its source."""
     return [Hypothesis(tokens[r, :n].tolist(), score, None if attention is None else attention[r, :n, :s].clone())
@@ -229,10 +253,10 @@ def beam_search(model: StepModel, src: Tensor, src_lengths: Tensor, beam_size: i
     # K rows of decoder state per sentence; the memory keeps one row per sentence (see Decoder._attend)
     state = state.repeat_interleave(k, dim=1)  # [L, A*K, H]
     prev = torch.full((batch * k,), BOS_ID, dtype=torch.long, device=device)  # [A*K]
-    beams = _Beams.start(torch.tensor(limits, device=device), k)
-    final = _Pool.empty(batch, k, device)  # the pools of the sentences that have left the batch, in original order
+    beams = Beams.start(torch.tensor(limits, device=device), k)
+    final = Pool.empty(batch, k, device)  # the pools of the sentences that have left the batch, in original order
     history = _History(batch, keep_attention and model.has_attention)
-    blocked, some_done = _blocked_tokens(device), LateFlag(device, lag)
+    blocked, some_done = blocked_tokens(device), LateFlag(device, lag)
     # after a compaction the A active sentences are rows 0..A-1, so the first A rows of these serve
     row_base = (torch.arange(batch, device=device) * k).unsqueeze(1)  # [B, 1] first beam row of each sentence
     slots = torch.arange(k, device=device).expand(batch, k)  # [B, K] slot numbers
@@ -240,7 +264,7 @@ def beam_search(model: StepModel, src: Tensor, src_lengths: Tensor, beam_size: i
     for step in range(max(limits)):
         n_active = beams.rows.shape[0]
         logits, state, attn = model.decode_step(prev, state, memory)  # [A*K, V], [L, A*K, H], [A*K, S]
-        candidates = _best_candidates(logits, beams.score, blocked)  # scores, slots, tokens: [A, 2K] each
+        candidates = best_candidates(logits, beams.score, blocked)  # scores, slots, tokens: [A, 2K] each
         keep_slot, keep_token = beams.advance(step, *candidates, length_penalty, slots[:n_active])
         history.record(keep_token, keep_slot, attn, beams.rows)
         reorder = (row_base[:n_active] + keep_slot).view(-1)  # [A*K] rows of the previous beam to continue
@@ -258,11 +282,12 @@ def beam_search(model: StepModel, src: Tensor, src_lengths: Tensor, beam_size: i
         state = state.index_select(1, reorder)  # [L, A*K, H]
     else:  # the step limit ended the loop: every sentence still active is done at its limit
         final.store(beams.rows, beams.pool)
-    return _read_back(final, history, src_lengths, n_best)
+    attn_hist = torch.stack(history.attn) if history.attn else None  # [T, B, K, S]
+    return read_back(final, torch.stack(history.tokens), torch.stack(history.back), attn_hist, src_lengths, n_best)
 
 
 @dataclass
-class _Pool:
+class Pool:
     """Finished hypotheses, K per sentence, best first: their scores and where back-tracking starts."""
 
     score: Tensor  # [N, K] normalised score (-inf = empty entry)
@@ -270,27 +295,27 @@ class _Pool:
     slot: Tensor  # [N, K] beam slot of that last token
 
     @staticmethod
-    def empty(rows: int, k: int, device: torch.device) -> _Pool:
-        return _Pool(torch.full((rows, k), NEG_INF, device=device),
+    def empty(rows: int, k: int, device: torch.device) -> Pool:
+        return Pool(torch.full((rows, k), NEG_INF, device=device),
                      torch.full((rows, k), -1, dtype=torch.long, device=device),
                      torch.zeros((rows, k), dtype=torch.long, device=device))
 
-    def select(self, rows: Tensor) -> _Pool:
-        return _Pool(self.score.index_select(0, rows), self.end.index_select(0, rows), self.slot.index_select(0, rows))
+    def select(self, rows: Tensor) -> Pool:
+        return Pool(self.score.index_select(0, rows), self.end.index_select(0, rows), self.slot.index_select(0, rows))
 
-    def store(self, rows: Tensor, other: _Pool) -> None:
+    def store(self, rows: Tensor, other: Pool) -> None:
         """``other``'s rows into rows ``rows`` of this pool."""
         self.score[rows], self.end[rows], self.slot[rows] = other.score, other.end, other.slot
 
-    def merge(self, *finished: tuple[Tensor, Tensor, Tensor]) -> _Pool:
+    def merge(self, *finished: tuple[Tensor, Tensor, Tensor]) -> Pool:
         """The K best per sentence of this pool and ``finished`` (score, end, slot: ``[N, K]`` each)."""
         scores, ends, slots = (torch.cat(part, dim=1) for part in zip((self.score, self.end, self.slot), *finished))
         score, pick = scores.topk(self.score.shape[1], dim=1)  # [N, K]
-        return _Pool(score, ends.gather(1, pick), slots.gather(1, pick))
+        return Pool(score, ends.gather(1, pick), slots.gather(1, pick))
 
 
 @dataclass
-class _Beams:
+class Beams:
     """The search state of the A sentences still in the batch (row a is ``src`` row ``rows[a]``); a done sentence
     leaves once the host learns of it, so the batch shrinks as sentences end.
     """
@@ -300,27 +325,29 @@ class _Beams:
     score: Tensor  # [A, K] summed log-probs of the live hypotheses (-inf = empty slot)
     n_finished: Tensor  # [A] hypotheses finished with EOS
     done: Tensor  # [A] K finished or at the limit: can add nothing more, leaves when the host learns it
-    pool: _Pool  # [A, K]
+    pool: Pool  # [A, K]
 
     @staticmethod
-    def start(limits: Tensor, k: int) -> _Beams:
+    def start(limits: Tensor, k: int) -> Beams:
         batch, device = limits.shape[0], limits.device
         # only slot 0 is live at the start, so the first step does not pick K copies of one token
         score = torch.full((batch, k), NEG_INF, device=device)  # [B, K]
         score[:, 0] = 0.0
         n_finished = torch.zeros(batch, dtype=torch.long, device=device)  # [B]
-        return _Beams(torch.arange(batch, device=device), limits, score, n_finished, n_finished.bool(),
-                      _Pool.empty(batch, k, device))
+        return Beams(torch.arange(batch, device=device), limits, score, n_finished, n_finished.bool(),
+                      Pool.empty(batch, k, device))
 
-    def select(self, rows: Tensor) -> _Beams:
+    def select(self, rows: Tensor) -> Beams:
         """Only the sentences at ``rows`` ``[A']``."""
         tensors = (t.index_select(0, rows) for t in (self.rows, self.limits, self.score, self.n_finished, self.done))
-        return _Beams(*tensors, self.pool.select(rows))
+        return Beams(*tensors, self.pool.select(rows))
 
-    def advance(self, step: int, cand_score: Tensor, cand_slot: Tensor, cand_token: Tensor, alpha: float,
+    def advance(self, step: int | Tensor, cand_score: Tensor, cand_slot: Tensor, cand_token: Tensor,
+                alpha: float | Tensor,
                 slots: Tensor) -> tuple[Tensor, Tensor]:
         """Pool the hypotheses that finish at (0-based) ``step`` and keep the K best that continue; ``cand_*`` are
-        ``_best_candidates``' ``[A, 2K]``. Returns each continuing hypothesis' slot and token, ``[A, K]`` each.
+        ``best_candidates``' ``[A, 2K]``; ``step`` and ``alpha`` may be device scalars (the graph search). Returns
+        each continuing hypothesis' slot and token, ``[A, K]`` each.
         """
         k = slots.shape[1]
         # every hypothesis finished at this step took step+1 decoding steps: one penalty for all
@@ -339,8 +366,8 @@ class _Beams:
         forced_score = (keep_score / penalty).masked_fill(~forced_ok, NEG_INF)  # [A, K]
         # into the pool, keeping the K best: an EOS-finished hypothesis ends at step-1 in the slot it extends,
         # a forced one at this step in its own slot
-        self.pool = self.pool.merge((eos_score, torch.full_like(cand_slot[:, :k], step - 1), cand_slot[:, :k]),
-                                    (forced_score, torch.full_like(keep_slot, step), slots))
+        self.pool = self.pool.merge((eos_score, _filled_like(cand_slot[:, :k], step - 1), cand_slot[:, :k]),
+                                    (forced_score, _filled_like(keep_slot, step), slots))
         self.done = self.done | at_limit | (self.n_finished >= k)
         # until the host learns of it a finished sentence keeps running, but can add nothing more
         self.score = keep_score.masked_fill(self.done.unsqueeze(1), NEG_INF)  # [A, K]
@@ -361,9 +388,7 @@ class _History:
         self.tokens.append(self._scatter(token, rows, PAD_ID))  # [B, K]
         self.back.append(self._scatter(slot, rows, 0))  # [B, K]
         if self.keep_attention:
-            step_attn = attn.float().view(*slot.shape, -1)  # [A, K, S]
-            step_attn = step_attn.gather(1, slot.unsqueeze(2).expand_as(step_attn))  # [A, K, S]
-            self.attn.append(self._scatter(step_attn, rows, 0.0))  # [B, K, S]
+            self.attn.append(self._scatter(attention_by_slot(attn, slot), rows, 0.0))  # [B, K, S]
 
     def _scatter(self, values: Tensor, rows: Tensor, fill: float | int) -> Tensor:
         """``values`` ``[A, ...]`` into ``[B, ...]`` at ``rows``, ``fill`` elsewhere."""
@@ -372,7 +397,14 @@ class _History:
         return full
 
 
-def _best_candidates(logits: Tensor, beam_score: Tensor, blocked: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def attention_by_slot(attn: Tensor, slot: Tensor) -> Tensor:
+    """The attention ``[A*K, S]`` (by beam row) that emitted each continuing hypothesis of slots ``[A, K]``:
+    ``[A, K, S]`` float32."""
+    step_attn = attn.float().view(*slot.shape, -1)  # [A, K, S]
+    return step_attn.gather(1, slot.unsqueeze(2).expand_as(step_attn))  # [A, K, S]
+
+
+def best_candidates(logits: Tensor, beam_score: Tensor, blocked: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The 2K best extensions of each sentence's beam: scores, the slot each extends, and its token.
 
     A candidate scores ``beam_score[slot] + log p(token)``; the slot's score is shared by its tokens, so a
@@ -439,12 +471,13 @@ def _row_top_k(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return top_values, columns
 
 
-def _read_back(pool: _Pool, history: _History, src_lengths: Tensor, n_best: int) -> list[list[Hypothesis]]:
-    """Follow the back-pointers of the ``n_best`` best pooled hypotheses ``[B, K]`` of each sentence, on the CPU."""
+def read_back(pool: Pool, tokens_hist: Tensor, back_hist: Tensor, attn_hist: Tensor | None, src_lengths: Tensor,
+              n_best: int) -> list[list[Hypothesis]]:
+    """Follow the back-pointers of the ``n_best`` best pooled hypotheses ``[B, K]`` of each sentence, on the CPU,
+    through every step's tokens and back-pointers ``[T, B, K]`` (and attention ``[T, B, K, S]``, or None)."""
     score, end, slot = (t[:, :n_best].cpu() for t in (pool.score, pool.end, pool.slot))  # [B, N] each
-    tokens_hist = torch.stack(history.tokens).cpu()  # [T, B, K]
-    back_hist = torch.stack(history.back).cpu()  # [T, B, K]
-    attn_hist = torch.stack(history.attn).cpu() if history.attn else None  # [T, B, K, S]
+    tokens_hist, back_hist = tokens_hist.cpu(), back_hist.cpu()  # [T, B, K]
+    attn_hist = None if attn_hist is None else attn_hist.cpu()  # [T, B, K, S]
     steps = tokens_hist.shape[0]
     batch, n = score.shape
     # walk back from the last step, all hypotheses at once; a hypothesis joins when its end is reached
@@ -459,6 +492,6 @@ def _read_back(pool: _Pool, history: _History, src_lengths: Tensor, n_best: int)
             attention[:, :, t] = torch.where(on.unsqueeze(2), attn_hist[t].gather(1, idx), 0.0)
         cur = torch.where(on, back_hist[t].gather(1, cur), cur)
     attention = None if attention is None else attention.flatten(0, 1)  # [B*N, T, S]
-    hyps = _hypotheses(tokens.flatten(0, 1), attention, (end + 1).flatten(), score.flatten(),
+    hyps = hypotheses_of(tokens.flatten(0, 1), attention, (end + 1).flatten(), score.flatten(),
                        src_lengths.repeat_interleave(n))  # B*N, empty pool entries (score -inf) included
     return [[hyp for hyp in hyps[b * n:(b + 1) * n] if hyp.score != NEG_INF] for b in range(batch)]

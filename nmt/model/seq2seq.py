@@ -331,7 +331,7 @@ def count_parameters(model: nn.Module) -> int:
 
 class SearchModel(nn.Module):
     """A trained ``Seq2Seq`` in eval mode, with the decoder's gate table (``Decoder.gate_table``) derived once and
-    passed to every step in the memory; build a new one after the weights change.
+    passed to every step in the memory; after the weights change, build a new one or call ``refresh``.
     """
 
     def __init__(self, model: Seq2Seq) -> None:
@@ -340,6 +340,11 @@ class SearchModel(nn.Module):
         self.has_attention, self.vocab_size = model.has_attention, model.vocab_size
         with torch.no_grad():
             self.gate_table = model.decoder.gate_table()  # [V, 3Hd], in the autocast dtype when built under it
+
+    def refresh(self) -> None:
+        """The gate table again, in place (its address stays: a captured search step reads it), after the weights
+        changed in place; under the autocast it was built with."""
+        self.gate_table.copy_(self.model.decoder.gate_table())
 
     def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[EncoderMemory, Tensor]:
         """As ``Seq2Seq.encode``, with the gate table in the memory."""

@@ -1,0 +1,381 @@
+"""Search replayed from CUDA graphs: ``nmt.model.search``'s greedy and beam search with the whole decoder step (the
+model's step, the choice of tokens, the bookkeeping) captured once per shape bucket, rows x source length, and
+replayed step after step; the source is encoded once per batch, outside the graph (after NeMo's graphed RNN-T
+decoding: fixed shapes, finished rows masked, the loop ended by a device flag read late).
+
+Rows never leave the batch here: a finished sentence stays, masked, as the plain search keeps it until the host
+learns of it, so the outputs are the plain search's. Shapes: R rows (sentences) of a bucket, K beam size,
+S source length, T steps, V vocabulary, L decoder layers.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nmt.common.device import autocast
+from nmt.data import BOS_ID, EOS_ID, PAD_ID
+from nmt.model.search import (
+    NEG_INF,
+    Beams,
+    Hypothesis,
+    LateFlag,
+    StepModel,
+    attention_by_slot,
+    best_candidates,
+    blocked_tokens,
+    hypotheses_of,
+    length_limits,
+    read_back,
+    token_step,
+)
+
+log = logging.getLogger(__name__)
+
+GRAPH_CHOICES = ("auto", "true", "false")
+SOURCE_WIDTH = 8  # source lengths padded to a multiple of this, so few buckets recur
+
+
+class GraphSearchError(ValueError):
+    """The graph search cannot serve this setting or batch; the message names the setting and the fix."""
+
+
+def use_search_graphs(setting: str | bool, device: torch.device) -> bool:
+    """Whether decoding replays CUDA graphs: ``auto`` on a CUDA device, ``true`` there only, ``false`` never.
+
+    Raises:
+        GraphSearchError: an unknown value, or ``true`` off CUDA.
+    """
+    setting = str(setting).lower()  # the command line's true / false arrive as booleans
+    if setting not in GRAPH_CHOICES:
+        raise GraphSearchError(f"cuda_graphs={setting!r} is not one of {', '.join(GRAPH_CHOICES)}")
+    if setting == "true" and device.type != "cuda":
+        raise GraphSearchError(f"cuda_graphs=true needs a CUDA GPU, and this search runs on {device}; "
+                               "use cuda_graphs=auto (or false)")
+    return setting != "false" and device.type == "cuda"
+
+
+def bucket_shape(rows: int, src_len: int) -> tuple[int, int]:
+    """``(R', S')`` of a batch of ``rows`` sentences of at most ``src_len`` tokens: rows to a power of two (at most
+    twice the rows), the length to a multiple of ``SOURCE_WIDTH``."""
+    return 1 << (rows - 1).bit_length(), -(-src_len // SOURCE_WIDTH) * SOURCE_WIDTH
+
+
+def capture_graph(run: Callable[[], None], pool: Any, device: torch.device) -> Any:
+    """``run`` once on a side stream (cuBLAS handles, allocations), then captured into a CUDA graph in ``pool``;
+    returns the graph (``replay()`` runs it). Tests replace this with a stand-in that runs ``run`` at each replay.
+    """
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        run()
+    return graph
+
+
+# ------------------------------------------------------------------------------------ static tensors
+def tree_map(fn: Callable[[Tensor], Tensor], tree: Any) -> Any:
+    """``fn`` on every tensor of a model's memory or state (a tensor, a dataclass of them, a list; None kept)."""
+    if tree is None or isinstance(tree, Tensor):
+        return tree if tree is None else fn(tree)
+    if is_dataclass(tree):
+        return replace(tree, **{f.name: tree_map(fn, getattr(tree, f.name)) for f in fields(tree)})
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(tree_map(fn, item) for item in tree)
+    raise TypeError(f"the graph search cannot hold a {type(tree).__name__} in a static buffer")
+
+
+def copy_into(static: Any, value: Any) -> None:
+    """Copy ``value``'s tensors into ``static``'s (the same tree and shapes), without a host wait."""
+    flat_static, flat_value = [], []
+    tree_map(lambda t: flat_static.append(t) or t, static)
+    tree_map(lambda t: flat_value.append(t) or t, value)
+    for target, source in zip(flat_static, flat_value, strict=True):
+        target.copy_(source, non_blocking=True)
+
+
+@dataclass
+class _Greedy:
+    """A greedy bucket's static tensors: what the captured step reads and writes in place."""
+
+    memory: Any  # the model's memory, R rows
+    limits: Tensor  # [R]
+    prev: Tensor  # [R]
+    state: Any  # [L, R, H]
+    finished: Tensor  # [R]
+    out_len: Tensor  # [R]
+    scores: Tensor  # [R]
+    step: Tensor  # [] long
+    all_done: Tensor  # [] bool
+    tokens: Tensor  # [T, R]
+    attention: Tensor | None  # [T, R, S]
+
+
+@dataclass
+class _Beam:
+    """A beam bucket's static tensors (``Beams``' fields kept as tensors here)."""
+
+    memory: Any  # R rows, one per sentence
+    limits: Tensor  # [R]
+    alpha: Tensor  # [] the length penalty
+    prev: Tensor  # [R*K]
+    state: Any  # [L, R*K, H]
+    beams: Beams  # score [R, K], n_finished [R], done [R], pool [R, K]
+    step: Tensor
+    all_done: Tensor
+    tokens: Tensor  # [T, R, K]
+    back: Tensor  # [T, R, K]
+    attention: Tensor | None  # [T, R, K, S]
+
+
+@dataclass
+class _Bucket:
+    graph: Any
+    static: _Greedy | _Beam
+
+
+@dataclass
+class SearchGraphStats:
+    """What the graph search did, for results.json and benchmarks."""
+
+    capture_seconds: float = 0.0
+    replayed_batches: int = 0
+    fallback: str | None = None  # why the plain search took over, when it did
+    shapes: list[list[Any]] = field(default_factory=list)  # [kind, R, S] of each captured bucket
+
+
+class SearchGraphs:
+    """Greedy and beam search for one model, each bucket's step captured on first sight and replayed.
+
+    Args:
+        model: the model the graphs call (``SearchModel`` or ``Ensemble``), in eval mode, on ``device``; its
+            parameters may change in place between batches (training), its gate table too (``refresh``).
+        precision: the search's (``auto``, ``bf16``, ``fp32``): the captured step runs under its autocast.
+    """
+
+    def __init__(self, model: StepModel, device: torch.device, precision: str) -> None:
+        self.model, self.device, self.precision = model, device, precision
+        self.buckets: dict[tuple[Any, ...], _Bucket] = {}
+        self.stats = SearchGraphStats()
+        self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None  # one at a time: shared
+        self.blocked = blocked_tokens(device)
+
+    @property
+    def serving(self) -> bool:
+        """False once a capture failed: the plain search serves from then on."""
+        return self.stats.fallback is None
+
+    @torch.no_grad()
+    def greedy(self, src: Tensor, src_lengths: Tensor, max_len: int, max_len_ratio: float | None,
+               keep_attention: bool, lag: int = 0) -> list[Hypothesis] | None:
+        """As ``nmt.model.search.greedy_search`` (src ``[B, S]`` on the device, src_lengths ``[B]`` on the host);
+        None when the graph cannot serve (after a failed capture: the caller runs the plain search)."""
+        keep = keep_attention and self.model.has_attention
+        found = self._bucket("greedy", src, src_lengths, (max_len, max_len_ratio, keep), 1)
+        if found is None:
+            return None
+        bucket, max_steps = found
+        static = bucket.static
+        steps = self._replay(bucket, max_steps, lag)
+        rows, src_len = src.shape
+        tokens = static.tokens[:steps, :rows].T.cpu()  # [B, T], the batch's one read back
+        attention = None if static.attention is None else static.attention[:steps, :rows].transpose(0, 1).cpu()
+        return hypotheses_of(tokens, attention, static.out_len[:rows], static.scores[:rows], src_lengths)
+
+    @torch.no_grad()
+    def beam(self, src: Tensor, src_lengths: Tensor, beam_size: int, length_penalty: float, max_len: int,
+             max_len_ratio: float | None, n_best: int, keep_attention: bool, lag: int = 0
+             ) -> list[list[Hypothesis]] | None:
+        """As ``nmt.model.search.beam_search``; None when the graph cannot serve."""
+        keep = keep_attention and self.model.has_attention
+        found = self._bucket("beam", src, src_lengths, (beam_size, max_len, max_len_ratio, keep), beam_size,
+                             length_penalty)
+        if found is None:
+            return None
+        bucket, max_steps = found
+        static = bucket.static
+        steps = self._replay(bucket, max_steps, lag)
+        rows = src.shape[0]
+        attention = None if static.attention is None else static.attention[:steps, :rows]
+        pool = tree_map(lambda t: t[:rows], static.beams.pool)  # [B, K] each
+        return read_back(pool, static.tokens[:steps, :rows], static.back[:steps, :rows], attention, src_lengths,
+                         n_best)
+
+    def refresh(self) -> None:
+        """Nothing to do for new weights: the graphs read the parameters in place and copy the memory (the gate
+        table included) in for every batch. Here so that callers need not know it."""
+
+    # ---------------------------------------------------------------------------------- buckets
+    def _bucket(self, kind: str, src: Tensor, src_lengths: Tensor, options: tuple[Any, ...], k: int,
+                alpha: float = 0.0) -> tuple[_Bucket, int] | None:
+        """The bucket of this batch, captured if new, loaded with the batch, and the steps the batch may take; None
+        after a failed capture."""
+        if not self.serving:
+            return None
+        rows, src_len = bucket_shape(*src.shape)
+        batch_limits = length_limits(src_lengths, *options[-3:-1])
+        padded_src, padded_lengths, limits = self._pad(src, src_lengths, rows, src_len, batch_limits)
+        key = (kind, rows, src_len, *options)
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            bucket = self._capture(kind, key, padded_src, padded_lengths, limits, options, k, alpha)
+            if bucket is None:
+                return None
+            self.buckets[key] = bucket
+        self._load(bucket.static, padded_src, padded_lengths, limits, k, alpha)
+        return bucket, max(batch_limits)
+
+    def _pad(self, src: Tensor, src_lengths: Tensor, rows: int, src_len: int, batch_limits: list[int]
+             ) -> tuple[Tensor, Tensor, Tensor]:
+        """The batch padded to ``[R', S']`` with its lengths (host) and limits: each extra row a lone EOS with a
+        1-token limit (done at once)."""
+        batch, length = src.shape
+        padded = torch.full((rows, src_len), PAD_ID, dtype=src.dtype, device=src.device)  # [R', S']
+        padded[:batch, :length] = src
+        padded[batch:, 0] = EOS_ID
+        lengths = torch.ones(rows, dtype=src_lengths.dtype)  # [R'] host
+        lengths[:batch] = src_lengths
+        limits = torch.ones(rows, dtype=torch.long)
+        limits[:batch] = torch.tensor(batch_limits)
+        return padded, lengths, limits.to(self.device, non_blocking=True)
+
+    def _capture(self, kind: str, key: tuple[Any, ...], src: Tensor, src_lengths: Tensor, limits: Tensor,
+                 options: tuple[Any, ...], k: int, alpha: float) -> _Bucket | None:
+        """Allocate the bucket's static tensors and capture its step; None (one warning, the plain search from then
+        on) when the capture fails for a reason other than memory.
+
+        Raises:
+            GraphSearchError: the bucket does not fit in GPU memory.
+        """
+        started = time.perf_counter()
+        rows, src_len = src.shape
+        max_len, max_len_ratio, keep = options[-3:]
+        steps = max_len if max_len_ratio is None else min(max_len, math.ceil(max_len_ratio * src_len) + 5)
+        try:
+            static = self._allocate(kind, src, src_lengths, limits, steps, keep, k)
+            self._load(static, src, src_lengths, limits, k, alpha)  # the warm-up run reads real tokens
+            step = self._step_function(static, k)
+            with autocast(self.precision, self.device, cache=False):  # cached weight casts would be stale
+                graph = capture_graph(step, self.pool, self.device)
+        except torch.cuda.OutOfMemoryError as error:
+            raise GraphSearchError(
+                f"the graph search's bucket of {rows} sentences x {src_len} source tokens"
+                f"{f' x beam {k}' if kind == 'beam' else ''} does not fit in GPU memory; lower batch_tokens "
+                "(or set cuda_graphs=false)") from error
+        except RuntimeError as error:  # e.g. an operation that cannot be captured
+            self.stats.fallback = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            log.warning("cuda_graphs: capturing the search step failed (%s); decoding goes on without graphs",
+                        self.stats.fallback)
+            return None
+        self.stats.capture_seconds += time.perf_counter() - started
+        self.stats.shapes.append([kind, rows, src_len])
+        return _Bucket(graph, static)
+
+    def _allocate(self, kind: str, src: Tensor, src_lengths: Tensor, limits: Tensor, steps: int, keep: bool,
+                  k: int) -> _Greedy | _Beam:
+        """The bucket's static tensors, shaped by an encoding of this batch."""
+        memory, state = self.model.encode(src, src_lengths)
+        memory, state = (tree_map(torch.empty_like, tree) for tree in (memory, state))
+        rows, src_len, device = src.shape[0], src.shape[1], self.device
+
+        def scalar(dtype: torch.dtype) -> Tensor:
+            return torch.zeros((), dtype=dtype, device=device)
+
+        if kind == "greedy":
+            attention = torch.zeros(steps, rows, src_len, device=device) if keep else None
+            return _Greedy(memory, torch.empty_like(limits), torch.empty(rows, dtype=torch.long, device=device), state,
+                           torch.empty(rows, dtype=torch.bool, device=device), torch.empty_like(limits),
+                           torch.empty(rows, device=device), scalar(torch.long), scalar(torch.bool),
+                           torch.zeros(steps, rows, dtype=torch.long, device=device), attention)
+        state = tree_map(lambda t: t.repeat_interleave(k, dim=1), state)  # [L, R*K, H]
+        beams = tree_map(torch.empty_like, Beams.start(limits, k))
+        attention = torch.zeros(steps, rows, k, src_len, device=device) if keep else None
+        history = [torch.zeros(steps, rows, k, dtype=torch.long, device=device) for _ in range(2)]
+        return _Beam(memory, torch.empty_like(limits), scalar(torch.float32),
+                     torch.empty(rows * k, dtype=torch.long, device=device), state, beams, scalar(torch.long),
+                     scalar(torch.bool), *history, attention)
+
+    def _load(self, static: _Greedy | _Beam, src: Tensor, src_lengths: Tensor, limits: Tensor, k: int,
+              alpha: float) -> None:
+        """Encode the padded batch and set the bucket's tensors to the search's start (no host wait)."""
+        memory, state = self.model.encode(src, src_lengths)
+        copy_into(static.memory, memory)
+        static.limits.copy_(limits)
+        static.prev.fill_(BOS_ID)
+        static.step.zero_()
+        static.all_done.zero_()
+        if isinstance(static, _Greedy):
+            copy_into(static.state, state)
+            static.finished.zero_()
+            static.out_len.copy_(limits)
+            static.scores.zero_()
+            return
+        copy_into(static.state, tree_map(lambda t: t.repeat_interleave(k, dim=1), state))
+        copy_into(static.beams, Beams.start(limits, k))
+        static.alpha.fill_(alpha)
+
+    def _replay(self, bucket: _Bucket, max_steps: int, lag: int) -> int:
+        """Replay the step until every row is finished (learnt late, ``LateFlag``) or ``max_steps``; the steps run."""
+        all_done, steps = LateFlag(self.device, lag), 0
+        on_cuda = self.device.type == "cuda"
+        for steps in range(1, max_steps + 1):  # noqa: B007 (the count is the result)
+            bucket.graph.replay()
+            flag = bucket.static.all_done
+            all_done.post(flag if on_cuda else flag.clone())  # (on CUDA the flag is copied out as it is posted)
+            if all_done.seen():
+                break
+        self.stats.replayed_batches += 1
+        return steps
+
+    # ---------------------------------------------------------------------------------- the steps
+    def _step_function(self, static: _Greedy | _Beam, k: int) -> Callable[[], None]:
+        """The step a graph captures: reads the static tensors, writes them back in place."""
+        return (lambda: self._greedy_step(static)) if isinstance(static, _Greedy) else (
+            lambda: self._beam_step(static, k))
+
+    def _greedy_step(self, s: _Greedy) -> None:
+        best, state, attn, (finished, out_len, scores) = token_step(
+            self.model, lambda log_probs: log_probs.max(dim=-1), self.blocked, s.prev, s.state, s.memory,
+            s.finished, s.out_len, s.scores, s.limits, s.step)
+        at_step = s.step.view(1)
+        s.tokens.index_copy_(0, at_step, best.unsqueeze(0))  # [T, R]
+        if s.attention is not None:
+            s.attention.index_copy_(0, at_step, attn.float().unsqueeze(0))  # [T, R, S]
+        for target, value in ((s.prev, best), (s.finished, finished), (s.out_len, out_len), (s.scores, scores)):
+            target.copy_(value)
+        copy_into(s.state, state)
+        s.step.add_(1)
+        s.all_done.copy_(finished.all())
+
+    def _beam_step(self, s: _Beam, k: int) -> None:
+        rows = s.limits.shape[0]
+        logits, state, attn = self.model.decode_step(s.prev, s.state, s.memory)  # [R*K, V], [L, R*K, H], [R*K, S]
+        beams = replace(s.beams)  # advance() replaces this copy's fields: the static tensors stay as inputs
+        candidates = best_candidates(logits, beams.score, self.blocked)  # [R, 2K] each
+        slots = torch.arange(k, device=self.device).expand(rows, k)  # [R, K]
+        keep_slot, keep_token = beams.advance(s.step, *candidates, s.alpha, slots)
+        at_step = s.step.view(1)
+        s.tokens.index_copy_(0, at_step, keep_token.unsqueeze(0))  # [T, R, K]
+        s.back.index_copy_(0, at_step, keep_slot.unsqueeze(0))
+        if s.attention is not None:
+            s.attention.index_copy_(0, at_step, attention_by_slot(attn, keep_slot).unsqueeze(0))  # [T, R, K, S]
+        reorder = (torch.arange(rows, device=self.device).unsqueeze(1) * k + keep_slot).view(-1)  # [R*K]
+        copy_into(s.state, state.index_select(1, reorder))
+        s.prev.copy_(keep_token.view(-1))
+        copy_into(s.beams, beams)
+        s.step.add_(1)
+        s.all_done.copy_(beams.done.all())
+
+
+__all__ = ["GRAPH_CHOICES", "GraphSearchError", "SearchGraphStats", "SearchGraphs", "bucket_shape",
+           "use_search_graphs", "NEG_INF"]
