@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -15,6 +15,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from nmt.data.batching import Batch, ShapeBuckets, TokenBucketSampler, collate_batch
+from nmt.model import graph_search
 from nmt.model.attention import build_attention
 from nmt.model.seq2seq import Seq2Seq
 from nmt.train.fast_step import (
@@ -156,9 +157,18 @@ def test_cuda_graphs_settings_are_checked_in_one_line() -> None:
         use_cuda_graphs(True, cpu, 1)
     with pytest.raises(FastPathError, match=r"trainer.cuda_graphs='sometimes' is not one of auto, true, false"):
         use_cuda_graphs("sometimes", cpu, 1)
-    if torch.cuda.is_available():
-        with pytest.raises(FastPathError, match="torchrun"):
-            use_cuda_graphs("true", torch.device("cuda"), 2)
+    cuda = torch.device("cuda")  # (the decision reads the device's type only: no GPU needed to check it)
+    assert use_cuda_graphs("auto", cuda, 1) is True and use_cuda_graphs("false", cuda, 1) is False
+
+
+def test_auto_stays_eager_under_torchrun_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
+    cuda = torch.device("cuda")
+    with caplog.at_level("INFO", logger="nmt.train.fast_step"):
+        assert use_cuda_graphs("auto", cuda, 2) is False
+    assert [r.getMessage() for r in caplog.records] == [
+        "trainer.cuda_graphs=auto: eager steps under torchrun's 2 processes (the DDP all-reduce is not captured)"]
+    with pytest.raises(FastPathError, match="torchrun's 2 processes"):
+        use_cuda_graphs("true", cuda, 2)
 
 
 def cpu_graph_steps(monkeypatch: pytest.MonkeyPatch, capture_error: Exception) -> TrainingSteps:
@@ -216,10 +226,19 @@ class ReplayedEagerly:
         self.steps.optimizer.zero_grad(set_to_none=True)
 
 
-def test_the_trainer_on_the_graph_path_gives_the_eager_losses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+class ReplayedSearchStep:
+    """A stand-in for a captured search step: ``replay`` runs it eagerly on its bucket's static tensors."""
+
+    def __init__(self, run: Callable[[], None]) -> None:
+        self.replay = run
+
+
+def test_the_trainer_on_the_graph_path_gives_the_eager_losses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
     """``trainer.cuda_graphs=true`` through the real trainer on the CPU, each capture replaced by a stand-in that
     replays the captured step eagerly: the same batches padded to buckets, the unpacked encoder, the learning rate
-    read at replay; the loss curve is the eager path's, and results.json counts the shapes and replays."""
+    read at replay; the loss curve is the eager path's, and results.json counts the shapes and replays. Validation
+    (greedy) and the test (beam 3) decode through the graph search, its captures stand-ins too: the eager scores."""
     from nmt.train import trainer as trainer_module
     from tests.test_training import tiny_config
 
@@ -227,11 +246,15 @@ def test_the_trainer_on_the_graph_path_gives_the_eager_losses(tmp_path: Path, mo
         inputs, figures = batch.to(self.device), torch.zeros(3)
         return _Graph(ReplayedEagerly(self, inputs, figures), inputs, figures)
 
-    common = ["trainer.max_steps=40", "trainer.validate_every=20", "trainer.log_every=1", "trainer.test_beam_size=1"]
+    common = ["trainer.max_steps=40", "trainer.validate_every=20", "trainer.log_every=1", "trainer.test_beam_size=3"]
     eager = trainer_module.train(tiny_config(tmp_path, common), run_dir=tmp_path / "eager")
+    caplog.set_level("INFO", logger="nmt.train")
     monkeypatch.setattr(trainer_module, "use_cuda_graphs", lambda setting, device, world_size: True)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
     monkeypatch.setattr(TrainingSteps, "_warm_up_and_capture", capture)
+    # the search's graphs too: validation and the test decode through the graph search, stand-ins replaying eagerly
+    monkeypatch.setattr("nmt.inference.engine.use_search_graphs", lambda setting, device: True)
+    monkeypatch.setattr(graph_search, "capture_graph", lambda run, pool, device: ReplayedSearchStep(run))
     graphs = trainer_module.train(tiny_config(tmp_path, [*common, "trainer.cuda_graphs=true"]),
                                   run_dir=tmp_path / "graphs")
     curves = [[json.loads(line) for line in (tmp_path / run / "train_log.jsonl").read_text().splitlines()]
@@ -242,6 +265,17 @@ def test_the_trainer_on_the_graph_path_gives_the_eager_losses(tmp_path: Path, mo
     assert eager["cuda_graphs"] is None and stats["replayed_steps"] + stats["eager_steps"] == 40
     assert stats["eager_steps"] == 0 and 0 < len(stats["shapes"]) < 40
     assert all(shape[1] % 8 == 0 and shape[2] % 8 == 0 for shape in stats["shapes"])
+    # every shape captured before the first step, from the sampler's planned batches: none met later for the first time
+    messages = [record.getMessage() for record in caplog.records]
+    assert any(m.startswith(f"cuda graphs: {len(stats['shapes'])} batch shapes captured in ") for m in messages)
+    # the graph search decoded validation and the test: the eager run's scores, its search counted
+    search = graphs["search_graphs"]
+    assert eager["search_graphs"] is None and search["replayed_batches"] > 0 and search["fallback"] is None
+    assert [v["bleu"] for v in graphs["validations"]] == [v["bleu"] for v in eager["validations"]]
+    for split, scores in eager["test"].items():
+        assert graphs["test"][split]["bleu"] == scores["bleu"]
+        assert scores["sentences_per_s"] > 0 and scores["decode_seconds"] > 0
+        assert set(scores["attention_sharpness"]) == {"normalised_entropy", "max_weight", "entropy", "tokens"}
 
 
 # ------------------------------------------------------------------------------------------------ GPU only

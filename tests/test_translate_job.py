@@ -211,6 +211,10 @@ def test_cli_stdout_has_only_translations(tiny_run_dir: Path, tmp_path: Path) ->
         assert unwritable.stderr.startswith(f"translate.py: error: output={output}") and message in unwritable.stderr
         assert unwritable.stderr.count("\n") == 1 and "translated" not in unwritable.stderr  # refused before decoding
     (tmp_path / "a_file").unlink()
+    forced = cli(f"checkpoint={tiny_run_dir}", "cuda_graphs=true", "device=cpu", stdin=f"{SRC[0]}\n")
+    assert forced.returncode == 2 and forced.stdout == "" and forced.stderr.count("\n") == 1
+    assert forced.stderr.startswith("translate.py: error: cuda_graphs=true needs a CUDA GPU, and this search runs on "
+                                    "cpu; use cuda_graphs=auto (or false)")
     missing = cli()
     assert missing.returncode == 2 and missing.stdout == ""
     assert missing.stderr.strip() == (

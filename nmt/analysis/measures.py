@@ -1,5 +1,5 @@
 """What the run comparison measures beyond corpus BLEU: tutorial-style BLEU (labelled as such), BLEU by source length
-(Bahdanau et al., 2015, Fig. 2; Luong et al., 2015, Fig. 6) and attention sharpness.
+(Bahdanau et al., 2015, Fig. 2; Luong et al., 2015, Fig. 6) and attention sharpness (``nmt.model.attention_stats``).
 """
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 
-import torch
 from sacrebleu.metrics import BLEU
 
 from nmt.common.metrics import check_parallel
-from nmt.data.batching import EncodedSplit, collate_batch, token_batches
-from nmt.model.seq2seq import Seq2Seq
+from nmt.model.attention_stats import attention_sharpness
+
+__all__ = ["TUTORIAL_BLEU_LABEL", "attention_sharpness", "bleu_by_length", "tutorial_bleu"]
 
 TUTORIAL_BLEU_LABEL = "tutorial-style BLEU (lowercased, 13a-tokenized; not comparable to cased sacreBLEU)"
 
@@ -60,34 +60,3 @@ def bleu_by_length(srcs: Sequence[str], hyps: Sequence[str], refs: Sequence[str]
         bleu = float(BLEU().corpus_score([hyps[i] for i in idx], [[refs[i] for i in idx]]).score) if idx else None
         rows.append({"range": label, "min_words": lo, "max_words": hi, "n": len(idx), "bleu": bleu})
     return rows
-
-
-def attention_sharpness(model: Seq2Seq, split: EncodedSplit, batch_tokens: int = 4096) -> dict[str, float] | None:
-    """How peaked the attention is on ``split``, decoding its references teacher-forced: every real target token
-    (EOS included) gives one distribution ``a_j`` over its S real source pieces (multihead: the heads' mean).
-    Sentences with an empty side are skipped.
-
-    Returns:
-        ``{"normalised_entropy", "max_weight", "entropy", "tokens"}``: means over target tokens of
-        ``H(a_j) / log S`` (0 = one-hot, 1 = uniform), of ``max_i a_ji`` and of ``H(a_j)`` in nats, and the
-        token count; None for a model without attention.
-    """
-    if not model.has_attention:
-        return None
-    device = next(model.parameters()).device
-    rows = [i for i in range(len(split)) if split.src_ids[i] and split.tgt_ids[i]]
-    totals = {"normalised_entropy": 0.0, "max_weight": 0.0, "entropy": 0.0}
-    tokens = 0
-    with torch.inference_mode():
-        for batch_rows in token_batches([len(split.src_ids[i]) + 1 for i in rows], batch_tokens):
-            batch = collate_batch([split[rows[k]] for k in batch_rows])
-            # the model's attention weights [B, T, S]
-            weights = model(batch.src.to(device), batch.src_lengths, batch.tgt_in.to(device))[1].float().cpu()
-            entropy = -(weights * weights.clamp_min(1e-12).log()).sum(-1)  # [B, T]; padding has weight 0
-            uniform = batch.src_lengths.float().log()[:, None].expand_as(entropy)  # [B, T] log S per sentence
-            real = batch.tgt_mask  # [B, T]
-            totals["entropy"] += entropy[real].sum().item()
-            totals["normalised_entropy"] += (entropy[real] / uniform[real]).sum().item()
-            totals["max_weight"] += weights.max(-1).values[real].sum().item()
-            tokens += int(real.sum())
-    return {**{name: total / max(1, tokens) for name, total in totals.items()}, "tokens": tokens}

@@ -550,27 +550,34 @@ def run_stages(chain: Chain, stages: list[Stage], parallel: int, clock: Clock,
         if stopping is not None and monotonic() - stopping > STOP_GRACE_S:
             for _, process, _ in running.values():
                 process.kill()  # it had its grace; its last checkpoint on disk is what resumes
-        for name, (stage, process, began) in list(running.items()):
-            if process.poll() is None:
-                continue
-            del running[name]
-            seconds = monotonic() - began
-            if process.returncode == 0 and stage.done():
-                finished.add(name)
-                clock.record(stage.kind, seconds)
-                say(f"done  {name} in {format_duration(seconds)}")
-            elif stopping is not None:
-                held.add(name)  # stopped by the budget, not failed: the next call resumes it
-            else:
-                how = f"failed (exit {process.returncode})" if process.returncode else "stopped before it finished"
-                if process.returncode == EXIT_WRITE_STOPPED:
-                    how = f"ran out of disk space ({free_space(chain.workdir)}; exit {EXIT_WRITE_STOPPED})"
-                failed.append(f"stage '{name}' {how}; its log: {log_path(chain, stage)}")
+        book_ended(chain, running, clock, finished, held, failed, stopped_by_budget=stopping is not None)
     if failed or (len(finished) < len(stages) and not held):
         reason = failed[0] if failed else "a stage's inputs never became complete"
         error = WriteStopped if "ran out of disk space" in reason else ChainError  # 74, not 2: free space, go on
         raise error(f"{reason}; run the same command again to resume (complete stages are skipped)")
     return [s.name for s in stages if s.name not in finished]
+
+
+def book_ended(chain: Chain, running: dict[str, tuple[Stage, subprocess.Popen, float]], clock: Clock,
+               finished: set[str], held: set[str], failed: list[str], stopped_by_budget: bool) -> None:
+    """Take the stages whose process ended out of ``running``: into ``finished``, ``held`` (stopped by the budget:
+    the next call resumes them) or ``failed`` (a line naming the stage, how it ended and its log)."""
+    for name, (stage, process, began) in list(running.items()):
+        if process.poll() is None:
+            continue
+        del running[name]
+        seconds = monotonic() - began
+        if process.returncode == 0 and stage.done():
+            finished.add(name)
+            clock.record(stage.kind, seconds)
+            say(f"done  {name} in {format_duration(seconds)}")
+        elif stopped_by_budget:
+            held.add(name)
+        else:
+            how = f"failed (exit {process.returncode})" if process.returncode else "stopped before it finished"
+            if process.returncode == EXIT_WRITE_STOPPED:
+                how = f"ran out of disk space ({free_space(chain.workdir)}; exit {EXIT_WRITE_STOPPED})"
+            failed.append(f"stage '{name}' {how}; its log: {log_path(chain, stage)}")
 
 
 def start(chain: Chain, stage: Stage) -> subprocess.Popen:

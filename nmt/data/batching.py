@@ -335,6 +335,25 @@ class ShapeBuckets:
         bucket_rows = self.max_tokens // narrowest
         return (bucket_rows, src_len, tgt_len) if rows <= bucket_rows else None
 
+    def shapes_of(self, sampler: TokenBucketSampler, epochs: range) -> list[tuple[int, int, int]]:
+        """The shapes that ``sampler``'s batches take over ``epochs``, in order of first use (so a GPU can capture
+        them all before training; a batch that fits no bucket is left out)."""
+        shapes: dict[tuple[int, int, int], None] = {}
+        for epoch in epochs:
+            order, spans = sampler.epoch_plan(epoch)
+            for start, end in spans.tolist():
+                rows = order[start:end]
+                shape = self.shape(len(rows), int(sampler.src_lengths[rows].max()),
+                                   int(sampler.tgt_lengths[rows].max()))
+                if shape is not None:
+                    shapes[shape] = None
+        return list(shapes)
+
+    def example(self, shape: tuple[int, int, int]) -> Batch:
+        """A batch of bucket ``shape`` (one pair of its lengths, padded): what capturing its step needs."""
+        _, src_len, tgt_len = shape
+        return collate_batch([(0, [EOS_ID] * (src_len - 1), [EOS_ID] * (tgt_len - 1))], self)
+
 
 def collate_batch(items: Sequence[tuple[int, list[int], list[int]]], buckets: ShapeBuckets | None = None) -> Batch:
     """Pad ``(index, src_ids, tgt_ids)`` items (``EncodedSplit[i]``) into a ``Batch``; with ``buckets``, to its

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import importlib.metadata
 import importlib.util
@@ -18,8 +19,8 @@ from nmt.common.provenance import command_line, library_versions
 from nmt.data.fetch import sha256_of
 from nmt.export.hub import write_hub_folder_of
 from nmt.export.onnx_folder import write_onnx_folder
+from nmt.inference.engine import CPU_BATCH_TOKENS, SearchOptions, Translator, recorded_results
 from nmt.inference.engine import USER_ERRORS as ENGINE_USER_ERRORS
-from nmt.inference.engine import SearchOptions, Translator, recorded_results
 from nmt.model.hub_folder import WEIGHTS_FILE as HUB_WEIGHTS_FILE
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ def export_main(cfg: Any) -> Path:
     if cfg.format == "onnx" and missing:
         raise ExportError(f"format=onnx needs {' and '.join(missing)}: pip install -e '.[export]'")
     search = SearchOptions.from_settings(cfg)
+    if search.batch_tokens == "auto":  # the torch-free runtime decodes on the CPU
+        search = dataclasses.replace(search, batch_tokens=CPU_BATCH_TOKENS)
     output = Path(str(cfg.output))
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ExportError(f"output {output} exists and is not an empty folder; name a new folder")

@@ -32,6 +32,7 @@ from nmt.inference.alignment import pharaoh_alignment
 from nmt.inference.words import merge_subword_attention
 from nmt.model.checkpoint import CheckpointError, load_for_inference, resolve_checkpoint
 from nmt.model.ensemble import Ensemble
+from nmt.model.graph_search import GraphSearchError, SearchGraphs, use_search_graphs
 from nmt.model.hub_folder import CONFIG_FILE, WEIGHTS_FILE
 from nmt.model.search import Hypothesis, beam_search, greedy_search, sample_search
 from nmt.model.seq2seq import SearchModel, Seq2Seq, count_parameters
@@ -53,7 +54,8 @@ class SearchOptions:
         n_best: hypotheses returned per sentence, at most ``beam_size``.
         max_len: at most this many output subwords per sentence.
         max_len_ratio: and at most ``ceil(ratio * source subwords) + 5``; None = ``max_len`` only.
-        batch_tokens: padded source subwords per batch (the beam multiplies the rows by ``beam_size``).
+        batch_tokens: padded source subwords per batch (the beam multiplies the rows by ``beam_size``); ``auto``:
+            ``CPU_BATCH_TOKENS`` on a CPU, ``GPU_BATCH_TOKENS`` on a GPU (``resolve_batch_tokens``).
     """
 
     beam_size: int = 5
@@ -61,7 +63,7 @@ class SearchOptions:
     n_best: int = 1
     max_len: int = 200
     max_len_ratio: float | None = 1.5
-    batch_tokens: int = 4096
+    batch_tokens: Any = "auto"  # a whole number or "auto"
 
     @classmethod
     def from_settings(cls, settings: Any) -> SearchOptions:
@@ -72,8 +74,11 @@ class SearchOptions:
         """These options if they are valid; else a TranslationError naming the option and its range."""
         for name, (low, high) in OPTION_BOUNDS.items():
             value = getattr(self, name)
+            if name == "batch_tokens" and value == "auto":
+                continue
             if isinstance(low, int):  # a count: beam_size, n_best, max_len, batch_tokens
                 wanted = "a whole number " + (">= 1" if high == math.inf else f"from 1 to {high}")
+                wanted += " or auto" if name == "batch_tokens" else ""
                 check_option(is_number(value, int) and low <= value <= high, name, wanted, value)
             elif value is not None or name != "max_len_ratio":  # (a NaN fails the range test too)
                 wanted = f"a number from {low:g} to {high:g}"
@@ -107,6 +112,17 @@ class SamplingOptions:
         # below 2**62: room to add a chunk number to the seed
         check_option(is_number(seed, int) and 0 <= seed < 2**62, "seed", "a whole number >= 0 and < 2**62", seed)
         return self
+
+
+CPU_BATCH_TOKENS = 4096  # batch_tokens=auto on a CPU: larger batches gain nothing there (docs/results/speed.md)
+GPU_BATCH_TOKENS = 65_536  # on a GPU: a test set in a few batches, each a few captured steps wide
+
+
+def resolve_batch_tokens(value: int | str, device: torch.device) -> int:
+    """``batch_tokens`` as a number: ``auto`` is ``GPU_BATCH_TOKENS`` on CUDA, else ``CPU_BATCH_TOKENS``."""
+    if value != "auto":
+        return int(value)
+    return GPU_BATCH_TOKENS if device.type == "cuda" else CPU_BATCH_TOKENS
 
 
 OPTION_BOUNDS: dict[str, tuple[float, float]] = {
@@ -145,12 +161,15 @@ class EngineSettings(SearchOptions):
             (dynamic int8 linear layers, CPU only).
         max_input_words: longer input lines are cut to this many words (one warning); ``auto`` = the
             training config's ``data.clean.max_len``; None = no limit.
+        cuda_graphs: ``auto`` (on a GPU, greedy and beam search replay a captured decoder step:
+            ``nmt.model.graph_search``) | ``true`` (the same, and an error off a GPU) | ``false``.
     """
 
     checkpoint: Any = MISSING
     device: str = "auto"
     precision: str = "auto"
     max_input_words: Any = "auto"
+    cuda_graphs: Any = "auto"  # the command line's true / false arrive as booleans
 
 
 class NbestReranker(Protocol):
@@ -230,28 +249,42 @@ class Translator:
         max_input_words: longer input lines are cut to this many words (one warning); None = no limit.
         configs: the models' resolved training configs (for ``info``), if known.
         checkpoints: the checkpoint files the models came from, if any.
+        cuda_graphs: ``auto``, ``true`` or ``false``: greedy and beam search from CUDA graphs (``EngineSettings``).
     """
 
     def __init__(self, models: Seq2Seq | Sequence[Seq2Seq], tokenizer: Tokenizer, *, precision: str = "auto",
                  max_input_words: int | None = None, configs: Sequence[dict[str, Any]] = (),
-                 checkpoints: Sequence[Path] = ()) -> None:
+                 checkpoints: Sequence[Path] = (), cuda_graphs: str | bool = "auto") -> None:
         self.models = [models] if isinstance(models, Seq2Seq) else list(models)
         self.device = next(self.models[0].parameters()).device
         self.precision = _checked_device(self.device, precision)[1]
         if self.precision == "int8":
             self.models = [quantize_int8(model) for model in self.models]  # copies: the caller's stay float32
         with autocast(self.precision, self.device):  # the gate tables in the dtype the search will use
-            searched = [SearchModel(model) for model in self.models]
-        self.model: SearchModel | Ensemble = searched[0] if len(searched) == 1 else Ensemble(searched)
+            self.searched = [SearchModel(model) for model in self.models]
+        self.model: SearchModel | Ensemble = self.searched[0] if len(self.searched) == 1 else Ensemble(self.searched)
+        self.cuda_graphs = str(cuda_graphs).lower()
+        try:
+            graphs = use_search_graphs(cuda_graphs, self.device)
+        except GraphSearchError as error:
+            raise TranslationError(str(error)) from None
+        self.graphs = SearchGraphs(self.model, self.device, self.precision) if graphs else None
         self.tokenizer = tokenizer
         self.max_input_words = max_input_words
         self.configs = list(configs)
         self.checkpoints = list(checkpoints)
         self.search_calls = 0  # one per decoded batch: lets a server show how well it batches
 
+    def refresh(self) -> None:
+        """Take up new weights of the same models (changed in place, as training does): their gate tables again."""
+        with torch.no_grad(), autocast(self.precision, self.device):
+            for model in self.searched:
+                model.refresh()
+
     @classmethod
     def from_checkpoint(cls, path: str | Path | Sequence[str | Path], device: str | torch.device = "auto",
-                        precision: str = "auto", max_input_words: int | str | None = "auto") -> Translator:
+                        precision: str = "auto", max_input_words: int | str | None = "auto",
+                        cuda_graphs: str | bool = "auto") -> Translator:
         """Load a run dir or ``.pt`` file, or a list of them (an ensemble).
 
         Args:
@@ -259,6 +292,7 @@ class Translator:
             device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
             precision: ``auto``, ``bf16``, ``fp32`` or ``int8`` (CPU only).
             max_input_words: ``auto`` = the training config's ``data.clean.max_len``; a number; None.
+            cuda_graphs: ``auto``, ``true`` or ``false`` (``EngineSettings``).
 
         Raises:
             CheckpointError: a missing or unreadable checkpoint.
@@ -277,7 +311,7 @@ class Translator:
         models, tokenizers, configs = zip(*(load_for_inference(f, device=device) for f in files))
         _check_members(files, tokenizers, configs)
         return cls(models, tokenizers[0], precision=precision, configs=configs, checkpoints=files,
-                   max_input_words=resolve_max_input_words(max_input_words, configs))
+                   max_input_words=resolve_max_input_words(max_input_words, configs), cuda_graphs=cuda_graphs)
 
     @classmethod
     def from_pretrained(cls, name: str | Path, device: str | torch.device = "auto", precision: str = "auto",
@@ -306,7 +340,8 @@ class Translator:
             raise TranslationError("no checkpoint given; pass checkpoint=PATH (a run dir or a .pt file from "
                                    "train.py), or checkpoint=[RUN_A,RUN_B] for an ensemble")
         return cls.from_checkpoint(settings.checkpoint, device=str(settings.device), precision=str(settings.precision),
-                                   max_input_words=_plain(settings.max_input_words))
+                                   max_input_words=_plain(settings.max_input_words),
+                                   cuda_graphs=getattr(settings, "cuda_graphs", "auto"))
 
     @property
     def has_attention(self) -> bool:
@@ -378,7 +413,7 @@ class Translator:
         display = ProgressDisplay(len(src_ids), " sent", "translating", done=len(src_ids) - len(todo),
                                   bar=progress, enabled=progress)
         with autocast(self.precision, self.device):
-            for batch in token_batches(lengths, opts.batch_tokens):
+            for batch in token_batches(lengths, resolve_batch_tokens(opts.batch_tokens, self.device)):
                 rows = [todo[k] for k in batch]
                 for i, nbest in zip(rows, self._search([src_ids[i] for i in rows], opts, attention, sampling,
                                                        generator)):
@@ -395,6 +430,14 @@ class Translator:
         src = torch.tensor(padded, dtype=torch.long).to(self.device)  # [B, S]
         src_lengths = torch.tensor(lengths, dtype=torch.long)  # [B]
         self.search_calls += 1
+        if sampling is not None and self.cuda_graphs == "true":
+            raise TranslationError("cuda_graphs=true: sampling has no graph search (greedy and beam search have); "
+                                   "use cuda_graphs=auto")
+        graphs = self.graphs if sampling is None and self.graphs is not None and self.graphs.serving else None
+        if graphs is not None:
+            found = self._graph_search(graphs, src, src_lengths, opts, attention)
+            if found is not None:
+                return found
         if sampling is not None:
             return [[h] for h in sample_search(self.model, src, src_lengths, opts.max_len, opts.max_len_ratio,
                                                sampling.temperature, sampling.top_k, generator,
@@ -404,6 +447,19 @@ class Translator:
                                                keep_attention=attention)]
         return beam_search(self.model, src, src_lengths, opts.beam_size, opts.length_penalty, opts.max_len,
                            opts.max_len_ratio, opts.n_best, keep_attention=attention)
+
+    @staticmethod
+    def _graph_search(graphs: SearchGraphs, src: torch.Tensor, src_lengths: torch.Tensor, opts: SearchOptions,
+                      attention: bool) -> list[list[Hypothesis]] | None:
+        """The batch through the graph search; None when it cannot serve (a failed capture: the plain search does)."""
+        try:
+            if opts.beam_size == 1:
+                found = graphs.greedy(src, src_lengths, opts.max_len, opts.max_len_ratio, keep_attention=attention)
+                return None if found is None else [[h] for h in found]
+            return graphs.beam(src, src_lengths, opts.beam_size, opts.length_penalty, opts.max_len,
+                               opts.max_len_ratio, opts.n_best, keep_attention=attention)
+        except GraphSearchError as error:
+            raise TranslationError(str(error)) from None
 
     def _result(self, src_ids: list[int], nbest: list[Hypothesis], attention: bool) -> Translation:
         candidates = [Candidate(self.tokenizer.decode_tgt(h.tokens), h.score) for h in nbest]

@@ -13,7 +13,14 @@ import torch
 
 from nmt.common.device import autocast
 from nmt.data.batching import Batch, collate_batch, token_batches
-from nmt.inference.engine import SearchOptions, TranslationError, Translator, check_option, is_number
+from nmt.inference.engine import (
+    CPU_BATCH_TOKENS,
+    TranslationError,
+    Translator,
+    check_option,
+    is_number,
+    resolve_batch_tokens,
+)
 from nmt.model.search import Hypothesis
 
 
@@ -60,7 +67,7 @@ class NoisyChannel:
 
     @torch.inference_mode()
     def source_log_probs(self, sources: Sequence[str], candidates: Sequence[Sequence[str]],
-                         batch_tokens: int = SearchOptions.batch_tokens) -> list[list[float]]:
+                         batch_tokens: int | str = CPU_BATCH_TOKENS) -> list[list[float]]:
         """log P(x|y): the reverse models' summed token log-probabilities of each source (EOS included) given each of
         its candidates (an ensemble averaged per token, as in its search); per source, one score per candidate.
         ``batch_tokens`` bounds each teacher-forced batch, ``R * max(S, T)``.
@@ -70,7 +77,7 @@ class NoisyChannel:
         y_ids = self.reverse.encode([y for cands in candidates for y in cands])
         lengths = [max(len(y_ids[k]), len(x_ids[owners[k]])) + 1 for k in range(len(owners))]
         flat = [0.0] * len(owners)
-        for rows in token_batches(lengths, batch_tokens):
+        for rows in token_batches(lengths, resolve_batch_tokens(batch_tokens, self.reverse.device)):
             batch = collate_batch([(k, y_ids[k], x_ids[owners[k]]) for k in rows]).to(self.reverse.device)
             for k, score in zip(rows, self._batch_scores(batch).tolist()):
                 flat[k] = score

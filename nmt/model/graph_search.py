@@ -1,11 +1,6 @@
-"""Search replayed from CUDA graphs: ``nmt.model.search``'s greedy and beam search with the whole decoder step (the
-model's step, the choice of tokens, the bookkeeping) captured once per shape bucket, rows x source length, and
-replayed step after step; the source is encoded once per batch, outside the graph (after NeMo's graphed RNN-T
-decoding: fixed shapes, finished rows masked, the loop ended by a device flag read late).
-
-Rows never leave the batch here: a finished sentence stays, masked, as the plain search keeps it until the host
-learns of it, so the outputs are the plain search's. Shapes: R rows (sentences) of a bucket, K beam size,
-S source length, T steps, V vocabulary, L decoder layers.
+"""Search replayed from CUDA graphs: ``nmt.model.search``'s greedy and beam search with the whole decoder step
+captured once per shape bucket (rows x source length) and replayed, the source encoded once per batch, finished rows
+kept in place and masked (after NeMo's graphed RNN-T decoding). Shapes: R rows, K beam, S source, T steps.
 """
 
 from __future__ import annotations
@@ -155,7 +150,9 @@ class SearchGraphStats:
 
 
 class SearchGraphs:
-    """Greedy and beam search for one model, each bucket's step captured on first sight and replayed.
+    """Greedy and beam search for one model, each bucket's step captured on first sight and replayed. Rows never
+    leave the batch (a finished sentence stays, masked, as the plain search keeps it until the host learns of it),
+    so every shape is fixed and the outputs are the plain search's.
 
     Args:
         model: the model the graphs call (``SearchModel`` or ``Ensemble``), in eval mode, on ``device``; its

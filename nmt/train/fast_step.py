@@ -21,7 +21,7 @@ from nmt.model.loss import sequence_loss
 log = logging.getLogger(__name__)
 
 CUDA_GRAPH_CHOICES = ("auto", "true", "false")
-WARMUP_STEPS = 2  # eager runs of a new shape before its capture: the optimizer's state and cuBLAS set up outside it
+WARMUP_STEPS = 1  # eager runs of a new shape before its capture: the optimizer's state and cuBLAS set up outside it
 
 
 class FastPathError(ValueError):
@@ -29,9 +29,9 @@ class FastPathError(ValueError):
 
 
 def use_cuda_graphs(setting: str | bool, device: torch.device, world_size: int) -> bool:
-    """Whether the run replays CUDA graphs. ``true`` asks for them and fails in one line where they cannot serve;
-    ``auto`` keeps the eager step until a GPU run has measured the graphs faster at the same loss
-    (``scripts/gpu_check.py``, docs/results/gpu.md), so on every device today it means ``false``.
+    """Whether the run replays CUDA graphs. ``auto`` replays them on one CUDA device (on an H100 the recipe's steps
+    ran 6.6x faster at the same loss: docs/results/gpu.md) and stays eager on a CPU and under torchrun, saying why;
+    ``true`` asks for them and fails in one line where they cannot serve.
 
     Raises:
         FastPathError: ``true`` on a CPU, or under torchrun (a DDP all-reduce is not captured here).
@@ -39,14 +39,20 @@ def use_cuda_graphs(setting: str | bool, device: torch.device, world_size: int) 
     setting = str(setting).lower()  # the command line's true / false arrive as booleans
     if setting not in CUDA_GRAPH_CHOICES:
         raise FastPathError(f"trainer.cuda_graphs={setting!r} is not one of {', '.join(CUDA_GRAPH_CHOICES)}")
-    if setting != "true":
+    if setting == "false":
         return False
     if device.type != "cuda":
-        raise FastPathError(f"trainer.cuda_graphs=true needs a CUDA GPU, and this run is on {device}; "
-                            "use trainer.cuda_graphs=auto (or false)")
+        if setting == "true":
+            raise FastPathError(f"trainer.cuda_graphs=true needs a CUDA GPU, and this run is on {device}; "
+                                "use trainer.cuda_graphs=auto (or false)")
+        return False
     if world_size > 1:
-        raise FastPathError(f"trainer.cuda_graphs=true does not work with torchrun's {world_size} processes (the "
-                            "DDP all-reduce is not captured); use trainer.cuda_graphs=false with torchrun")
+        if setting == "true":
+            raise FastPathError(f"trainer.cuda_graphs=true does not work with torchrun's {world_size} processes (the "
+                                "DDP all-reduce is not captured); use trainer.cuda_graphs=false with torchrun")
+        log.info("trainer.cuda_graphs=auto: eager steps under torchrun's %d processes (the DDP all-reduce is not "
+                 "captured)", world_size)
+        return False
     return True
 
 
@@ -151,6 +157,12 @@ class TrainingSteps:
         figures = train_step(self.forward_model, self.optimizer, on_device, fixed_shapes=False, **self.step_options)
         self.optimizer.zero_grad(set_to_none=True)
         return figures
+
+    def capture_up_front(self, examples: list[Batch]) -> None:
+        """Capture the step of each example's shape now, in one pass before training (host batches of bucket shapes,
+        ``ShapeBuckets.example``), so that the first epoch replays from its first step."""
+        for batch in examples:
+            self._graph_for(batch)
 
     def _graph_for(self, batch: Batch) -> _Graph | None:
         """The graph of ``batch``'s shape (host tensors), captured on first sight; None for the eager step."""

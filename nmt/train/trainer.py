@@ -27,8 +27,10 @@ from nmt.common.metrics import corpus_scores
 from nmt.common.provenance import device_name, host, library_versions
 from nmt.common.settings import ConfigError, to_plain_dict
 from nmt.data import Batch, DataError, EncodedSplit, PreparedData, Tokenizer, build_loader, prepare_data
+from nmt.data.batching import ShapeBuckets
 from nmt.inference.backtranslation import BacktranslationError, rebuild_synthetic_sources
-from nmt.inference.engine import SearchOptions, TranslationError, Translator
+from nmt.inference.engine import GPU_BATCH_TOKENS, SearchOptions, TranslationError, Translator
+from nmt.model.attention_stats import attention_sharpness
 from nmt.model.checkpoint import CheckpointError, RunCheckpoints, build_model, detached_copy, load_checkpoint
 from nmt.model.loss import sequence_loss
 from nmt.model.search import Hypothesis
@@ -142,6 +144,7 @@ class Trainer:
                                    label_smoothing=t.label_smoothing, max_norm=t.clip_grad_norm,
                                    precision=self.precision)
         self.pending_steps = StepWindow()  # figures still on the device
+        self.translator: Translator | None = None  # validation's and the test's decoder, made at the first use
         self.window_loss, self.window_tokens = 0.0, 0  # since the last log line
         self.nonfinite_in_row, self.last_grad_norm = 0, math.nan
         self.setup_seconds = time.perf_counter() - setup_start  # data (SentencePiece training when not cached), model
@@ -169,6 +172,8 @@ class Trainer:
                                     f"{self.batches_per_epoch} batches per epoch, {self.total_steps} steps planned, "
                                     f"device {self.device}")
         gpu = GpuMonitor.for_device(self.device) if self.info.is_main else GpuMonitor(None)
+        if self.use_graphs:
+            self._capture_steps()
         self.clock.start()
         with self._signals_stop_training(), gpu:
             try:
@@ -180,6 +185,18 @@ class Trainer:
         self.logger.display.close()  # what follows, the final summary, is printed below the bar
         self.gpu_utilisation = gpu.summary()
         return self._save_interrupted() if self.stop_signal is not None else self._finish(stopped_early)
+
+    def _capture_steps(self) -> None:
+        """Every shape the planned epochs' batches take, captured before the first step (one pass, one pool)."""
+        sampler, planned = self.train_loader.batch_sampler, math.ceil(self.total_steps / self.batches_per_epoch)
+        buckets = ShapeBuckets(self.tcfg.bucket_width, self.cfg.data.max_tokens)
+        shapes = buckets.shapes_of(sampler, range(self.progress.epoch, max(planned, self.progress.epoch + 1)))
+        examples = [buckets.example(shape) for shape in shapes]
+        self.steps.capture_up_front([e.pin_memory() if self.device.type == "cuda" else e for e in examples])
+        stats = self.steps.stats
+        fallback = f" ({stats.fallback})" if stats.fallback else ""
+        self.logger.display.message(f"cuda graphs: {len(stats.shapes)} batch shapes captured in "
+                                    f"{stats.capture_seconds:.1f}s{fallback}")
 
     def _loop(self) -> bool:
         """One optimizer step per batch until the plan, a signal or early stopping ends it. True = early stop."""
@@ -336,9 +353,13 @@ class Trainer:
         valid = {**corpus_scores(self.decode(data.valid, beam)[0], data.valid.tgt_text), "loss": loss}
         test = {}
         for name, split in data.tests.items():
+            started = time.perf_counter()
             hypotheses = self.decode(split, beam)[0]
-            test[name] = corpus_scores(hypotheses, split.tgt_text)
-            if step is not None:  # the best checkpoint's translations, for analysis (scripts/compare_runs.py)
+            seconds = time.perf_counter() - started  # the search's, read back and detokenized: what a user waits
+            test[name] = {**corpus_scores(hypotheses, split.tgt_text), "decode_seconds": seconds,
+                          "sentences_per_s": len(split) / max(seconds, 1e-9)}
+            if step is not None:  # the best checkpoint's translations and sharpness, for the reports (compare_runs.py)
+                test[name]["attention_sharpness"] = attention_sharpness(self.model, split)  # kept when checkpoints go
                 out = self.run_dir / "translations" / f"{name}.{self.cfg.data.tgt_lang}"
                 write_text_durably(out, "".join(h + "\n" for h in hypotheses))
         return {"checkpoint": label, "checkpoint_step": step, "beam_size": beam,
@@ -361,6 +382,7 @@ class Trainer:
             "wall_seconds": p.wall_seconds,
             "validation_seconds": p.validation_seconds,
             "cuda_graphs": asdict(self.steps.stats) if self.use_graphs else None,
+            "search_graphs": asdict(graphs.stats) if (graphs := getattr(self.translator, "graphs", None)) else None,
             "gpu_utilisation": self.gpu_utilisation,
             "validations": p.validations,
             "device": device_name(self.device),
@@ -462,11 +484,21 @@ class Trainer:
         and attention). Decoded by the engine every use of a trained model shares, with the run's precision.
         """
         self.model.eval()
+        budget = self.cfg.data.valid_max_tokens  # on a GPU, a split in a few large batches (graph search)
         options = SearchOptions(beam_size=beam_size, length_penalty=self.tcfg.length_penalty,
-                                batch_tokens=self.cfg.data.valid_max_tokens)
-        translator = Translator(self.model, self.data.tokenizer, precision=self.precision)
+                                batch_tokens=max(budget, GPU_BATCH_TOKENS) if self.device.type == "cuda" else budget)
+        translator = self._translator()
         best = [nbest[0] for nbest in translator.translate_ids(split.src_ids, options)]
         return [self.data.tokenizer.decode_tgt(h.tokens) for h in best], best
+
+    def _translator(self) -> Translator:
+        """The run's one Translator (its search graphs kept from one validation to the next), with today's weights."""
+        if self.translator is None:
+            graphs = "false" if str(self.tcfg.cuda_graphs).lower() == "false" else "auto"
+            self.translator = Translator(self.model, self.data.tokenizer, precision=self.precision, cuda_graphs=graphs)
+        else:
+            self.translator.refresh()  # the weights changed in place since the last decode
+        return self.translator
 
     def _log_examples(self, split: EncodedSplit, hypotheses: list[str], best: list[Hypothesis], step: int,
                       heatmaps: bool) -> None:
