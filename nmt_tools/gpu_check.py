@@ -53,14 +53,14 @@ import statistics
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 from nmt.analysis.cli import OutputsParser
+from nmt.analysis.mps import mps_daemon
 from nmt.common.files import write_json_durably, write_text_durably
 
 PARTS = ("tests", "graphs", "precision", "recipe", "translate", "search", "parallel", "chain", "study")
@@ -486,37 +486,14 @@ def parallel_part(args: argparse.Namespace) -> dict[str, Any]:
 
 def parallel_way(args: argparse.Namespace, way: str) -> dict[str, Any]:
     """Each of ``--parallel-counts`` as one round, ``way`` ``processes`` or ``mps`` (its daemon around them all)."""
-    with (mps_daemon(args.out / "mps") if way == "mps" else nullcontext({})) as env:
+    with (mps_daemon(args.out / "mps") if way == "mps" else nullcontext({})) as variables:
+        env = {**os.environ, **variables} if variables else {}
         rounds = {str(n): attempt(args, lambda n=n: parallel_round(args, way, n, env)) for n in args.parallel_counts}
     alone = rounds.get("1", {}).get("tokens_per_s_together")
     for measured in rounds.values():
         if alone and "tokens_per_s_together" in measured:
             measured["over_one_alone"] = measured["tokens_per_s_together"] / alone
     return rounds
-
-
-@contextmanager
-def mps_daemon(folder: Path) -> Iterator[dict[str, str]]:
-    """CUDA MPS's control daemon with a private pipe and log folder, stopped (``quit``) on the way out whatever
-    happened; yields the environment its clients need."""
-    pipe, logs = folder / "pipe", folder / "log"
-    if len(str(pipe.resolve())) > 60:  # its sockets' paths must stay short
-        pipe = Path(tempfile.mkdtemp(prefix="nmt_mps_"))
-    pipe.mkdir(parents=True, exist_ok=True)
-    logs.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe.resolve()), "CUDA_MPS_LOG_DIRECTORY": str(logs.resolve())}
-    try:
-        started = subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env, capture_output=True, text=True)
-        if started.returncode != 0:
-            raise RuntimeError(f"nvidia-cuda-mps-control -d failed with exit status {started.returncode}: "
-                               f"{(started.stderr or started.stdout).strip()[:200]}")
-        yield env
-    finally:
-        try:
-            subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", env=env, capture_output=True, text=True,
-                           timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as error:
-            print(f"gpu_check: stopping MPS: {error}", flush=True)
 
 
 def parallel_round(args: argparse.Namespace, way: str, n: int, env: dict[str, str]) -> dict[str, Any]:

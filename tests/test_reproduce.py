@@ -4,6 +4,7 @@ resume after a kill in every stage, driven with stand-ins for train.py, backtran
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -31,6 +32,9 @@ value = lambda key: next((a.split("=", 1)[1] for a in args if a.startswith(key +
 stage = os.environ["NMT_CHAIN_STAGE"]
 with open("calls.log", "a") as log:
     log.write(json.dumps([stage, args]) + "\n")
+if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):  # started as a client of an MPS daemon
+    with open("mps_clients.log", "a") as log:
+        log.write(stage + "\n")
 dying = os.environ.get("FAKE_KILL") == stage
 if KIND == "train":
     run = Path(value("trainer.resume") or value("hydra.run.dir"))
@@ -327,7 +331,8 @@ def test_parallel_auto_follows_what_the_card_measured(device: str, card: tuple[s
     monkeypatch.setattr(reproduce, "cuda_card", lambda: card)
     reproduce.main(["recipe=attention_study", f"workdir={tmp_path}", f"device={device}", "dry_run=true"], fake_repo)
     last = capsys.readouterr().out.splitlines()[-1]
-    assert f"({device}, parallel={parallel}, {how}); " in last
+    sharing = "; no MPS: not measured faster on this card" if device == "cuda" else ""
+    assert f"({device}, parallel={parallel}, {how}{sharing}); " in last
     if device == "cuda":  # the recipe says which of its estimates were measured
         assert "measured: additive (3m40s and 3m49s" in last and "guessed: none, dot," in last
 
@@ -351,6 +356,53 @@ def test_parallel_beyond_the_card_memory_is_refused_before_any_work(fake_repo: P
     assert calls(tmp_path) == []
     reproduce.main(["recipe=attention_study", f"workdir={tmp_path}", "device=cuda", "parallel=2", "dry_run=true"],
                    fake_repo)  # what fits is taken as given
+
+
+def test_stages_share_the_card_under_mps_when_this_card_measured_it_faster(fake_repo: Path, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch,
+                                                                           capsys: pytest.CaptureFixture) -> None:
+    from tests.test_gpu_check import write_fake_mps
+
+    mps_log = write_fake_mps(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    measured = tmp_path / "measured_parallel.json"
+    measured.write_text(json.dumps({"about": "a test's", "cards": {CARD: {**MEASURED, "mps": True}}}))
+    monkeypatch.setattr(reproduce, "MEASURED_PARALLEL", measured)
+    monkeypatch.setattr(reproduce, "cuda_card", lambda: (CARD, 80000.0))
+    workdir = tmp_path / "work"
+    reproduce.main(["recipe=tiny", f"workdir={workdir}", "device=cuda", "parallel=2"], fake_repo)
+    trainings = [stage for stage, _ in calls(workdir) if stage.startswith(("base", "kd"))]
+    assert trainings and set(trainings) <= set((workdir / "mps_clients.log").read_text().splitlines())
+    started, stopped = mps_log.read_text().splitlines()
+    pipe = started.split()[1]
+    assert started == f"start {pipe}" and stopped == f"quit {pipe}"  # its own pipe folder, the clients' too
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ  # given back once the chain is done
+    assert "parallel=2 (as given); mps=auto: measured faster on this card" in capsys.readouterr().out
+    # mps=false, and one stage at a time, run without it
+    for setting in ("mps=false", "parallel=1"):
+        assert reproduce.choose_mps(setting.partition("=")[2] if setting.startswith("mps") else "auto", "cuda",
+                                    1 if setting == "parallel=1" else 2, (CARD, 80000.0))[0] is False
+
+
+def test_mps_that_cannot_serve_is_one_line(fake_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ChainError, match=r"^mps=true needs a CUDA GPU .*; use mps=auto$"):
+        reproduce.main(["recipe=tiny", f"workdir={tmp_path}", "device=cpu", "mps=true"], fake_repo)
+    mps_log = write_fake_mps_failing(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setattr(reproduce, "cuda_card", lambda: ("Other GPU", 80000.0))
+    with pytest.raises(ChainError, match=r"nvidia-cuda-mps-control -d failed with exit status 3: .*; run with "
+                                         r"mps=false$"):
+        reproduce.main(["recipe=tiny", f"workdir={tmp_path / 'w'}", "device=cuda", "mps=true"], fake_repo)
+    assert [line.split()[0] for line in mps_log.read_text().splitlines()] == ["start", "quit"]  # stopped all the same
+    assert calls(tmp_path / "w") == []
+    with pytest.raises(ChainError, match=r"mps='often' must be auto"):
+        reproduce.main(["recipe=tiny", f"workdir={tmp_path}", "mps=often"], fake_repo)
+
+
+def write_fake_mps_failing(folder: Path) -> Path:
+    from tests.test_gpu_check import write_fake_mps
+
+    return write_fake_mps(folder, start_status=3)
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])

@@ -12,7 +12,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -24,6 +25,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from nmt.analysis.decoding import setting_label
+from nmt.analysis.mps import CONTROL as MPS_CONTROL
+from nmt.analysis.mps import MpsError, mps_available, mps_daemon
 from nmt.common.disk import EXIT_WRITE_STOPPED, WriteStopped, check_writable, free_space
 from nmt.common.files import write_json_durably, write_text_durably
 from nmt.common.progress import format_duration
@@ -32,8 +35,8 @@ from nmt.common.settings import unknown_key_message
 from nmt.data.synthetic import is_complete
 from nmt.model.checkpoint import CheckpointError, resolve_checkpoint
 
-DEFAULTS = {"recipe": "bt_best", "workdir": ".", "parallel": "auto", "budget": None, "deadline": None,
-            "dry_run": False, "device": "auto"}
+DEFAULTS = {"recipe": "bt_best", "workdir": ".", "parallel": "auto", "mps": "auto", "budget": None,
+            "deadline": None, "dry_run": False, "device": "auto"}
 BUDGET_FORMS = "seconds (600), or hours, minutes and seconds (90s, 45m, 1h30m, 1h30m15s)"
 DEADLINE_FORMS = "HH:MM or HH:MM:SS (the next time the clock reads it) or an ISO date and time (2026-11-28T14:30)"
 AS_WRITTEN = ("budget", "deadline")  # read as text: OmegaConf would turn deadline=14:30 into 870 (YAML's base 60)
@@ -117,6 +120,9 @@ def parse_arguments(args: Sequence[str], recipes: Path) -> tuple[dict[str, Any],
     if parallel != "auto" and (not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1):
         raise ChainError(f"parallel={parallel!r} must be auto (on a GPU the card's measured figure, else "
                          f"{PARALLEL_ON_CUDA}; 1 on a CPU) or a whole number >= 1 (stages run at once)")
+    settings["mps"] = str(settings["mps"]).lower()  # the command line's true / false arrive as booleans
+    if settings["mps"] not in ("auto", "true", "false"):
+        raise ChainError(f"mps={settings['mps']!r} must be auto (what this card measured faster), true or false")
     if settings["device"] not in ("auto", "cpu", "cuda"):
         raise ChainError(f"device={settings['device']!r} must be auto, cpu or cuda (whose eta_minutes to use; "
                          "each run picks its own device)")
@@ -128,6 +134,8 @@ SETTINGS_HELP = {  # each setting's value form and meaning, for --help (its defa
     "workdir": ("DIR", "where its runs/ go; the same workdir again goes on where a call stopped"),
     "parallel": ("N|auto", f"stages at once; auto: on a GPU the card's figure in {MEASURED_PARALLEL.name}, else "
                            f"{PARALLEL_ON_CUDA}; 1 on a CPU"),
+    "mps": ("auto|true|false", "run GPU stages at once under CUDA MPS (started and stopped here); auto: when "
+                               f"{MEASURED_PARALLEL.name} says MPS was faster on this card"),
     "budget": ("TIME", f"start only stages expected to end inside it, stop (SIGTERM) what runs at its end: "
                        f"{BUDGET_FORMS}"),
     "deadline": ("WHEN", f"the same as a time on the clock: {DEADLINE_FORMS}; with budget=, the sooner counts"),
@@ -487,6 +495,57 @@ def choose_parallel(setting: Any, device: str, card: tuple[str, float] | None) -
     return parallel, how
 
 
+def choose_mps(setting: str, device: str, parallel: int, card: tuple[str, float] | None) -> tuple[bool, str]:
+    """Whether the stages share the card under CUDA MPS, and why (for the log line; "" where it does not apply):
+    ``auto`` follows the card's
+    measured entry (its ``mps``) when more than one stage runs at once; ``true`` asks for it.
+
+    Raises:
+        ChainError: ``mps=true`` off a GPU, or without the MPS control program.
+    """
+    if setting == "true":
+        if device != "cuda":
+            raise ChainError("mps=true needs a CUDA GPU (CUDA MPS shares one among processes); use mps=auto")
+        if not mps_available():
+            raise ChainError(f"mps=true: {MPS_CONTROL} is not on PATH (it comes with the NVIDIA driver); use mps=auto")
+        return True, "mps=true"
+    entry = measured_card(card[0] if card else None) or {}
+    if setting == "false" or device != "cuda" or parallel < 2:
+        return False, ""
+    if not entry.get("mps"):
+        return False, "no MPS: not measured faster on this card"
+    if not mps_available():
+        return False, f"mps=auto: measured faster on this card, but {MPS_CONTROL} is not on PATH"
+    return True, "mps=auto: measured faster on this card"
+
+
+@contextmanager
+def card_sharing(use_mps: bool, workdir: Path) -> Iterator[None]:
+    """With ``use_mps``, the MPS daemon for the stages started inside (its variables in this process's environment,
+    which every stage inherits), stopped on the way out.
+
+    Raises:
+        ChainError: the daemon did not start.
+    """
+    if not use_mps:
+        yield
+        return
+    try:
+        with mps_daemon(workdir / "runs" / ".reproduce" / "mps") as variables:
+            saved = {name: os.environ.get(name) for name in variables}
+            os.environ.update(variables)
+            try:
+                yield
+            finally:
+                for name, value in saved.items():
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
+    except MpsError as error:
+        raise ChainError(f"{error}; run with mps=false") from None
+
+
 # ----------------------------------------------------------------------------------------------- Running
 class Clock:
     """How long each kind of stage takes: this workdir's own times when it has any, else the recipe's guess."""
@@ -736,7 +795,7 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
     summary; returns it (None for ``--help``, a dry run, or a stop at the budget).
 
     Args:
-        args: ``key=value`` settings (``recipe``, ``workdir``, ``parallel``, ``budget``, ``deadline``,
+        args: ``key=value`` settings (``recipe``, ``workdir``, ``parallel``, ``mps``, ``budget``, ``deadline``,
             ``dry_run``, ``device``) and ``data.*`` overrides; or ``--help``/``-h``.
         repo: the folder of the commands it drives (train.py, backtranslate.py, scripts/tune_decoding.py)
             and of configs/.
@@ -762,21 +821,26 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
     stages = plan(chain)
     auto = "cuda" if torch.cuda.is_available() else "cpu"
     device = auto if settings["device"] == "auto" else settings["device"]  # whose eta_minutes and parallel=auto
-    parallel, chosen = choose_parallel(settings["parallel"], str(device), cuda_card() if device == "cuda" else None)
+    card = cuda_card() if device == "cuda" else None
+    parallel, chosen = choose_parallel(settings["parallel"], str(device), card)
+    use_mps, mps_reason = choose_mps(settings["mps"], str(device), parallel, card)
+    mps_reason = f"; {mps_reason}" if mps_reason else ""
     clock = Clock(workdir / "runs" / ".reproduce" / "times.json", dict(recipe.eta_minutes[str(device)]))
     check_budget(budget, stages, clock)
     check_checkpoints(stages)
     if settings["dry_run"]:
         show_plan(stages)
         done = {s.name for s in stages if s.done()}
-        say(f"ETA {eta(stages, done, {}, clock, parallel)} ({device}, parallel={parallel}, {chosen}); "
+        say(f"ETA {eta(stages, done, {}, clock, parallel)} ({device}, parallel={parallel}, {chosen}{mps_reason}); "
             f"{eta_sources(stages, clock, recipe, str(device))}")
         if budget is not None:
             fits = len(schedule(stages, done, {}, clock, parallel, within=budget.left()))
             say(f"{budget.label}: {fits} of the {len(stages) - len(done)} stages left would run in it")
         return None
-    say(f"parallel={parallel} ({chosen})")
-    if left := run_stages(chain, stages, parallel, clock, budget):
+    say(f"parallel={parallel} ({chosen}){mps_reason}")
+    with card_sharing(use_mps, workdir):
+        left = run_stages(chain, stages, parallel, clock, budget)
+    if left:
         rest = eta(stages, {s.name for s in stages if s.name not in left}, {}, clock, parallel)
         say(f"stopped at {budget.label if budget else 'the budget'}: {len(stages) - len(left)} of {len(stages)} "
             f"stages complete, {len(left)} left (about {rest} at parallel={parallel}); a stopped training resumes "
