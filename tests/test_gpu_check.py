@@ -37,7 +37,8 @@ results = {"device": "cuda", "precision": value("trainer.precision") or "auto", 
            "train_seconds": 20.0,
            "cuda_graphs": {"shapes": [[64, 16, 16]], "capture_seconds": 1.5} if graphs else None,
            "validation_seconds": 23.0,
-           "gpu_utilisation": {"available": True, "utilisation_percent_median": 80.0}, "validations": validations,
+           "gpu_utilisation": {"available": True, "utilisation_percent_median": 80.0, "memory_used_mib_max": 2975.0},
+           "validations": validations,
            "test": {"test_2016_flickr": {"bleu": 40.0}}, "setup_seconds": 5.0, "wall_seconds": 230.0,
            "final_evaluation_seconds": 10.0, "best_val_bleu_greedy": 39.0}
 (run / "results.json").write_text(json.dumps(results))
@@ -118,8 +119,9 @@ def test_every_part_reports_its_figures(fake_project: Path, tmp_path: Path) -> N
     assert report["chain"]["parallel"] == 3
     assert json.loads((out / "gpu_check.json").read_text()) == report
     made = calls(fake_project)
-    assert [kind for kind, _ in made] == ["train", "train", "train", "benchmark", "reproduce"]  # parts in PARTS order
-    fp32 = made[0][1]
+    # parts in PARTS order: the recipe, its translation, then precision's two runs, then the chain
+    assert [kind for kind, _ in made] == ["train", "benchmark", "train", "train", "reproduce"]
+    fp32 = made[2][1]
     assert {"trainer.precision=fp32", "trainer.max_steps=120", "trainer.validate_every=40", "model=small",
             "experiment=multi30k_best", "trainer.seed=42"} <= set(fp32)
     assert "data.mirror=/corpora" in made[-1][1] and "model=small" not in made[-1][1]  # only data.* reach the chain
@@ -245,6 +247,7 @@ def test_parallel_rounds_and_the_measured_parallel_file(fake_project: Path, tmp_
     card = measured["cards"]["cuda"]  # the name train.py recorded: torch.cuda.get_device_name() on a GPU
     assert card["trainings_at_once"] == 4 and card["tokens_per_s_together"] == 72000 and card["mps"] is False
     assert card["over_one_alone"] == 4.0 and ", abc1234, PyTorch " in card["measured"]
+    assert card["mib_per_training"] == 2975  # one training's peak card memory: reproduce.py's parallel check
 
 
 def test_mps_is_stopped_when_its_trainings_or_its_start_fail(fake_project: Path, tmp_path: Path,
@@ -346,9 +349,9 @@ def test_packing_brings_back_at_most_8_files(fake_project: Path, tmp_path: Path,
 
 def test_the_device_run_profile_and_what_overrides_it(tmp_path: Path) -> None:
     args = gpu_check.parse_args(["--device-run", "--out", str(tmp_path), "--graph-steps", "100"], tmp_path)
-    assert args.parts == ["tests", "graphs", "recipe", "search", "parallel", "study"]
+    assert args.parts == ["tests", "recipe", "search", "graphs", "parallel", "study"]
     assert args.budget_seconds == 540.0 and args.keep_going and args.graph_steps == 100  # given: it wins
-    assert args.recipe_paths == ["graphs", "eager"] and args.eager_max_steps == 250
+    assert args.recipe_paths == ["graphs"] and args.parallel_counts == [1, 2, 4]
     assert args.graph_precisions == ["bf16"]
     plain = gpu_check.parse_args(["--out", str(tmp_path)], tmp_path)
     assert plain.budget_seconds is None and not plain.keep_going and plain.budget.left() is None

@@ -1,0 +1,109 @@
+"""Trainings side by side, as ``reproduce.py`` and ``scripts/gpu_check.py --parts parallel`` run them on one card:
+separate train.py processes, each with its own seed, batches, logs and results. On the CPU each runs the graph path
+with stand-in captures that replay eagerly (as tests/test_fast_step.py does); marked ``gpu``, with real graphs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_training import tiny_config
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# train.py with trainer.cuda_graphs taken as served on the CPU and each capture a stand-in that replays eagerly.
+STAND_IN_GRAPHS = """
+import runpy, sys, torch
+from nmt.model import graph_search
+from nmt.train import trainer
+from nmt.train.fast_step import TrainingSteps, _Graph
+from tests.test_fast_step import ReplayedEagerly, ReplayedSearchStep
+
+def capture(self, batch):
+    inputs, figures = batch.to(self.device), torch.zeros(3)
+    return _Graph(ReplayedEagerly(self, inputs, figures), inputs, figures)
+
+trainer.use_cuda_graphs = lambda setting, device, world_size: True
+torch.cuda.graph_pool_handle = lambda: None
+TrainingSteps._warm_up_and_capture = capture
+graph_search.capture_graph = lambda run, pool, device: ReplayedSearchStep(run)
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def train_command(tmp_path: Path, run: str, seed: int, stand_in: bool, *extra: str) -> list[str]:
+    cfg = tiny_config(tmp_path, [])  # writes the tiny corpus once per tmp_path
+    files = ", ".join(f"{split}: {{src: '{sides.src}', tgt: '{sides.tgt}'}}" for split, sides in cfg.data.files.items())
+    args = ["data=files", f"data.files={{{files}}}", f"data.cache_dir={tmp_path}/cache", "model.emb_size=32",
+            "model.enc_hidden_size=32", "model.dec_hidden_size=64", "data.tokenizer.vocab_size=20",
+            "data.tokenizer.model_type=bpe", "trainer.max_steps=30", "trainer.validate_every=15",
+            "trainer.log_every=1", "trainer.test_beam_size=2", f"trainer.seed={seed}", "trainer.cuda_graphs=true",
+            f"hydra.run.dir={tmp_path}/{run}", *extra]
+    program = ["-c", STAND_IN_GRAPHS] if stand_in else [str(REPO_ROOT / "train.py")]
+    return [sys.executable, *program, *args]
+
+
+def start(command: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)})
+
+
+def finished(process: subprocess.Popen) -> None:
+    _, err = process.communicate(timeout=600)
+    assert process.returncode == 0, err[-3000:]
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+
+
+def scores(run_dir: Path) -> tuple[list[float], float]:
+    results = json.loads((run_dir / "results.json").read_text())
+    return [v["bleu"] for v in results["validations"]], results["test"]["test"]["bleu"]
+
+
+def side_by_side(tmp_path: Path, stand_in: bool) -> None:
+    """Seeds 1 and 2 alone, one after the other; then both at once beside a third run killed midway."""
+    for seed in (1, 2):
+        finished(start(train_command(tmp_path, f"alone{seed}", seed, stand_in)))
+    together = [start(train_command(tmp_path, f"together{seed}", seed, stand_in)) for seed in (1, 2)]
+    victim = start(train_command(tmp_path, "killed", 3, stand_in, "trainer.max_steps=100000"))
+    log = tmp_path / "killed" / "train_log.jsonl"
+    deadline = time.monotonic() + 300
+    while not (log.is_file() and log.read_text().count("\n") >= 3) and time.monotonic() < deadline:
+        time.sleep(0.2)  # killed once it is training, while its siblings are
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate(timeout=60)
+    for process in together:
+        finished(process)
+
+
+@pytest.mark.slow
+def test_runs_side_by_side_give_the_losses_they_give_alone_and_a_failed_one_stops_alone(tmp_path: Path) -> None:
+    side_by_side(tmp_path, stand_in=True)
+    for seed in (1, 2):
+        alone, together = tmp_path / f"alone{seed}", tmp_path / f"together{seed}"
+        assert losses(together) == losses(alone) and len(losses(alone)) == 30
+        assert scores(together) == scores(alone)
+        graphs = json.loads((together / "results.json").read_text())["cuda_graphs"]
+        assert graphs["replayed_steps"] == 30 and graphs["eager_steps"] == 0  # the stand-in graph path ran
+    assert losses(tmp_path / "alone1") != losses(tmp_path / "alone2")  # each its own seed
+    assert not (tmp_path / "killed" / "results.json").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_graph_replayed_runs_side_by_side_give_the_losses_they_give_alone(tmp_path: Path) -> None:
+    side_by_side(tmp_path, stand_in=False)
+    for seed in (1, 2):
+        alone, together = losses(tmp_path / f"alone{seed}"), losses(tmp_path / f"together{seed}")
+        torch.testing.assert_close(together, alone, rtol=2e-3, atol=2e-3)  # CUDA's atomics: not bit for bit
