@@ -153,6 +153,18 @@ def test_batches_of_one_bucket_share_its_graph_and_a_late_flag_changes_nothing(
     assert graphs.stats.replayed_batches == 6
 
 
+def test_the_least_recently_used_bucket_makes_room_for_a_new_one(stand_in_captures: list[ReplayedEagerly],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(graph_search, "MAX_BUCKETS", 2)
+    model = tiny_model("additive")
+    graphs = SearchGraphs(model, CPU, "fp32")
+    batches = [batch(lengths, seed=i) for i, lengths in enumerate(([3, 2], [3, 2, 2], [9, 4], [3, 3]))]
+    for src, src_lengths in batches:  # buckets 2x8, 4x8, 2x16, then 2x8 again: evicted by 2x16, captured again
+        assert_same(graphs.greedy(src, src_lengths, 10, None, True), greedy_search(model, src, src_lengths, 10, None))
+    assert [shape[1:] for shape in graphs.stats.shapes] == [[2, 8], [4, 8], [2, 16], [2, 8]]
+    assert [key[1:3] for key in graphs.buckets] == [(2, 16), (2, 8)]
+
+
 def test_an_ensemble_searches_from_graphs_as_it_does_without(stand_in_captures: list[ReplayedEagerly]) -> None:
     from nmt.model.seq2seq import SearchModel
 

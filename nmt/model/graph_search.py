@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 
 GRAPH_CHOICES = ("auto", "true", "false")
 SOURCE_WIDTH = 8  # source lengths padded to a multiple of this, so few buckets recur
+MAX_BUCKETS = 32  # captured buckets kept at once (a server meets many shapes and options); the least recent goes
 
 
 class GraphSearchError(ValueError):
@@ -162,7 +164,7 @@ class SearchGraphs:
 
     def __init__(self, model: StepModel, device: torch.device, precision: str) -> None:
         self.model, self.device, self.precision = model, device, precision
-        self.buckets: dict[tuple[Any, ...], _Bucket] = {}
+        self.buckets: OrderedDict[tuple[Any, ...], _Bucket] = OrderedDict()  # least recently used first
         self.stats = SearchGraphStats()
         self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None  # one at a time: shared
         self.blocked = blocked_tokens(device)
@@ -229,6 +231,9 @@ class SearchGraphs:
             if bucket is None:
                 return None
             self.buckets[key] = bucket
+            if len(self.buckets) > MAX_BUCKETS:  # its graph and static tensors freed; captured again if met again
+                self.buckets.popitem(last=False)
+        self.buckets.move_to_end(key)
         self._load(bucket.static, padded_src, padded_lengths, limits, k, alpha)
         return bucket, max(batch_limits)
 
