@@ -11,6 +11,7 @@ line with exit status 74: run the same command again once space is freed.
 import sys
 from pathlib import Path
 
+from nmt.analysis.card import CardError
 from nmt.analysis.reproduce import ChainError, main
 from nmt.common.disk import PathNotWritable
 from nmt.common.entry_point import disk_full_exits, fail, same_command
@@ -19,7 +20,7 @@ if __name__ == "__main__":
     try:
         with disk_full_exits("reproduce.py", "complete stages are kept", same_command("reproduce.py")):
             main(sys.argv[1:], Path(__file__).resolve().parent)
-    except (ChainError, PathNotWritable) as error:
+    except (ChainError, CardError, PathNotWritable) as error:
         fail("reproduce.py", error)
     except KeyboardInterrupt:
         raise SystemExit(130) from None

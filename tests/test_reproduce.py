@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from nmt.analysis import card as sharing
 from nmt.analysis import reproduce
+from nmt.analysis.card import CardError
 from nmt.analysis.reproduce import ChainError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -316,7 +318,7 @@ MEASURED = {"trainings_at_once": 6, "tokens_per_s_together": 300000, "over_one_a
     ("cpu", None, 1, "auto: 1 on a CPU"),
     ("cuda", (CARD, 80000.0), 6, f"auto: measured on this card, {CARD} (2026-11-28, abc1234, PyTorch 2.5): 4.6x one "
                                  "training alone"),
-    ("cuda", ("Other GPU", 80000.0), reproduce.PARALLEL_ON_CUDA,
+    ("cuda", ("Other GPU", 80000.0), sharing.PARALLEL_ON_CUDA,
      "auto: the default for a card not measured in measured_parallel.json (Other GPU)"),
     ("cuda", (CARD, 10000.0), 2, f"auto: measured on this card, {CARD} (2026-11-28, abc1234, PyTorch 2.5): 4.6x one "
                                  "training alone, cut to the 2 its free memory holds (10,000 MiB)"),
@@ -327,29 +329,29 @@ def test_parallel_auto_follows_what_the_card_measured(device: str, card: tuple[s
                                                       capsys: pytest.CaptureFixture) -> None:
     measured = tmp_path / "measured_parallel.json"
     measured.write_text(json.dumps({"about": "a test's", "cards": {CARD: MEASURED}}))
-    monkeypatch.setattr(reproduce, "MEASURED_PARALLEL", measured)
+    monkeypatch.setattr(sharing, "MEASURED_PARALLEL", measured)
     monkeypatch.setattr(reproduce, "cuda_card", lambda: card)
     reproduce.main(["recipe=attention_study", f"workdir={tmp_path}", f"device={device}", "dry_run=true"], fake_repo)
     last = capsys.readouterr().out.splitlines()[-1]
-    sharing = "; no MPS: not measured faster on this card" if device == "cuda" else ""
-    assert f"({device}, parallel={parallel}, {how}{sharing}); " in last
+    mps = "; no MPS: not measured faster on this card" if device == "cuda" else ""
+    assert f"({device}, parallel={parallel}, {how}{mps}); " in last
     if device == "cuda":  # the recipe says which of its estimates were measured
         assert "measured: additive (3m40s and 3m49s" in last and "guessed: none, dot," in last
 
 
 def test_the_packaged_measured_parallel_file_is_read_as_is(monkeypatch: pytest.MonkeyPatch) -> None:
-    about = json.loads(reproduce.MEASURED_PARALLEL.read_text())
+    about = json.loads(sharing.MEASURED_PARALLEL.read_text())
     assert "gpu_check.py --parts parallel" in about["about"] and isinstance(about["cards"], dict)
     name = next(iter(about["cards"]), "a card nobody measured")
-    parallel, how = reproduce.choose_parallel("auto", "cuda", (name, 1e9))
+    parallel, how = sharing.choose_parallel("auto", "cuda", (name, 1e9))
     assert (parallel, how.split(",")[0]) == ((about["cards"][name]["trainings_at_once"], "auto: measured on this card")
-                                             if about["cards"] else (reproduce.PARALLEL_ON_CUDA, how.split(",")[0]))
+                                             if about["cards"] else (sharing.PARALLEL_ON_CUDA, how.split(",")[0]))
 
 
 def test_parallel_beyond_the_card_memory_is_refused_before_any_work(fake_repo: Path, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reproduce, "cuda_card", lambda: ("Other GPU", 10000.0))
-    with pytest.raises(ChainError) as raised:
+    with pytest.raises(CardError) as raised:
         reproduce.main(["recipe=attention_study", f"workdir={tmp_path}", "device=cuda", "parallel=5"], fake_repo)
     assert str(raised.value) == ("parallel=5 is more than this card's memory holds: 10,000 MiB free on Other GPU, "
                                  "about 4,096 MiB per training (an estimate); parallel=2 would fit")
@@ -367,7 +369,7 @@ def test_stages_share_the_card_under_mps_when_this_card_measured_it_faster(fake_
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     measured = tmp_path / "measured_parallel.json"
     measured.write_text(json.dumps({"about": "a test's", "cards": {CARD: {**MEASURED, "mps": True}}}))
-    monkeypatch.setattr(reproduce, "MEASURED_PARALLEL", measured)
+    monkeypatch.setattr(sharing, "MEASURED_PARALLEL", measured)
     monkeypatch.setattr(reproduce, "cuda_card", lambda: (CARD, 80000.0))
     workdir = tmp_path / "work"
     reproduce.main(["recipe=tiny", f"workdir={workdir}", "device=cuda", "parallel=2"], fake_repo)
@@ -380,17 +382,17 @@ def test_stages_share_the_card_under_mps_when_this_card_measured_it_faster(fake_
     assert "parallel=2 (as given); mps=auto: measured faster on this card" in capsys.readouterr().out
     # mps=false, and one stage at a time, run without it
     for setting in ("mps=false", "parallel=1"):
-        assert reproduce.choose_mps(setting.partition("=")[2] if setting.startswith("mps") else "auto", "cuda",
+        assert sharing.choose_mps(setting.partition("=")[2] if setting.startswith("mps") else "auto", "cuda",
                                     1 if setting == "parallel=1" else 2, (CARD, 80000.0))[0] is False
 
 
 def test_mps_that_cannot_serve_is_one_line(fake_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ChainError, match=r"^mps=true needs a CUDA GPU .*; use mps=auto$"):
+    with pytest.raises(CardError, match=r"^mps=true needs a CUDA GPU .*; use mps=auto$"):
         reproduce.main(["recipe=tiny", f"workdir={tmp_path}", "device=cpu", "mps=true"], fake_repo)
     mps_log = write_fake_mps_failing(tmp_path / "bin")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     monkeypatch.setattr(reproduce, "cuda_card", lambda: ("Other GPU", 80000.0))
-    with pytest.raises(ChainError, match=r"nvidia-cuda-mps-control -d failed with exit status 3: .*; run with "
+    with pytest.raises(CardError, match=r"nvidia-cuda-mps-control -d failed with exit status 3: .*; run with "
                                          r"mps=false$"):
         reproduce.main(["recipe=tiny", f"workdir={tmp_path / 'w'}", "device=cuda", "mps=true"], fake_repo)
     assert [line.split()[0] for line in mps_log.read_text().splitlines()] == ["start", "quit"]  # stopped all the same

@@ -12,8 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -24,9 +23,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from nmt.analysis.card import MEASURED_PARALLEL, PARALLEL_ON_CUDA, card_sharing, choose_mps, choose_parallel, cuda_card
 from nmt.analysis.decoding import setting_label
-from nmt.analysis.mps import CONTROL as MPS_CONTROL
-from nmt.analysis.mps import MpsError, mps_available, mps_daemon
 from nmt.common.disk import EXIT_WRITE_STOPPED, WriteStopped, check_writable, free_space
 from nmt.common.files import write_json_durably, write_text_durably
 from nmt.common.progress import format_duration
@@ -40,17 +38,6 @@ DEFAULTS = {"recipe": "bt_best", "workdir": ".", "parallel": "auto", "mps": "aut
 BUDGET_FORMS = "seconds (600), or hours, minutes and seconds (90s, 45m, 1h30m, 1h30m15s)"
 DEADLINE_FORMS = "HH:MM or HH:MM:SS (the next time the clock reads it) or an ISO date and time (2026-11-28T14:30)"
 AS_WRITTEN = ("budget", "deadline")  # read as text: OmegaConf would turn deadline=14:30 into 870 (YAML's base 60)
-# parallel=auto on a GPU without a measured figure (MEASURED_PARALLEL has none for it): four trainings of the recipe
-# shared one H200 at 3.5x the throughput of one (98% utilisation; issue 48's measurement); on a CPU, stages at
-# once only share the same cores, so auto is 1 there.
-PARALLEL_ON_CUDA = 4
-# What each card measured (scripts/gpu_check.py --parts parallel writes it): "cards" maps
-# torch.cuda.get_device_name() to {"trainings_at_once", "tokens_per_s_together", "over_one_alone", "measured"}.
-MEASURED_PARALLEL = Path(__file__).with_name("measured_parallel.json")
-# An estimate of one training's card memory, used to check parallel= against the free memory when no measured
-# figure (a card's "mib_per_training") exists: one multi30k_best training alone peaked at 2,975 MiB of card memory
-# (nvidia-smi, one H100 at efb7581), rounded up for the CUDA context and a longer batch.
-MIB_PER_TRAINING = 4096
 # After the budget's SIGTERM, how long a stage has to finish its step and save checkpoints/last.pt before SIGKILL.
 STOP_GRACE_S = 120.0
 
@@ -438,114 +425,6 @@ def seed_by_seed(chain: Chain, trainings: list[Stage]) -> list[Stage]:
     return sorted(trainings, key=position)  # stable: within a seed the recipe's order of trainings
 
 
-# ------------------------------------------------------------------------------------------ Trainings at once
-def cuda_card() -> tuple[str, float] | None:
-    """This machine's GPU: its name (``torch.cuda.get_device_name``) and free memory in MiB
-    (``torch.cuda.mem_get_info``), asked in a child process so that this one, alive for the whole chain, never holds
-    a CUDA context on the card the stages share; None without a GPU (or when the child cannot tell)."""
-    if not torch.cuda.is_available():
-        return None
-    probe = ("import torch; free, _ = torch.cuda.mem_get_info(); print(free / 2**20); "
-             "print(torch.cuda.get_device_name())")
-    answer = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False)
-    lines = answer.stdout.strip().splitlines()
-    return (lines[1], float(lines[0])) if answer.returncode == 0 and len(lines) == 2 else None
-
-
-def measured_card(name: str | None) -> dict[str, Any] | None:
-    """The card's entry in MEASURED_PARALLEL (what scripts/gpu_check.py --parts parallel measured), if any."""
-    if name is None or not MEASURED_PARALLEL.is_file():
-        return None
-    return (json.loads(MEASURED_PARALLEL.read_text(encoding="utf-8")).get("cards") or {}).get(name)
-
-
-def choose_parallel(setting: Any, device: str, card: tuple[str, float] | None) -> tuple[int, str]:
-    """Stages at once, and where the number came from (for the ETA line).
-
-    ``parallel=auto`` is 1 on a CPU; on a GPU, the card's measured ``trainings_at_once`` when MEASURED_PARALLEL has
-    it, else PARALLEL_ON_CUDA; either way no more than the card's free memory holds. A number is taken as given,
-    once checked against that memory.
-
-    Raises:
-        ChainError: ``parallel=N`` more than the card's free memory holds (naming the number that fits).
-    """
-    if device != "cuda":
-        return (1, "auto: 1 on a CPU") if setting == "auto" else (int(setting), "as given")
-    name, free_mib = card if card is not None else (None, None)
-    entry = measured_card(name) or {}
-    per_training = float(entry.get("mib_per_training") or MIB_PER_TRAINING)
-    fits = None if free_mib is None else max(1, int(free_mib // per_training))
-    if setting != "auto":
-        if fits is not None and int(setting) > fits:
-            how = "as measured on this card" if entry.get("mib_per_training") else "an estimate"
-            raise ChainError(f"parallel={setting} is more than this card's memory holds: {free_mib:,.0f} MiB free on "
-                             f"{name}, about {per_training:,.0f} MiB per training ({how}); parallel={fits} would fit")
-        return int(setting), "as given"
-    if entry.get("trainings_at_once"):
-        parallel = int(entry["trainings_at_once"])
-        how = (f"auto: measured on this card, {name} ({entry.get('measured', 'undated')}): "
-               f"{entry.get('over_one_alone', '?')}x one training alone")
-    elif name is not None:
-        parallel = PARALLEL_ON_CUDA
-        how = f"auto: the default for a card not measured in {MEASURED_PARALLEL.name} ({name})"
-    else:
-        parallel, how = PARALLEL_ON_CUDA, "auto: the default for a GPU (none here to look up)"
-    if fits is not None and fits < parallel:
-        parallel, how = fits, f"{how}, cut to the {fits} its free memory holds ({free_mib:,.0f} MiB)"
-    return parallel, how
-
-
-def choose_mps(setting: str, device: str, parallel: int, card: tuple[str, float] | None) -> tuple[bool, str]:
-    """Whether the stages share the card under CUDA MPS, and why (for the log line; "" where it does not apply):
-    ``auto`` follows the card's
-    measured entry (its ``mps``) when more than one stage runs at once; ``true`` asks for it.
-
-    Raises:
-        ChainError: ``mps=true`` off a GPU, or without the MPS control program.
-    """
-    if setting == "true":
-        if device != "cuda":
-            raise ChainError("mps=true needs a CUDA GPU (CUDA MPS shares one among processes); use mps=auto")
-        if not mps_available():
-            raise ChainError(f"mps=true: {MPS_CONTROL} is not on PATH (it comes with the NVIDIA driver); use mps=auto")
-        return True, "mps=true"
-    entry = measured_card(card[0] if card else None) or {}
-    if setting == "false" or device != "cuda" or parallel < 2:
-        return False, ""
-    if not entry.get("mps"):
-        return False, "no MPS: not measured faster on this card"
-    if not mps_available():
-        return False, f"mps=auto: measured faster on this card, but {MPS_CONTROL} is not on PATH"
-    return True, "mps=auto: measured faster on this card"
-
-
-@contextmanager
-def card_sharing(use_mps: bool, workdir: Path) -> Iterator[None]:
-    """With ``use_mps``, the MPS daemon for the stages started inside (its variables in this process's environment,
-    which every stage inherits), stopped on the way out.
-
-    Raises:
-        ChainError: the daemon did not start.
-    """
-    if not use_mps:
-        yield
-        return
-    try:
-        with mps_daemon(workdir / "runs" / ".reproduce" / "mps") as variables:
-            saved = {name: os.environ.get(name) for name in variables}
-            os.environ.update(variables)
-            try:
-                yield
-            finally:
-                for name, value in saved.items():
-                    if value is None:
-                        os.environ.pop(name, None)
-                    else:
-                        os.environ[name] = value
-    except MpsError as error:
-        raise ChainError(f"{error}; run with mps=false") from None
-
-
 # ----------------------------------------------------------------------------------------------- Running
 class Clock:
     """How long each kind of stage takes: this workdir's own times when it has any, else the recipe's guess."""
@@ -801,8 +680,9 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
             and of configs/.
 
     Raises:
-        ChainError: a bad setting or recipe, a budget too short for any stage, a parallel= the card's memory does
-            not hold (all before any work), or a stage that failed (rerun to resume).
+        ChainError: a bad setting or recipe, a budget too short for any stage (both before any work), or a stage
+            that failed (rerun to resume).
+        CardError: a parallel= the card's memory does not hold, or MPS where it cannot serve (before any work).
         PathNotWritable: a workdir that cannot be made.
     """
     began = monotonic()  # the budget counts from here
