@@ -717,18 +717,26 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
             fits = len(schedule(stages, done, {}, clock, parallel, within=budget.left()))
             say(f"{budget.label}: {fits} of the {len(stages) - len(done)} stages left would run in it")
         return None
-    say(f"parallel={parallel} ({chosen}){mps_reason}")
-    with card_sharing(use_mps, workdir):
+    return run_chain(chain, stages, parallel, clock, budget, f"parallel={parallel} ({chosen}){mps_reason}", use_mps,
+                     go_on_command(args, workdir))
+
+
+def run_chain(chain: Chain, stages: list[Stage], parallel: int, clock: Clock, budget: Budget | None, how: str,
+              use_mps: bool, go_on: str) -> dict[str, Any] | None:
+    """Run the stages (``how`` says how many at once and why), then write the summary and return it; at a budget's
+    end, say what is left and the command ``go_on`` that goes on, and return None."""
+    say(how)
+    with card_sharing(use_mps, chain.workdir):
         left = run_stages(chain, stages, parallel, clock, budget)
     if left:
         rest = eta(stages, {s.name for s in stages if s.name not in left}, {}, clock, parallel)
         say(f"stopped at {budget.label if budget else 'the budget'}: {len(stages) - len(left)} of {len(stages)} "
             f"stages complete, {len(left)} left (about {rest} at parallel={parallel}); a stopped training resumes "
             "from its checkpoints/last.pt")
-        say(f"go on with: {go_on_command(args, workdir)}  (elsewhere: copy the workdir there first)")
+        say(f"go on with: {go_on}  (elsewhere: copy the workdir there first)")
         return None
     report = summary(chain, stages)
-    out = workdir / "runs" / f"reproduce_{chain.recipe_name}"
+    out = chain.workdir / "runs" / f"reproduce_{chain.recipe_name}"
     write_json_durably(f"{out}.json", report)
     write_text_durably(f"{out}.md", render(report))
     say(f"wrote {out}.json and {out}.md")
