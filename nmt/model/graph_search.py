@@ -11,6 +11,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -103,7 +104,7 @@ def copy_into(static: Any, value: Any) -> None:
 
 @dataclass
 class _Greedy:
-    """A greedy bucket's static tensors: what the captured step reads and writes in place."""
+    """A greedy bucket's static tensors, which its captured step reads and writes in place, and that step."""
 
     memory: Any  # the model's memory, R rows
     limits: Tensor  # [R]
@@ -117,22 +118,135 @@ class _Greedy:
     tokens: Tensor  # [T, R]
     attention: Tensor | None  # [T, R, S]
 
+    @staticmethod
+    def allocate(memory: Any, state: Any, steps: int, keep: bool) -> _Greedy:
+        """Empty tensors for a batch encoded as ``memory`` and ``state``, ``steps`` steps at most."""
+        rows, src_len = memory_shape(memory)
+        device = state_device(state)
+        attention = torch.zeros(steps, rows, src_len, device=device) if keep else None
+        return _Greedy(tree_map(torch.empty_like, memory), *_empty(device, (rows, torch.long), (rows, torch.long)),
+                       tree_map(torch.empty_like, state),
+                       *_empty(device, (rows, torch.bool), (rows, torch.long), (rows, torch.float32),
+                               ((), torch.long), ((), torch.bool)),
+                       torch.zeros(steps, rows, dtype=torch.long, device=device), attention)
+
+    def load(self, memory: Any, state: Any, limits: Tensor, alpha: float) -> None:
+        """The search's start for this batch (no host wait)."""
+        copy_into(self.memory, memory)
+        copy_into(self.state, state)
+        self.limits.copy_(limits)
+        self.out_len.copy_(limits)
+        self.prev.fill_(BOS_ID)
+        for tensor in (self.finished, self.scores, self.step, self.all_done):
+            tensor.zero_()
+
+    def advance(self, model: StepModel, blocked: Tensor) -> None:
+        """One step of ``token_step``, its results written back into these tensors: what a graph captures."""
+        best, state, attn, (finished, out_len, scores) = token_step(
+            model, lambda log_probs: log_probs.max(dim=-1), blocked, self.prev, self.state, self.memory,
+            self.finished, self.out_len, self.scores, self.limits, self.step)
+        at_step = self.step.view(1)
+        self.tokens.index_copy_(0, at_step, best.unsqueeze(0))  # [T, R]
+        if self.attention is not None:
+            self.attention.index_copy_(0, at_step, attn.float().unsqueeze(0))  # [T, R, S]
+        for target, value in ((self.prev, best), (self.finished, finished), (self.out_len, out_len),
+                              (self.scores, scores)):
+            target.copy_(value)
+        copy_into(self.state, state)
+        self.step.add_(1)
+        self.all_done.copy_(finished.all())
+
+    def read(self, steps: int, rows: int, src_lengths: Tensor) -> list[Hypothesis]:
+        """The first ``rows`` rows' hypotheses after ``steps`` steps (the batch's one read back)."""
+        tokens = self.tokens[:steps, :rows].T.cpu()  # [B, T]
+        attention = None if self.attention is None else self.attention[:steps, :rows].transpose(0, 1).cpu()
+        return hypotheses_of(tokens, attention, self.out_len[:rows], self.scores[:rows], src_lengths)
+
 
 @dataclass
 class _Beam:
-    """A beam bucket's static tensors (``Beams``' fields kept as tensors here)."""
+    """A beam bucket's static tensors (``Beams``' fields kept as tensors here), and its step."""
 
     memory: Any  # R rows, one per sentence
-    limits: Tensor  # [R]
     alpha: Tensor  # [] the length penalty
     prev: Tensor  # [R*K]
     state: Any  # [L, R*K, H]
-    beams: Beams  # score [R, K], n_finished [R], done [R], pool [R, K]
+    beams: Beams  # limits [R], score [R, K], n_finished [R], done [R], pool [R, K]
     step: Tensor
     all_done: Tensor
     tokens: Tensor  # [T, R, K]
     back: Tensor  # [T, R, K]
     attention: Tensor | None  # [T, R, K, S]
+
+    @staticmethod
+    def allocate(memory: Any, state: Any, steps: int, keep: bool, k: int) -> _Beam:
+        """Empty tensors for a batch encoded as ``memory`` and ``state``, ``steps`` steps at most, beam ``k``."""
+        rows, src_len = memory_shape(memory)
+        device = state_device(state)
+        beams = tree_map(torch.empty_like, Beams.start(torch.ones(rows, dtype=torch.long, device=device), k))
+        attention = torch.zeros(steps, rows, k, src_len, device=device) if keep else None
+        history = [torch.zeros(steps, rows, k, dtype=torch.long, device=device) for _ in range(2)]
+        return _Beam(tree_map(torch.empty_like, memory), *_empty(device, ((), torch.float32), (rows * k, torch.long)),
+                     tree_map(lambda t: t.repeat_interleave(k, dim=1), state), beams,
+                     *_empty(device, ((), torch.long), ((), torch.bool)), *history, attention)
+
+    @property
+    def k(self) -> int:
+        return self.tokens.shape[2]
+
+    def load(self, memory: Any, state: Any, limits: Tensor, alpha: float) -> None:
+        """The search's start for this batch (no host wait)."""
+        copy_into(self.memory, memory)
+        copy_into(self.state, tree_map(lambda t: t.repeat_interleave(self.k, dim=1), state))
+        copy_into(self.beams, Beams.start(limits, self.k))
+        self.prev.fill_(BOS_ID)
+        self.alpha.fill_(alpha)
+        self.step.zero_()
+        self.all_done.zero_()
+
+    def advance(self, model: StepModel, blocked: Tensor) -> None:
+        """One beam step (``best_candidates``, ``Beams.advance``), its results written back: what a graph captures."""
+        rows, k = self.beams.score.shape
+        logits, state, attn = model.decode_step(self.prev, self.state, self.memory)  # [R*K, V], [L, R*K, H], [R*K, S]
+        beams = replace(self.beams)  # advance() replaces this copy's fields: the static tensors stay as inputs
+        candidates = best_candidates(logits, beams.score, blocked)  # [R, 2K] each
+        slots = torch.arange(k, device=blocked.device).expand(rows, k)  # [R, K]
+        keep_slot, keep_token = beams.advance(self.step, *candidates, self.alpha, slots)
+        at_step = self.step.view(1)
+        self.tokens.index_copy_(0, at_step, keep_token.unsqueeze(0))  # [T, R, K]
+        self.back.index_copy_(0, at_step, keep_slot.unsqueeze(0))
+        if self.attention is not None:
+            self.attention.index_copy_(0, at_step, attention_by_slot(attn, keep_slot).unsqueeze(0))  # [T, R, K, S]
+        reorder = (torch.arange(rows, device=blocked.device).unsqueeze(1) * k + keep_slot).view(-1)  # [R*K]
+        copy_into(self.state, state.index_select(1, reorder))
+        self.prev.copy_(keep_token.view(-1))
+        copy_into(self.beams, beams)
+        self.step.add_(1)
+        self.all_done.copy_(beams.done.all())
+
+    def read(self, steps: int, rows: int, src_lengths: Tensor, n_best: int) -> list[list[Hypothesis]]:
+        """The first ``rows`` sentences' ``n_best`` hypotheses after ``steps`` steps (read back once)."""
+        attention = None if self.attention is None else self.attention[:steps, :rows]
+        pool = tree_map(lambda t: t[:rows], self.beams.pool)  # [B, K] each
+        return read_back(pool, self.tokens[:steps, :rows], self.back[:steps, :rows], attention, src_lengths, n_best)
+
+
+def _empty(device: torch.device, *specs: tuple[int | tuple[()], torch.dtype]) -> list[Tensor]:
+    """One uninitialised tensor per ``(shape, dtype)``."""
+    return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in specs]
+
+
+def memory_shape(memory: Any) -> tuple[int, int]:
+    """``(R, S)`` of a model's memory: its first tensor's first two sizes (``enc_out`` ``[R, S, 2He]``)."""
+    found: list[Tensor] = []
+    tree_map(lambda t: found.append(t) or t, memory)
+    return found[0].shape[0], found[0].shape[1]
+
+
+def state_device(state: Any) -> torch.device:
+    found: list[Tensor] = []
+    tree_map(lambda t: found.append(t) or t, state)
+    return found[0].device
 
 
 @dataclass
@@ -184,12 +298,7 @@ class SearchGraphs:
         if found is None:
             return None
         bucket, max_steps = found
-        static = bucket.static
-        steps = self._replay(bucket, max_steps, lag)
-        rows, src_len = src.shape
-        tokens = static.tokens[:steps, :rows].T.cpu()  # [B, T], the batch's one read back
-        attention = None if static.attention is None else static.attention[:steps, :rows].transpose(0, 1).cpu()
-        return hypotheses_of(tokens, attention, static.out_len[:rows], static.scores[:rows], src_lengths)
+        return bucket.static.read(self._replay(bucket, max_steps, lag), src.shape[0], src_lengths)
 
     @torch.no_grad()
     def beam(self, src: Tensor, src_lengths: Tensor, beam_size: int, length_penalty: float, max_len: int,
@@ -202,17 +311,7 @@ class SearchGraphs:
         if found is None:
             return None
         bucket, max_steps = found
-        static = bucket.static
-        steps = self._replay(bucket, max_steps, lag)
-        rows = src.shape[0]
-        attention = None if static.attention is None else static.attention[:steps, :rows]
-        pool = tree_map(lambda t: t[:rows], static.beams.pool)  # [B, K] each
-        return read_back(pool, static.tokens[:steps, :rows], static.back[:steps, :rows], attention, src_lengths,
-                         n_best)
-
-    def refresh(self) -> None:
-        """Nothing to do for new weights: the graphs read the parameters in place and copy the memory (the gate
-        table included) in for every batch. Here so that callers need not know it."""
+        return bucket.static.read(self._replay(bucket, max_steps, lag), src.shape[0], src_lengths, n_best)
 
     # ---------------------------------------------------------------------------------- buckets
     def _bucket(self, kind: str, src: Tensor, src_lengths: Tensor, options: tuple[Any, ...], k: int,
@@ -225,16 +324,17 @@ class SearchGraphs:
         batch_limits = length_limits(src_lengths, *options[-3:-1])
         padded_src, padded_lengths, limits = self._pad(src, src_lengths, rows, src_len, batch_limits)
         key = (kind, rows, src_len, *options)
+        memory, state = self.model.encode(padded_src, padded_lengths)  # once per batch, eagerly
         bucket = self.buckets.get(key)
         if bucket is None:
-            bucket = self._capture(kind, key, padded_src, padded_lengths, limits, options, k, alpha)
+            bucket = self._capture(kind, memory, state, limits, options, k, alpha)
             if bucket is None:
                 return None
             self.buckets[key] = bucket
             if len(self.buckets) > MAX_BUCKETS:  # its graph and static tensors freed; captured again if met again
                 self.buckets.popitem(last=False)
         self.buckets.move_to_end(key)
-        self._load(bucket.static, padded_src, padded_lengths, limits, k, alpha)
+        bucket.static.load(memory, state, limits, alpha)  # (again after a capture: its warm-up run stepped)
         return bucket, max(batch_limits)
 
     def _pad(self, src: Tensor, src_lengths: Tensor, rows: int, src_len: int, batch_limits: list[int]
@@ -251,22 +351,23 @@ class SearchGraphs:
         limits[:batch] = torch.tensor(batch_limits)
         return padded, lengths, limits.to(self.device, non_blocking=True)
 
-    def _capture(self, kind: str, key: tuple[Any, ...], src: Tensor, src_lengths: Tensor, limits: Tensor,
-                 options: tuple[Any, ...], k: int, alpha: float) -> _Bucket | None:
-        """Allocate the bucket's static tensors and capture its step; None (one warning, the plain search from then
-        on) when the capture fails for a reason other than memory.
+    def _capture(self, kind: str, memory: Any, state: Any, limits: Tensor, options: tuple[Any, ...], k: int,
+                 alpha: float) -> _Bucket | None:
+        """Allocate the static tensors of the bucket of a batch encoded as ``memory`` and ``state`` and capture its
+        step; None (one warning, the plain search from then on) when the capture fails for a reason other than memory.
 
         Raises:
             GraphSearchError: the bucket does not fit in GPU memory.
         """
         started = time.perf_counter()
-        rows, src_len = src.shape
+        rows, src_len = memory_shape(memory)
         max_len, max_len_ratio, keep = options[-3:]
         steps = max_len if max_len_ratio is None else min(max_len, math.ceil(max_len_ratio * src_len) + 5)
         try:
-            static = self._allocate(kind, src, src_lengths, limits, steps, keep, k)
-            self._load(static, src, src_lengths, limits, k, alpha)  # the warm-up run reads real tokens
-            step = self._step_function(static, k)
+            static = (_Greedy.allocate(memory, state, steps, keep) if kind == "greedy"
+                      else _Beam.allocate(memory, state, steps, keep, k))
+            static.load(memory, state, limits, alpha)  # the warm-up run reads real tokens
+            step = partial(static.advance, self.model, self.blocked)
             with autocast(self.precision, self.device, cache=False):  # cached weight casts would be stale
                 graph = capture_graph(step, self.pool, self.device)
         except torch.cuda.OutOfMemoryError as error:
@@ -283,49 +384,6 @@ class SearchGraphs:
         self.stats.shapes.append([kind, rows, src_len])
         return _Bucket(graph, static)
 
-    def _allocate(self, kind: str, src: Tensor, src_lengths: Tensor, limits: Tensor, steps: int, keep: bool,
-                  k: int) -> _Greedy | _Beam:
-        """The bucket's static tensors, shaped by an encoding of this batch."""
-        memory, state = self.model.encode(src, src_lengths)
-        memory, state = (tree_map(torch.empty_like, tree) for tree in (memory, state))
-        rows, src_len, device = src.shape[0], src.shape[1], self.device
-
-        def scalar(dtype: torch.dtype) -> Tensor:
-            return torch.zeros((), dtype=dtype, device=device)
-
-        if kind == "greedy":
-            attention = torch.zeros(steps, rows, src_len, device=device) if keep else None
-            return _Greedy(memory, torch.empty_like(limits), torch.empty(rows, dtype=torch.long, device=device), state,
-                           torch.empty(rows, dtype=torch.bool, device=device), torch.empty_like(limits),
-                           torch.empty(rows, device=device), scalar(torch.long), scalar(torch.bool),
-                           torch.zeros(steps, rows, dtype=torch.long, device=device), attention)
-        state = tree_map(lambda t: t.repeat_interleave(k, dim=1), state)  # [L, R*K, H]
-        beams = tree_map(torch.empty_like, Beams.start(limits, k))
-        attention = torch.zeros(steps, rows, k, src_len, device=device) if keep else None
-        history = [torch.zeros(steps, rows, k, dtype=torch.long, device=device) for _ in range(2)]
-        return _Beam(memory, torch.empty_like(limits), scalar(torch.float32),
-                     torch.empty(rows * k, dtype=torch.long, device=device), state, beams, scalar(torch.long),
-                     scalar(torch.bool), *history, attention)
-
-    def _load(self, static: _Greedy | _Beam, src: Tensor, src_lengths: Tensor, limits: Tensor, k: int,
-              alpha: float) -> None:
-        """Encode the padded batch and set the bucket's tensors to the search's start (no host wait)."""
-        memory, state = self.model.encode(src, src_lengths)
-        copy_into(static.memory, memory)
-        static.limits.copy_(limits)
-        static.prev.fill_(BOS_ID)
-        static.step.zero_()
-        static.all_done.zero_()
-        if isinstance(static, _Greedy):
-            copy_into(static.state, state)
-            static.finished.zero_()
-            static.out_len.copy_(limits)
-            static.scores.zero_()
-            return
-        copy_into(static.state, tree_map(lambda t: t.repeat_interleave(k, dim=1), state))
-        copy_into(static.beams, Beams.start(limits, k))
-        static.alpha.fill_(alpha)
-
     def _replay(self, bucket: _Bucket, max_steps: int, lag: int) -> int:
         """Replay the step until every row is finished (learnt late, ``LateFlag``) or ``max_steps``; the steps run."""
         all_done, steps = LateFlag(self.device, lag), 0
@@ -338,45 +396,6 @@ class SearchGraphs:
                 break
         self.stats.replayed_batches += 1
         return steps
-
-    # ---------------------------------------------------------------------------------- the steps
-    def _step_function(self, static: _Greedy | _Beam, k: int) -> Callable[[], None]:
-        """The step a graph captures: reads the static tensors, writes them back in place."""
-        return (lambda: self._greedy_step(static)) if isinstance(static, _Greedy) else (
-            lambda: self._beam_step(static, k))
-
-    def _greedy_step(self, s: _Greedy) -> None:
-        best, state, attn, (finished, out_len, scores) = token_step(
-            self.model, lambda log_probs: log_probs.max(dim=-1), self.blocked, s.prev, s.state, s.memory,
-            s.finished, s.out_len, s.scores, s.limits, s.step)
-        at_step = s.step.view(1)
-        s.tokens.index_copy_(0, at_step, best.unsqueeze(0))  # [T, R]
-        if s.attention is not None:
-            s.attention.index_copy_(0, at_step, attn.float().unsqueeze(0))  # [T, R, S]
-        for target, value in ((s.prev, best), (s.finished, finished), (s.out_len, out_len), (s.scores, scores)):
-            target.copy_(value)
-        copy_into(s.state, state)
-        s.step.add_(1)
-        s.all_done.copy_(finished.all())
-
-    def _beam_step(self, s: _Beam, k: int) -> None:
-        rows = s.limits.shape[0]
-        logits, state, attn = self.model.decode_step(s.prev, s.state, s.memory)  # [R*K, V], [L, R*K, H], [R*K, S]
-        beams = replace(s.beams)  # advance() replaces this copy's fields: the static tensors stay as inputs
-        candidates = best_candidates(logits, beams.score, self.blocked)  # [R, 2K] each
-        slots = torch.arange(k, device=self.device).expand(rows, k)  # [R, K]
-        keep_slot, keep_token = beams.advance(s.step, *candidates, s.alpha, slots)
-        at_step = s.step.view(1)
-        s.tokens.index_copy_(0, at_step, keep_token.unsqueeze(0))  # [T, R, K]
-        s.back.index_copy_(0, at_step, keep_slot.unsqueeze(0))
-        if s.attention is not None:
-            s.attention.index_copy_(0, at_step, attention_by_slot(attn, keep_slot).unsqueeze(0))  # [T, R, K, S]
-        reorder = (torch.arange(rows, device=self.device).unsqueeze(1) * k + keep_slot).view(-1)  # [R*K]
-        copy_into(s.state, state.index_select(1, reorder))
-        s.prev.copy_(keep_token.view(-1))
-        copy_into(s.beams, beams)
-        s.step.add_(1)
-        s.all_done.copy_(beams.done.all())
 
 
 __all__ = ["GRAPH_CHOICES", "GraphSearchError", "SearchGraphStats", "SearchGraphs", "bucket_shape",
