@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from nmt.analysis.mps import MpsError, mps_available, mps_daemon
 PARALLEL_ON_CUDA = 4
 # What each card measured (scripts/gpu_check.py --parts parallel writes it): "cards" maps
 # torch.cuda.get_device_name() to {"trainings_at_once", "tokens_per_s_together", "over_one_alone", "measured"}.
-MEASURED_PARALLEL = Path(__file__).with_name("measured_parallel.json")
+MEASURED_PARALLEL = resources.files("nmt.analysis").joinpath("measured_parallel.json")  # package data
 # An estimate of one training's card memory, used to check parallel= against the free memory when no measured
 # figure (a card's "mib_per_training") exists: one multi30k_best training alone peaked at 2,975 MiB of card memory
 # (nvidia-smi, one H100 at efb7581), rounded up for the CUDA context and a longer batch.
