@@ -70,7 +70,8 @@ PARTS = ("tests", "recipe", "translate", "search", "graphs", "precision", "paral
 # measures eager against graphs over the same steps.
 DEVICE_RUN = {"parts": ["tests", "recipe", "search", "graphs", "parallel", "study"], "graph_steps": 300,
               "graph_precisions": ["bf16"], "recipe_paths": ["graphs"], "eager_max_steps": 250,
-              "parallel_counts": [1, 2, 4], "parallel_steps": 200, "budget_seconds": 540.0, "keep_going": True}
+              "search_precisions": ["auto", "fp32"], "parallel_counts": [1, 2, 4], "parallel_steps": 200,
+              "budget_seconds": 540.0, "keep_going": True}
 # What the budget expects, in seconds on one H100 at efb7581 (docs/results/gpu.md), rounded up, process start and
 # exit included: a run of the recipe's model costs TRAIN_FIXED (setup, capture, the closing validation and test
 # decode; 500 graph steps took 29 s) plus a time per step (500 eager steps: 47 s in all).
@@ -118,6 +119,8 @@ def parse_args(argv: list[str] | None, project_dir: Path) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--search-batch-tokens", default="auto", help="the search part's --batch-tokens")
     parser.add_argument("--search-reps", type=int, default=3, help="timed translations per beam size (median)")
+    parser.add_argument("--search-precisions", nargs="+", default=["auto"], choices=["auto", "bf16", "fp32"],
+                        help="the search part's precisions, each eager against graphs (fp32: the tokens must agree)")
     parser.add_argument("--bt-checkpoint", help="the en→de model that back-translates the captions (default: one "
                         "trained here for --bt-model-steps)")
     parser.add_argument("--bt-model-steps", type=int, default=600, help="steps of the en→de model trained here")
@@ -390,12 +393,16 @@ def search_part(args: argparse.Namespace) -> dict[str, Any]:
     """Greedy and beam 5 on test2016, eager against graphs, their outputs compared; then back-translating the
     task-2 English captions, eager against graphs."""
     run, folder = trained_run(args), args.out / "search"
-    translate = {path: attempt(args, lambda path=path: search_translate(args, run, path))
-                 for path in ("eager", "graphs")}
-    if all("greedy" in translate[path] for path in ("eager", "graphs")):
-        translate["graphs_against_eager"] = {
-            mode: compare_outputs(folder, mode, translate["eager"][mode], translate["graphs"][mode])
-            for mode in translate["eager"] if mode in translate["graphs"] and mode.startswith(("greedy", "beam"))}
+    translate: dict[str, Any] = {}
+    for precision in args.search_precisions:  # auto: "eager", "graphs"; fp32: "eager_fp32", "graphs_fp32"
+        eager, graphs = (path + ("" if precision == "auto" else f"_{precision}") for path in ("eager", "graphs"))
+        for name in (eager, graphs):
+            translate[name] = attempt(args, lambda name=name, precision=precision: search_translate(
+                args, run, name, precision))
+        if all("greedy" in translate[name] for name in (eager, graphs)):
+            translate[f"graphs_against_eager{eager[5:]}"] = {
+                mode: compare_outputs(folder, mode, (eager, translate[eager][mode]), (graphs, translate[graphs][mode]))
+                for mode in translate[eager] if mode in translate[graphs] and mode.startswith(("greedy", "beam"))}
     model = attempt(args, lambda: bt_model(args))
     backtranslate: dict[str, Any] = {"model": model}
     if "checkpoint" in model:
@@ -408,27 +415,31 @@ def search_part(args: argparse.Namespace) -> dict[str, Any]:
             "backtranslate": backtranslate}
 
 
-def search_translate(args: argparse.Namespace, run: Path, path: str) -> dict[str, Any]:
-    """benchmark.py translate with ``--cuda-graphs`` false (eager) or true (graphs), translations kept."""
+def search_translate(args: argparse.Namespace, run: Path, name: str, precision: str) -> dict[str, Any]:
+    """benchmark.py translate in ``precision`` with ``--cuda-graphs`` false (``name`` eager...) or true (graphs...),
+    translations kept."""
     folder = args.out / "search"
-    report = folder / f"translate_{path}"
+    report = folder / f"translate_{name}"
     if not report.with_suffix(".json").is_file():
-        args.budget.need(SECONDS["translate"], f"translate {path}")
+        args.budget.need(SECONDS["translate"], f"translate {name}")
         command = [sys.executable, "scripts/benchmark.py", "translate", "--checkpoint", str(run.resolve()),
                    "--beam-sizes", "1", "5", "--reps", str(args.search_reps), "--batch-tokens",
-                   str(args.search_batch_tokens), "--cuda-graphs", "true" if path == "graphs" else "false",
-                   "--save-translations", str((folder / f"{path}_translations").resolve()),
+                   str(args.search_batch_tokens), "--cuda-graphs", "true" if name.startswith("graphs") else "false",
+                   "--precision", precision, "--save-translations", str((folder / f"{name}_translations").resolve()),
                    "--out", str(report.resolve())]
-        run_timed(command, folder / f"translate_{path}.log", args.project_dir, args.budget.timeout())
+        run_timed(command, folder / f"translate_{name}.log", args.project_dir, args.budget.timeout())
     rows = json.loads(report.with_suffix(".json").read_text(encoding="utf-8"))["results"]
     return {row["mode"]: {"sentences_per_s": row["sentences_per_s"], "seconds_median": row.get("seconds_median"),
                           "sentences": row.get("sentences"), "bleu": row.get("bleu")} for row in rows}
 
 
-def compare_outputs(folder: Path, mode: str, eager: dict[str, Any], graphs: dict[str, Any]) -> dict[str, Any]:
-    """Graphs against eager for one mode: the speed ratio, the lines that differ, the BLEU difference."""
-    lines = [(folder / f"{path}_translations" / f"{mode}.txt").read_text(encoding="utf-8").splitlines()
-             for path in ("eager", "graphs")]
+def compare_outputs(folder: Path, mode: str, eager_run: tuple[str, dict[str, Any]],
+                    graphs_run: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    """Graphs against eager for one mode (each run: its name and figures): the speed ratio, the lines that differ,
+    the BLEU difference."""
+    (eager_name, eager), (graphs_name, graphs) = eager_run, graphs_run
+    lines = [(folder / f"{name}_translations" / f"{mode}.txt").read_text(encoding="utf-8").splitlines()
+             for name in (eager_name, graphs_name)]
     differ = sum(a != b for a, b in zip(*lines)) + abs(len(lines[0]) - len(lines[1]))
     bleu = None if eager.get("bleu") is None or graphs.get("bleu") is None else graphs["bleu"] - eager["bleu"]
     return {"graphs_over_eager": graphs["sentences_per_s"] / eager["sentences_per_s"], "lines": len(lines[0]),

@@ -204,6 +204,12 @@ def test_search_compares_graph_and_eager_outputs_and_back_translation(fake_proje
 
     gpu_check.main(["--out", str(out), "--parts", "search", "--bt-model-steps", "40"], fake_project)
     assert len(calls(fake_project)) == 6  # continued: every report was there
+    report = gpu_check.main(["--out", str(out), "--parts", "search", "--search-precisions", "auto", "fp32"],
+                            fake_project)["search"]
+    fp32 = calls(fake_project)[6:]
+    assert len(fp32) == 2 and all(args[args.index("--precision") + 1] == "fp32" for _, args in fp32)
+    assert report["translate"]["graphs_against_eager_fp32"]["greedy"]["differing_lines"] == 1
+    assert "graphs_against_eager" in report["translate"]  # the auto pair, kept from before
 
 
 def write_fake_mps(folder: Path, start_status: int = 0) -> Path:
