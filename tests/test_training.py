@@ -129,6 +129,30 @@ def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_validation_scored_in_the_background_chooses_and_stops_as_in_the_foreground(tmp_path: Path) -> None:
+    """Scoring, logging and checkpoints after the training goes on (one process, early stopping not due) give the
+    same best checkpoint, the same early stop and the same checkpoints' progress as doing them at once."""
+    common = ["trainer.max_steps=200", "trainer.validate_every=4", "trainer.log_every=4", "trainer.lr=0.00001",
+              "trainer.warmup_steps=1", "trainer.early_stopping_patience=3", "trainer.average_last=2",
+              "trainer.test_beam_size=1"]  # a learning rate so small that BLEU stalls: early stopping comes
+    cfg = tiny_config(tmp_path, common)
+    runs = {"background": train(cfg, run_dir=tmp_path / "background")}
+    with mock.patch.object(Trainer, "_records_in_background", lambda self: False):
+        runs["foreground"] = train(cfg, run_dir=tmp_path / "foreground")
+    background, foreground = runs["background"], runs["foreground"]
+    assert background["stopped_early"] and background["steps"] < 200
+    for key in ("steps", "stopped_early", "best_step", "best_val_bleu_greedy"):
+        assert background[key] == foreground[key], key
+    assert [(v["step"], v["bleu"], v["loss"]) for v in background["validations"]] == \
+        [(v["step"], v["bleu"], v["loss"]) for v in foreground["validations"]]
+    for name in ("last.pt", "best.pt"):
+        progress = [load_checkpoint(tmp_path / run / "checkpoints" / name)["progress"] for run in runs]
+        for key in ("step", "best_bleu", "best_step", "bad_validations"):
+            assert progress[0][key] == progress[1][key], (name, key)
+        assert [v["bleu"] for v in progress[0]["validations"]] == [v["bleu"] for v in progress[1]["validations"]]
+    assert background["averaged"]["test"]["test"]["bleu"] == foreground["averaged"]["test"]["test"]["bleu"]
+
+
 def test_a_resumed_run_uses_its_own_lr_betas_and_weight_decay(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path, ["trainer.max_steps=6", "trainer.validate_every=3", "trainer.log_every=1"])
     with interrupted_at(3):

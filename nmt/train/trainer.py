@@ -408,17 +408,23 @@ class Trainer:
         return once the state is copied, the file written while training goes on (``checkpoint_writes.wait()``
         holds until it is on disk). A collective: every rank's RNG states are gathered into it.
         """
-        rng_states = distributed.gather_from_ranks(distributed.rng_state(), self.info)  # indexed by rank
-        self.clock.sync_wall_clock()
-        if not self.info.is_main:
+        state = self._checkpoint_state()
+        if state is None:
             return
-        state = detached_copy({**self._weights_state(), "optimizer": self.optimizer.state_dict(),
-                               "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
-                               "rng": rng_states, "progress": asdict(self.progress)})
         self.checkpoint_writes.wait()  # one at a time: the previous checkpoint is on disk before the next starts
         self.checkpoint_writes.submit(lambda: self.checkpoints.save(names, state))
         if not background:
             self.checkpoint_writes.wait()
+
+    def _checkpoint_state(self) -> dict[str, Any] | None:
+        """Everything a checkpoint holds, copied to the CPU now (rank 0; None elsewhere). A collective."""
+        rng_states = distributed.gather_from_ranks(distributed.rng_state(), self.info)  # indexed by rank
+        self.clock.sync_wall_clock()
+        if not self.info.is_main:
+            return None
+        return detached_copy({**self._weights_state(), "optimizer": self.optimizer.state_dict(),
+                              "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+                              "rng": rng_states, "progress": asdict(self.progress)})
 
     def _weights_state(self) -> dict[str, Any]:
         """What rebuilds the model with no other file: config, tokenizer, weights."""
@@ -427,44 +433,77 @@ class Trainer:
 
     # ------------------------------------------------------------------------------ validation
     def _validate_and_checkpoint(self) -> bool:
-        """Validate (rank 0), save ``last`` (and ``best``), decide early stopping on every rank. True = stop early."""
+        """Validate (rank 0), save ``last`` (and ``best``), decide early stopping on every rank. True = stop early.
+
+        On one process, when this validation cannot stop the run (early stopping is more than one validation
+        away), only the decoding holds training up: scoring, logging and the checkpoints follow on the background
+        thread, from the state copied now, so the run chooses the same checkpoints and stops at the same step.
+        """
         self.validated_at_step = self.progress.step
-        improved = self._validate_and_record() if self.info.is_main else False
+        self.checkpoint_writes.wait()  # the previous validation is recorded: the progress is whole again
+        p, patience = self.progress, self.tcfg.early_stopping_patience
+        if self._records_in_background():
+            outputs, state = self._validation_outputs(), self._checkpoint_state()
+            self.checkpoint_writes.submit(lambda: self._record_and_save(outputs, state))
+            return False
+        improved = self._record_validation(self._validation_outputs()) if self.info.is_main else False
         self.save(*(["last", "best"] if improved else ["last"]), background=True)  # every rank's RNG states
         if self.tcfg.average_last > 1 and self.info.is_main:
             averaged, step = detached_copy(self._weights_state()), self.progress.step
             self.checkpoint_writes.submit(lambda: self.checkpoints.keep_for_averaging(step, averaged))
-        p = self.progress
         p.best_bleu, p.best_step, p.bad_validations = distributed.broadcast_from_main(
             [p.best_bleu, p.best_step, p.bad_validations], self.info)
-        patience = self.tcfg.early_stopping_patience
         stop = patience is not None and p.bad_validations >= patience
         if stop:
             self.logger.display.message(f"early stopping: no BLEU gain in {patience} validations")
         return stop
 
-    def _validate_and_record(self) -> bool:
-        """Validate (scores, samples and heatmaps to TensorBoard); update the best score, the patience count and the
-        validation record. True = a new best.
+    def _records_in_background(self) -> bool:
+        """Whether this validation's scoring can follow in the background: one process, and no early stop possible."""
+        patience = self.tcfg.early_stopping_patience
+        return self.info.world_size == 1 and (patience is None or self.progress.bad_validations + 1 < patience)
+
+    def _validation_outputs(self) -> dict[str, Any]:
+        """What validation needs from the device: the teacher-forced loss and the decoded split, and when it was."""
+        p = self.progress
+        loss = self.teacher_forced_loss(self.data.valid)
+        hypotheses, best = self.decode(self.data.valid, self.tcfg.val_beam_size)
+        self.clock.sync_wall_clock()
+        return {"step": p.step, "epoch": p.epoch + p.batches_done / max(1, self.batches_per_epoch),
+                "train_seconds": p.train_seconds, "wall_seconds": p.wall_seconds, "loss": loss,
+                "hypotheses": hypotheses, "best": best}
+
+    def _record_and_save(self, outputs: dict[str, Any], state: dict[str, Any]) -> None:
+        """Record a validation, then write the checkpoints of ``state`` (copied at that validation) with the
+        progress it leaves: ``last``, ``best`` at a new best, and the weights kept for averaging."""
+        improved = self._record_validation(outputs)
+        p = self.progress
+        state["progress"].update(best_bleu=p.best_bleu, best_step=p.best_step, bad_validations=p.bad_validations,
+                                 validations=list(p.validations))
+        self.checkpoints.save(["last", "best"] if improved else ["last"], state)
+        if self.tcfg.average_last > 1:
+            weights = {key: state[key] for key in ("config", "tokenizer", "model")}  # as _weights_state's
+            self.checkpoints.keep_for_averaging(outputs["step"], weights)
+
+    def _record_validation(self, outputs: dict[str, Any]) -> bool:
+        """Score a validation's outputs (scores, samples and heatmaps to TensorBoard); update the best score, the
+        patience count and the validation record. True = a new best.
         """
-        split, p = self.data.valid, self.progress
-        loss = self.teacher_forced_loss(split)
-        hypotheses, best = self.decode(split, self.tcfg.val_beam_size)
+        split, p, step = self.data.valid, self.progress, outputs["step"]
+        hypotheses, loss = outputs["hypotheses"], outputs["loss"]
         scores = corpus_scores(hypotheses, split.tgt_text)
         metrics = {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "bleu": scores["bleu"], "chrf": scores["chrf"]}
-        self.logger.scalars("val", metrics, p.step)
+        self.logger.scalars("val", metrics, step)
         improved = metrics["bleu"] > p.best_bleu
-        self._log_examples(split, hypotheses, best, p.step, heatmaps=improved)
+        self._log_examples(split, hypotheses, outputs["best"], step, heatmaps=improved)
         if improved:
-            p.best_bleu, p.best_step, p.bad_validations = metrics["bleu"], p.step, 0
+            p.best_bleu, p.best_step, p.bad_validations = metrics["bleu"], step, 0
         else:
             p.bad_validations += 1
-        self.clock.sync_wall_clock()
-        p.validations.append({"step": p.step, "epoch": p.epoch + p.batches_done / max(1, self.batches_per_epoch),
-                              "train_seconds": p.train_seconds, "wall_seconds": p.wall_seconds,
+        p.validations.append({**{k: outputs[k] for k in ("step", "epoch", "train_seconds", "wall_seconds")},
                               "bleu": metrics["bleu"], "chrf": metrics["chrf"], "loss": metrics["loss"]})
         self.logger.display.message(
-            f"validation at step {p.step}: BLEU {metrics['bleu']:.2f} chrF {metrics['chrf']:.2f} "
+            f"validation at step {step}: BLEU {metrics['bleu']:.2f} chrF {metrics['chrf']:.2f} "
             f"loss {metrics['loss']:.3f} (teacher-forced ppl {metrics['ppl']:.2f})"
             + (" new best" if improved else f" (best {p.best_bleu:.2f} at {p.best_step})"))
         return improved
