@@ -3,11 +3,11 @@
 # from process start to its test score, greedy and beam search, back-translating the task-2 captions), trainings
 # side by side on one card, then the attention study in the time left; at most 8 files come back in $OUT.
 #
-# On this machine first:  bash ../shared/tools/gpu-site.sh && git describe --always --dirty > .gpu-site/commit
-# On the GPU machine, from the project root, with .gpu-site carried (docs/development/benchmarking.md):
-#   export PYTHONPATH=$PWD:$PWD/.gpu-site NMT_DATA_MIRROR=$PWD/.gpu-site/corpora PYTHONUNBUFFERED=1;
-#   bash scripts/gpu_device_run.sh                                   # 540 s, every part
-#   bash scripts/gpu_device_run.sh --parts study --budget-seconds 480  # other gpu_check.py options pass through
+# From the project root on the GPU machine (docs/development/benchmarking.md), with the project's packages and the
+# corpus mirror on PYTHONPATH / NMT_DATA_MIRROR where it has no package registry:
+#   OUT=gpu_out bash scripts/gpu_device_run.sh                                    # 540 s, every part
+#   OUT=gpu_out bash scripts/gpu_device_run.sh --parts study --budget-seconds 480  # gpu_check.py options pass through
+# The commit it records: NMT_GIT_COMMIT, else the first line of .gpu-site/commit, else git describe.
 # Writes its runs under $GPU_CHECK_WORK (default /tmp/gpu_check), then packs them into $OUT.
 set -euo pipefail
 : "${OUT:?set OUT to the folder whose files come back}"
