@@ -37,9 +37,8 @@ class CardError(ValueError):
 
 
 def cuda_card() -> tuple[str, float] | None:
-    """This machine's GPU: its name (``torch.cuda.get_device_name``) and free memory in MiB
-    (``torch.cuda.mem_get_info``), asked in a child process so that this one, alive for the whole chain, never holds
-    a CUDA context on the card the stages share; None without a GPU (or when the child cannot tell)."""
+    """This machine's GPU name and free MiB, or None; asked in a child process, so that the chain's own process never
+    holds a CUDA context on the card its stages share."""
     if not torch.cuda.is_available():
         return None
     probe = ("import torch; free, _ = torch.cuda.mem_get_info(); print(free / 2**20); "
@@ -57,15 +56,8 @@ def measured_card(name: str | None) -> dict[str, Any] | None:
 
 
 def choose_parallel(setting: Any, device: str, card: tuple[str, float] | None) -> tuple[int, str]:
-    """Stages at once, and where the number came from (for the ETA line).
-
-    ``parallel=auto`` is 1 on a CPU; on a GPU, the card's measured ``trainings_at_once`` when MEASURED_PARALLEL has
-    it, else PARALLEL_ON_CUDA; either way no more than the card's free memory holds. A number is taken as given,
-    once checked against that memory.
-
-    Raises:
-        CardError: ``parallel=N`` more than the card's free memory holds (naming the number that fits).
-    """
+    """Stages at once, and why: ``auto`` is 1 on a CPU, else the card's measured ``trainings_at_once`` (or
+    PARALLEL_ON_CUDA), at most what its free memory holds; a number beyond that memory is a CardError."""
     if device != "cuda":
         return (1, "auto: 1 on a CPU") if setting == "auto" else (int(setting), "as given")
     name, free_mib = card if card is not None else (None, None)
@@ -76,7 +68,7 @@ def choose_parallel(setting: Any, device: str, card: tuple[str, float] | None) -
         if fits is not None and int(setting) > fits:
             how = "as measured on this card" if entry.get("mib_per_training") else "an estimate"
             raise CardError(f"parallel={setting} is more than this card's memory holds: {free_mib:,.0f} MiB free on "
-                             f"{name}, about {per_training:,.0f} MiB per training ({how}); parallel={fits} would fit")
+                            f"{name}, about {per_training:,.0f} MiB per training ({how}); parallel={fits} would fit")
         return int(setting), "as given"
     if entry.get("trainings_at_once"):
         parallel = int(entry["trainings_at_once"])
@@ -93,13 +85,8 @@ def choose_parallel(setting: Any, device: str, card: tuple[str, float] | None) -
 
 
 def choose_mps(setting: str, device: str, parallel: int, card: tuple[str, float] | None) -> tuple[bool, str]:
-    """Whether the stages share the card under CUDA MPS, and why (for the log line; "" where it does not apply):
-    ``auto`` follows the card's measured entry (its ``mps``) when more than one stage runs at once; ``true`` asks
-    for it.
-
-    Raises:
-        CardError: ``mps=true`` off a GPU, or without the MPS control program.
-    """
+    """Whether the stages share the card under CUDA MPS, and why ("" where moot): ``auto`` follows the card's
+    measured ``mps`` when stages run at once; ``true`` off a GPU or without MPS is a CardError."""
     if setting == "true":
         if device != "cuda":
             raise CardError("mps=true needs a CUDA GPU (CUDA MPS shares one among processes); use mps=auto")
@@ -118,12 +105,8 @@ def choose_mps(setting: str, device: str, parallel: int, card: tuple[str, float]
 
 @contextmanager
 def card_sharing(use_mps: bool, workdir: Path) -> Iterator[None]:
-    """With ``use_mps``, the MPS daemon for the stages started inside (its variables in this process's environment,
-    which every stage inherits), stopped on the way out.
-
-    Raises:
-        CardError: the daemon did not start.
-    """
+    """With ``use_mps``, the MPS daemon for the stages started inside (they inherit its variables), stopped on the
+    way out; a CardError when it does not start."""
     if not use_mps:
         yield
         return

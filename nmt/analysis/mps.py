@@ -30,13 +30,8 @@ def mps_available() -> bool:
 
 @contextmanager
 def mps_daemon(folder: Path) -> Iterator[dict[str, str]]:
-    """The MPS control daemon, its pipe and log folders under ``folder`` (the pipe in a short temp folder when
-    that path is long), stopped with ``quit`` on the way out whatever happened. Yields the environment variables
-    its client processes need (``CUDA_MPS_PIPE_DIRECTORY``, ``CUDA_MPS_LOG_DIRECTORY``).
-
-    Raises:
-        MpsError: the control program is missing or could not start the daemon.
-    """
+    """The MPS daemon, its pipe and log folders under ``folder``, stopped (``quit``) however the block ends; yields
+    the variables its clients need. Raises MpsError when it cannot start."""
     pipe, logs = folder / "pipe", folder / "log"
     short = len(str(pipe.resolve())) > MAX_PIPE_PATH
     if short:

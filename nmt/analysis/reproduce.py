@@ -166,11 +166,7 @@ def load_recipe(recipes: Path, name: str) -> DictConfig:
 
 
 def parse_budget(value: str) -> float:
-    """``budget=`` in seconds: ``600``, ``90s``, ``45m``, ``1h30m``, ``1h30m15s`` (decimals allowed).
-
-    Raises:
-        ChainError: anything else, or no time at all (naming the accepted forms).
-    """
+    """``budget=`` in seconds (``600``, ``90s``, ``45m``, ``1h30m15s``); anything else is a ChainError."""
     text = value.strip().lower()
     parts = re.fullmatch(r"(?:(\d+(?:\.\d*)?)h)?(?:(\d+(?:\.\d*)?)m)?(?:(\d+(?:\.\d*)?)s?)?", text)
     if not text or parts is None or not any(parts.groups()):
@@ -185,12 +181,8 @@ def parse_budget(value: str) -> float:
 
 
 def parse_deadline(value: str, now: datetime) -> float:
-    """``deadline=`` as seconds from ``now`` (an aware local time): ``HH:MM[:SS]`` is the next time the clock reads
-    it (tomorrow's when today's has passed); an ISO date and time without a zone is local time.
-
-    Raises:
-        ChainError: another form, or an ISO time already past.
-    """
+    """``deadline=`` as seconds from ``now`` (aware, local): ``HH:MM[:SS]`` the next time the clock reads it, or an
+    ISO date and time (local without a zone); another form or a past time is a ChainError."""
     text = value.strip()
     if re.fullmatch(r"\d{1,2}:\d{2}(:\d{2})?", text):
         try:
@@ -234,11 +226,7 @@ def time_budget(settings: dict[str, Any], began: float) -> Budget | None:
 
 
 def check_budget(budget: Budget | None, stages: list[Stage], clock: Clock) -> None:
-    """A budget must hold the shortest stage that can start now (its estimate, as the ETA's).
-
-    Raises:
-        ChainError: naming the budget, that stage and its estimate.
-    """
+    """A ChainError unless the budget holds the shortest stage that can start now (by the ETA's estimate)."""
     finished = {s.name for s in stages if s.done()}
     ready = [s for s in stages if s.name not in finished and all(a in finished for a in s.after)]
     if budget is None or not ready:
@@ -539,9 +527,8 @@ def log_path(chain: Chain, stage: Stage) -> Path:
 
 def schedule(stages: list[Stage], finished: set[str], running: dict[str, Any], clock: Clock, parallel: int,
              within: float | None = None) -> dict[str, float]:
-    """When each stage left would end (seconds from now) if each takes its estimate: scheduled as the runner
-    would, ``parallel`` at a time, each after the ones it waits for (stages come in plan order, those first);
-    with ``within`` (seconds), only the stages that would end inside it, as a budget lets the runner start."""
+    """When each stage left would end (seconds from now), scheduled as the runner would, by the estimates; with
+    ``within``, only those that end inside it."""
     now = monotonic()
     ends = {stage.name: max(0.0, clock.estimate(stage.kind) - (now - began)) for stage, _, began in running.values()}
     slots = sorted([*ends.values(), *[0.0] * max(0, parallel - len(ends))])  # when each slot is free
@@ -643,12 +630,8 @@ def fmt(value: float | None) -> str:
 
 
 def check_checkpoints(stages: list[Stage]) -> None:
-    """Every stage left to run finds the checkpoints it reads: a finished run copied without its checkpoints/
-    (results.json and translations/ are all the report reads) cannot serve a back-translation or a tuning.
-
-    Raises:
-        ChainError: naming the stage, the run, and the two ways on.
-    """
+    """A ChainError naming the stage and run where a stage left to run reads a finished run's checkpoints and they
+    were not copied (the report reads results.json and translations/ only)."""
     for stage in stages:
         if stage.kind == "report" or stage.done():
             continue

@@ -336,8 +336,7 @@ class ShapeBuckets:
         return (bucket_rows, src_len, tgt_len) if rows <= bucket_rows else None
 
     def shapes_of(self, sampler: TokenBucketSampler, epochs: range) -> list[tuple[int, int, int]]:
-        """The shapes that ``sampler``'s batches take over ``epochs``, in order of first use (so a GPU can capture
-        them all before training; a batch that fits no bucket is left out)."""
+        """The shapes ``sampler``'s batches take over ``epochs`` (none for one that fits no bucket), first use first."""
         shapes: dict[tuple[int, int, int], None] = {}
         for epoch in epochs:
             order, spans = sampler.epoch_plan(epoch)

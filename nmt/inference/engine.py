@@ -433,10 +433,9 @@ class Translator:
         if sampling is not None and self.cuda_graphs == "true":
             raise TranslationError("cuda_graphs=true: sampling has no graph search (greedy and beam search have); "
                                    "use cuda_graphs=auto")
-        graphs = self.graphs if sampling is None and self.graphs is not None and self.graphs.serving else None
-        if graphs is not None:
-            found = self._graph_search(graphs, src, src_lengths, opts, attention)
-            if found is not None:
+        if sampling is None and self.graphs is not None:
+            found = self._graph_search(self.graphs, src, src_lengths, opts, attention)
+            if found is not None:  # else a capture failed: the plain search serves
                 return found
         if sampling is not None:
             return [[h] for h in sample_search(self.model, src, src_lengths, opts.max_len, opts.max_len_ratio,

@@ -20,7 +20,6 @@ from torch import Tensor
 from nmt.common.device import autocast
 from nmt.data import BOS_ID, EOS_ID, PAD_ID
 from nmt.model.search import (
-    NEG_INF,
     Beams,
     Hypothesis,
     LateFlag,
@@ -46,11 +45,7 @@ class GraphSearchError(ValueError):
 
 
 def use_search_graphs(setting: str | bool, device: torch.device) -> bool:
-    """Whether decoding replays CUDA graphs: ``auto`` on a CUDA device, ``true`` there only, ``false`` never.
-
-    Raises:
-        GraphSearchError: an unknown value, or ``true`` off CUDA.
-    """
+    """Whether decoding replays CUDA graphs: ``auto`` on CUDA, ``true`` there only (else GraphSearchError)."""
     setting = str(setting).lower()  # the command line's true / false arrive as booleans
     if setting not in GRAPH_CHOICES:
         raise GraphSearchError(f"cuda_graphs={setting!r} is not one of {', '.join(GRAPH_CHOICES)}")
@@ -67,9 +62,8 @@ def bucket_shape(rows: int, src_len: int) -> tuple[int, int]:
 
 
 def capture_graph(run: Callable[[], None], pool: Any, device: torch.device) -> Any:
-    """``run`` once on a side stream (cuBLAS handles, allocations), then captured into a CUDA graph in ``pool``;
-    returns the graph (``replay()`` runs it). Tests replace this with a stand-in that runs ``run`` at each replay.
-    """
+    """``run`` once on a side stream (cuBLAS handles, allocations), then captured in ``pool``: the graph. (Tests
+    replace it with a stand-in that runs ``run`` at each replay.)"""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
@@ -93,12 +87,16 @@ def tree_map(fn: Callable[[Tensor], Tensor], tree: Any) -> Any:
     raise TypeError(f"the graph search cannot hold a {type(tree).__name__} in a static buffer")
 
 
+def leaves(tree: Any) -> list[Tensor]:
+    """The tensors of a ``tree_map`` tree, in order."""
+    found: list[Tensor] = []
+    tree_map(lambda t: found.append(t) or t, tree)
+    return found
+
+
 def copy_into(static: Any, value: Any) -> None:
     """Copy ``value``'s tensors into ``static``'s (the same tree and shapes), without a host wait."""
-    flat_static, flat_value = [], []
-    tree_map(lambda t: flat_static.append(t) or t, static)
-    tree_map(lambda t: flat_value.append(t) or t, value)
-    for target, source in zip(flat_static, flat_value, strict=True):
+    for target, source in zip(leaves(static), leaves(value), strict=True):
         target.copy_(source, non_blocking=True)
 
 
@@ -121,8 +119,8 @@ class _Greedy:
     @staticmethod
     def allocate(memory: Any, state: Any, steps: int, keep: bool) -> _Greedy:
         """Empty tensors for a batch encoded as ``memory`` and ``state``, ``steps`` steps at most."""
-        rows, src_len = memory_shape(memory)
-        device = state_device(state)
+        enc_out = leaves(memory)[0]  # [R, S, 2He]
+        (rows, src_len), device = enc_out.shape[:2], enc_out.device
         attention = torch.zeros(steps, rows, src_len, device=device) if keep else None
         return _Greedy(tree_map(torch.empty_like, memory), *_empty(device, (rows, torch.long), (rows, torch.long)),
                        tree_map(torch.empty_like, state),
@@ -177,18 +175,22 @@ class _Beam:
     tokens: Tensor  # [T, R, K]
     back: Tensor  # [T, R, K]
     attention: Tensor | None  # [T, R, K, S]
+    slots: Tensor  # [R, K] slot numbers, made once: not a kernel of every step
+    row_base: Tensor  # [R, 1] each sentence's first beam row
 
     @staticmethod
     def allocate(memory: Any, state: Any, steps: int, keep: bool, k: int) -> _Beam:
         """Empty tensors for a batch encoded as ``memory`` and ``state``, ``steps`` steps at most, beam ``k``."""
-        rows, src_len = memory_shape(memory)
-        device = state_device(state)
+        enc_out = leaves(memory)[0]  # [R, S, 2He]
+        (rows, src_len), device = enc_out.shape[:2], enc_out.device
         beams = tree_map(torch.empty_like, Beams.start(torch.ones(rows, dtype=torch.long, device=device), k))
         attention = torch.zeros(steps, rows, k, src_len, device=device) if keep else None
         history = [torch.zeros(steps, rows, k, dtype=torch.long, device=device) for _ in range(2)]
+        slots = torch.arange(k, device=device).expand(rows, k)  # [R, K]
+        row_base = (torch.arange(rows, device=device) * k).unsqueeze(1)  # [R, 1]
         return _Beam(tree_map(torch.empty_like, memory), *_empty(device, ((), torch.float32), (rows * k, torch.long)),
                      tree_map(lambda t: t.repeat_interleave(k, dim=1), state), beams,
-                     *_empty(device, ((), torch.long), ((), torch.bool)), *history, attention)
+                     *_empty(device, ((), torch.long), ((), torch.bool)), *history, attention, slots, row_base)
 
     @property
     def k(self) -> int:
@@ -206,18 +208,16 @@ class _Beam:
 
     def advance(self, model: StepModel, blocked: Tensor) -> None:
         """One beam step (``best_candidates``, ``Beams.advance``), its results written back: what a graph captures."""
-        rows, k = self.beams.score.shape
         logits, state, attn = model.decode_step(self.prev, self.state, self.memory)  # [R*K, V], [L, R*K, H], [R*K, S]
         beams = replace(self.beams)  # advance() replaces this copy's fields: the static tensors stay as inputs
         candidates = best_candidates(logits, beams.score, blocked)  # [R, 2K] each
-        slots = torch.arange(k, device=blocked.device).expand(rows, k)  # [R, K]
-        keep_slot, keep_token = beams.advance(self.step, *candidates, self.alpha, slots)
+        keep_slot, keep_token = beams.advance(self.step, *candidates, self.alpha, self.slots)
         at_step = self.step.view(1)
         self.tokens.index_copy_(0, at_step, keep_token.unsqueeze(0))  # [T, R, K]
         self.back.index_copy_(0, at_step, keep_slot.unsqueeze(0))
         if self.attention is not None:
             self.attention.index_copy_(0, at_step, attention_by_slot(attn, keep_slot).unsqueeze(0))  # [T, R, K, S]
-        reorder = (torch.arange(rows, device=blocked.device).unsqueeze(1) * k + keep_slot).view(-1)  # [R*K]
+        reorder = (self.row_base + keep_slot).view(-1)  # [R*K] rows of the previous beam to continue
         copy_into(self.state, state.index_select(1, reorder))
         self.prev.copy_(keep_token.view(-1))
         copy_into(self.beams, beams)
@@ -234,19 +234,6 @@ class _Beam:
 def _empty(device: torch.device, *specs: tuple[int | tuple[()], torch.dtype]) -> list[Tensor]:
     """One uninitialised tensor per ``(shape, dtype)``."""
     return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in specs]
-
-
-def memory_shape(memory: Any) -> tuple[int, int]:
-    """``(R, S)`` of a model's memory: its first tensor's first two sizes (``enc_out`` ``[R, S, 2He]``)."""
-    found: list[Tensor] = []
-    tree_map(lambda t: found.append(t) or t, memory)
-    return found[0].shape[0], found[0].shape[1]
-
-
-def state_device(state: Any) -> torch.device:
-    found: list[Tensor] = []
-    tree_map(lambda t: found.append(t) or t, state)
-    return found[0].device
 
 
 @dataclass
@@ -266,15 +253,9 @@ class SearchGraphStats:
 
 
 class SearchGraphs:
-    """Greedy and beam search for one model, each bucket's step captured on first sight and replayed. Rows never
-    leave the batch (a finished sentence stays, masked, as the plain search keeps it until the host learns of it),
-    so every shape is fixed and the outputs are the plain search's.
-
-    Args:
-        model: the model the graphs call (``SearchModel`` or ``Ensemble``), in eval mode, on ``device``; its
-            parameters may change in place between batches (training), its gate table too (``refresh``).
-        precision: the search's (``auto``, ``bf16``, ``fp32``): the captured step runs under its autocast.
-    """
+    """Greedy and beam search for ``model`` (in eval mode; its weights may change in place between batches), each
+    bucket's step captured on first sight under ``precision``'s autocast and replayed. Rows never leave the batch,
+    so shapes are fixed, and the outputs are the plain search's."""
 
     def __init__(self, model: StepModel, device: torch.device, precision: str) -> None:
         self.model, self.device, self.precision = model, device, precision
@@ -291,8 +272,7 @@ class SearchGraphs:
     @torch.no_grad()
     def greedy(self, src: Tensor, src_lengths: Tensor, max_len: int, max_len_ratio: float | None,
                keep_attention: bool, lag: int = 0) -> list[Hypothesis] | None:
-        """As ``nmt.model.search.greedy_search`` (src ``[B, S]`` on the device, src_lengths ``[B]`` on the host);
-        None when the graph cannot serve (after a failed capture: the caller runs the plain search)."""
+        """As ``greedy_search`` (src_lengths on the host); None after a failed capture (the plain search serves)."""
         keep = keep_attention and self.model.has_attention
         found = self._bucket("greedy", src, src_lengths, (max_len, max_len_ratio, keep), 1)
         if found is None:
@@ -353,14 +333,10 @@ class SearchGraphs:
 
     def _capture(self, kind: str, memory: Any, state: Any, limits: Tensor, options: tuple[Any, ...], k: int,
                  alpha: float) -> _Bucket | None:
-        """Allocate the static tensors of the bucket of a batch encoded as ``memory`` and ``state`` and capture its
-        step; None (one warning, the plain search from then on) when the capture fails for a reason other than memory.
-
-        Raises:
-            GraphSearchError: the bucket does not fit in GPU memory.
-        """
+        """The bucket of a batch encoded as ``memory`` and ``state``, its step captured; None (one warning, the plain
+        search from then on) when the capture fails, a GraphSearchError when it does not fit in GPU memory."""
         started = time.perf_counter()
-        rows, src_len = memory_shape(memory)
+        rows, src_len = leaves(memory)[0].shape[:2]
         max_len, max_len_ratio, keep = options[-3:]
         steps = max_len if max_len_ratio is None else min(max_len, math.ceil(max_len_ratio * src_len) + 5)
         try:
@@ -397,6 +373,3 @@ class SearchGraphs:
         self.stats.replayed_batches += 1
         return steps
 
-
-__all__ = ["GRAPH_CHOICES", "GraphSearchError", "SearchGraphStats", "SearchGraphs", "bucket_shape",
-           "use_search_graphs", "NEG_INF"]

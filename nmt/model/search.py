@@ -196,22 +196,15 @@ def _token_by_token(model: StepModel, src: Tensor, src_lengths: Tensor, max_len:
 def token_step(model: StepModel, choose: Callable[[Tensor], tuple[Tensor, Tensor]], blocked: Tensor, prev: Tensor,
                state: Any, memory: Any, finished: Tensor, out_len: Tensor, scores: Tensor, limits: Tensor,
                step: int | Tensor) -> tuple[Tensor, Any, Tensor, tuple[Tensor, Tensor, Tensor]]:
-    """One step of the token-by-token search over ``R`` rows, reading nothing back (the plain search and the graph
-    search run it; ``step`` is 0-based, an int or a device scalar).
-
-    Args:
-        prev: ``[R]`` previous tokens; state and memory: the model's.
-        finished, out_len, scores, limits: ``[R]`` each: row done, tokens kept (fixed when EOS comes), summed
-            log-probabilities, output length limit.
-
-    Returns:
-        the chosen tokens ``[R]``, the new state, the attention ``[R, S]``, and the new (finished, out_len, scores).
+    """One token-by-token step over R rows, reading nothing back (the plain and the graph search run it). ``prev``,
+    ``finished``, ``out_len`` (tokens kept), ``scores``, ``limits``: ``[R]``; ``step``: 0-based, an int or a device
+    scalar. Returns the tokens ``[R]``, the new state, the attention ``[R, S]`` and the new (finished, out_len, scores).
     """
     logits, state, attn = model.decode_step(prev, state, memory)  # [R, V], [L, R, H], [R, S]
     log_probs = F.log_softmax(logits.float(), dim=-1).index_fill_(1, blocked, NEG_INF)  # [R, V]
     best_lp, best = choose(log_probs)  # [R], [R]
     active = ~finished
-    scores = scores + torch.where(active, best_lp, torch.zeros_like(best_lp))
+    scores = scores + torch.where(active, best_lp, 0.0)  # (a scalar: no zeros tensor every step)
     ended = active & (best == EOS_ID)
     out_len = torch.where(ended, _filled_like(out_len, step), out_len)
     finished = finished | ended | (step + 1 >= limits)
@@ -346,8 +339,7 @@ class Beams:
                 alpha: float | Tensor,
                 slots: Tensor) -> tuple[Tensor, Tensor]:
         """Pool the hypotheses that finish at (0-based) ``step`` and keep the K best that continue; ``cand_*`` are
-        ``best_candidates``' ``[A, 2K]``; ``step`` and ``alpha`` may be device scalars (the graph search). Returns
-        each continuing hypothesis' slot and token, ``[A, K]`` each.
+        ``best_candidates``' ``[A, 2K]``, ``step`` and ``alpha`` ints or device scalars. Returns their slots and tokens.
         """
         k = slots.shape[1]
         # every hypothesis finished at this step took step+1 decoding steps: one penalty for all
@@ -398,8 +390,7 @@ class _History:
 
 
 def attention_by_slot(attn: Tensor, slot: Tensor) -> Tensor:
-    """The attention ``[A*K, S]`` (by beam row) that emitted each continuing hypothesis of slots ``[A, K]``:
-    ``[A, K, S]`` float32."""
+    """The attention ``[A*K, S]`` that emitted each continuing hypothesis of slots ``[A, K]``: ``[A, K, S]`` float32."""
     step_attn = attn.float().view(*slot.shape, -1)  # [A, K, S]
     return step_attn.gather(1, slot.unsqueeze(2).expand_as(step_attn))  # [A, K, S]
 
@@ -473,8 +464,7 @@ def _row_top_k(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 def read_back(pool: Pool, tokens_hist: Tensor, back_hist: Tensor, attn_hist: Tensor | None, src_lengths: Tensor,
               n_best: int) -> list[list[Hypothesis]]:
-    """Follow the back-pointers of the ``n_best`` best pooled hypotheses ``[B, K]`` of each sentence, on the CPU,
-    through every step's tokens and back-pointers ``[T, B, K]`` (and attention ``[T, B, K, S]``, or None)."""
+    """Follow the ``n_best`` best pooled hypotheses ``[B, K]`` back, on the CPU, through the history ``[T, B, K]``."""
     score, end, slot = (t[:, :n_best].cpu() for t in (pool.score, pool.end, pool.slot))  # [B, N] each
     tokens_hist, back_hist = tokens_hist.cpu(), back_hist.cpu()  # [T, B, K]
     attn_hist = None if attn_hist is None else attn_hist.cpu()  # [T, B, K, S]

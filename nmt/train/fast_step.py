@@ -159,8 +159,7 @@ class TrainingSteps:
         return figures
 
     def capture_up_front(self, examples: list[Batch]) -> None:
-        """Capture the step of each example's shape now, in one pass before training (host batches of bucket shapes,
-        ``ShapeBuckets.example``), so that the first epoch replays from its first step."""
+        """Capture the step of each example's shape (``ShapeBuckets.example``) before training, in one pass."""
         for batch in examples:
             self._graph_for(batch)
 

@@ -434,11 +434,7 @@ class Trainer:
     # ------------------------------------------------------------------------------ validation
     def _validate_and_checkpoint(self) -> bool:
         """Validate (rank 0), save ``last`` (and ``best``), decide early stopping on every rank. True = stop early.
-
-        On one process, when this validation cannot stop the run (early stopping is more than one validation
-        away), only the decoding holds training up: scoring, logging and the checkpoints follow on the background
-        thread, from the state copied now, so the run chooses the same checkpoints and stops at the same step.
-        """
+        Where it cannot stop the run, scoring and saving follow in the background from the state copied now."""
         self.validated_at_step = self.progress.step
         self.checkpoint_writes.wait()  # the previous validation is recorded: the progress is whole again
         p, patience = self.progress, self.tcfg.early_stopping_patience
@@ -474,8 +470,7 @@ class Trainer:
                 "hypotheses": hypotheses, "best": best}
 
     def _record_and_save(self, outputs: dict[str, Any], state: dict[str, Any]) -> None:
-        """Record a validation, then write the checkpoints of ``state`` (copied at that validation) with the
-        progress it leaves: ``last``, ``best`` at a new best, and the weights kept for averaging."""
+        """Record a validation, then write ``state`` (copied at it) with the progress it leaves: last (and best)."""
         improved = self._record_validation(outputs)
         p = self.progress
         state["progress"].update(best_bleu=p.best_bleu, best_step=p.best_step, bad_validations=p.bad_validations,
@@ -486,9 +481,8 @@ class Trainer:
             self.checkpoints.keep_for_averaging(outputs["step"], weights)
 
     def _record_validation(self, outputs: dict[str, Any]) -> bool:
-        """Score a validation's outputs (scores, samples and heatmaps to TensorBoard); update the best score, the
-        patience count and the validation record. True = a new best.
-        """
+        """Score a validation's outputs, log them (scores, samples, heatmaps), update the best, the patience count and
+        the record. True = a new best."""
         split, p, step = self.data.valid, self.progress, outputs["step"]
         hypotheses, loss = outputs["hypotheses"], outputs["loss"]
         scores = corpus_scores(hypotheses, split.tgt_text)
