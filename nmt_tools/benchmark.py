@@ -12,6 +12,7 @@
     python scripts/benchmark.py server --checkpoint outputs/RUN --clients 1 4 16
     python scripts/benchmark.py overload --checkpoint outputs/RUN --clients 300 --seconds 60
     python scripts/benchmark.py profile model=default attention=additive --out runs/bench/profile
+    python scripts/benchmark.py study-speed RUN_NONE RUN_ADDITIVE ... --out runs/speed   # a grouped report's speeds
 
 ``train``: Hydra overrides of ``configs/train.yaml`` as ``train.py`` takes them; the project's own
 ``Trainer`` builds model, data and optimizer, and ``--train-steps`` of its real step are timed after
@@ -31,7 +32,9 @@ preparation time (cold, then cached) and batch padding at the token budget (``nm
 (``nmt_tools.overload``).
 ``scale``: what a synthetic corpus of N pairs costs to prepare, load and start training on
 (``nmt_tools.scale``). ``profile``: FLOPs per target token, achieved against peak FLOP/s, time per op group
-(``nmt_tools.training_profile``).
+(``nmt_tools.training_profile``). ``study-speed``: one trained run per group and direction, back to back in one
+sitting: training tokens/s of its config and beam sentences/s of its checkpoint, the speed columns of
+``compare_runs.py --group-by KEY --speed FILE`` (``nmt_tools.study_speed``).
 
 Writes ``<out>.json`` with the provenance block; ``<out>`` defaults to ``benchmark_<mode>_<device>`` in
 the checkpoint's run dir; without a run dir, ``--out`` is required. A benchmark, not a test: it asserts
@@ -61,7 +64,7 @@ from nmt.inference.translate_job import read_input_lines
 from nmt.model.seq2seq import count_parameters
 from nmt.train.gpu_monitor import GpuMonitor
 from nmt.train.trainer import DistInfo, Trainer
-from nmt_tools import backtranslation_speed, load, overload, padding, scale, training_profile
+from nmt_tools import backtranslation_speed, load, overload, padding, scale, study_speed, training_profile
 from nmt_tools.cli import add_project_dir, device_slug, mirror_file, parser, sync
 from nmt_tools.timing import compose_config, measure_training
 
@@ -75,7 +78,7 @@ MEANINGLESS_BLEU_NOTE = (
 def parse_args(argv: list[str] | None, project_dir: Path | None = None) -> argparse.Namespace:
     p = parser(__doc__, folders=("save_translations",), reports=("out",))
     modes = p.add_subparsers(dest="mode", required=True,
-                             metavar="{train,translate,backtranslate,data,scale,server,overload,profile}")
+                             metavar="{train,translate,backtranslate,data,scale,server,overload,profile,study-speed}")
     out = argparse.ArgumentParser(add_help=False)
     out.add_argument("--out", type=Path, help="report path without extension (default: see above)")
     project = argparse.ArgumentParser(add_help=False)  # the modes that run train.py, serve.py or read configs/
@@ -119,6 +122,8 @@ def parse_args(argv: list[str] | None, project_dir: Path | None = None) -> argpa
                                             help="serve.py: the worst request, and up to 300 clients at once"))
     training_profile.add_arguments(modes.add_parser("profile", parents=[out, project],
                                                     help="training FLOP/s and time per op group"))
+    study_speed.add_arguments(modes.add_parser("study-speed", parents=[out, project],
+                                               help="a grouped report's speeds: runs timed back to back"))
     return p.parse_args(argv)
 
 
@@ -164,7 +169,8 @@ def main(argv: list[str] | None = None, project_dir: Path | None = None) -> dict
                    "backtranslate": backtranslation_speed.benchmark_backtranslation,
                    "data": padding.benchmark_data, "scale": scale.benchmark_scale,
                    "server": load.benchmark_server, "overload": overload.benchmark_overload,
-                   "profile": training_profile.benchmark_profile}[args.mode]
+                   "profile": training_profile.benchmark_profile,
+                   "study-speed": study_speed.benchmark_study_speed}[args.mode]
         report, device = measure(args)
         report = {"benchmark": args.mode, **provenance("scripts/benchmark.py", argv), **report}
         write_report(args.out or run_dir / f"benchmark_{args.mode}_{device_slug(device)}", report)

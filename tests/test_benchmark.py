@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 import torch
 from conftest import SRC, save_tiny_checkpoint
+from omegaconf import OmegaConf
 
+from nmt.analysis import compare
 from nmt.common.settings import to_plain_dict
 from nmt.data import prepare_data
 from nmt.inference.engine import Translator
@@ -329,3 +331,31 @@ def test_backtranslate_mode_hands_cuda_graphs_to_the_job(tmp_path: Path, monkeyp
     assert composed and all("cuda_graphs=true" in overrides for overrides in composed)
     assert report["config"]["cuda_graphs"] == "true" and "cuda_graphs=true" in report["config"]["settings"]
     assert [(row["method"], row["lines"]) for row in report["results"]] == [("beam", 4)]
+
+
+def test_study_speed_times_each_run_and_compare_runs_reads_it(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    run, lines, cfg = tiny_run(tmp_path)
+    OmegaConf.save(cfg, run / "config.yaml")
+    (run / "results.json").write_text(json.dumps({"attention": cfg.attention.name}))
+    report = benchmark.main(["study-speed", str(run), "--train-steps", "2", "--warmup-steps", "1", "--reps", "1",
+                             "--out", str(tmp_path / "speed")])
+    [row] = report["runs"]
+    assert (row["group"], row["direction"], row["split"]) == (cfg.attention.name, "de-en", "test")
+    assert row["training"]["steps"] == 2 and row["train_tokens_per_s"] > 0
+    assert row["decoding"]["sentences"] == len(lines) and row["beam_sentences_per_s"] > 0
+    assert row["beam_size"] == cfg.trainer.test_beam_size
+    speeds = compare.load_speeds(tmp_path / "speed.json", "attention")
+    assert speeds["by_group"][("de-en", cfg.attention.name)]["train_tokens_per_s"] == row["train_tokens_per_s"]
+
+
+def test_study_speed_needs_checkpoints(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run, _, cfg = tiny_run(tmp_path)
+    OmegaConf.save(cfg, run / "config.yaml")
+    (run / "results.json").write_text(json.dumps({"attention": cfg.attention.name}))
+    (run / "checkpoints" / "best.pt").unlink()
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(["study-speed", str(run), "--out", str(tmp_path / "speed")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (f"benchmark.py: error: {run} holds no checkpoint to decode with: pass trained "
+                                       "runs whose checkpoints/ are still there\n")

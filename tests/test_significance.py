@@ -145,3 +145,46 @@ def test_runs_it_cannot_use_are_refused_naming_them(seeds: tuple[Path, list[Path
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})  # this checkout's nmt
     assert done.returncode == 2 and done.stderr.strip() == (f"compare_runs.py: error: {bare} has no test outputs "
                                                             f"for test: no {bare}/translations/test.en"), done.stderr
+
+
+def speed_report(path: Path, group_by: str = "attention") -> Path:
+    """A study-speed report as benchmark.py writes it: additive in de-en timed, dot not."""
+    path.write_text(json.dumps({
+        "benchmark": "study-speed", "date": "2026-11-27", "device": {"type": "cpu", "name": "Test CPU"},
+        "group_by": group_by, "train_steps": 100,
+        "runs": [{"run_dir": "x", "group": "additive", "direction": "de-en", "train_tokens_per_s": 1234.4,
+                  "beam_sentences_per_s": 56.78}]}))
+    return path
+
+
+def test_speed_columns_come_from_the_back_to_back_benchmark_only(seeds: tuple[Path, list[Path], dict],
+                                                                 tmp_path: Path) -> None:
+    _, runs, _ = seeds
+    args = [*map(str, runs), "--group-by", "attention", "--baseline", "additive"]
+    report = compare.main([*args, "--out", str(tmp_path / "plain")])
+    assert all(row["train_tokens_per_s"] is None and row["beam_sentences_per_s"] is None for row in report["groups"])
+    markdown = Path(f"{tmp_path / 'plain'}.md").read_text()
+    assert "| not measured | not measured |" in markdown and "Speeds: not measured" in markdown
+    minutes = [json.loads((run / "results.json").read_text())["train_seconds"] / 60 for run in runs[:3]]
+    row = next(r for r in report["groups"] if r["group"] == "additive")
+    assert row["train_minutes_as_run"]["mean"] == pytest.approx(statistics.fmean(minutes))
+
+    report = compare.main([*args, "--speed", str(speed_report(tmp_path / "speed.json")), "--out", str(tmp_path / "t")])
+    rows = {row["group"]: row for row in report["groups"]}
+    assert rows["additive"]["train_tokens_per_s"] == 1234.4 and rows["additive"]["beam_sentences_per_s"] == 56.78
+    assert rows["dot"]["train_tokens_per_s"] is None  # not in the benchmark: never filled from the runs
+    markdown = Path(f"{tmp_path / 't'}.md").read_text()
+    assert "| 1,234 | 56.8 |" in markdown and "Test CPU, 2026-11-27; `speed.json`" in markdown
+    assert report["speed"]["device"] == "Test CPU"
+
+
+def test_a_speed_report_of_another_key_or_kind_is_refused(seeds: tuple[Path, list[Path], dict], tmp_path: Path) -> None:
+    _, runs, _ = seeds
+    args = [*map(str, runs), "--group-by", "attention", "--out", str(tmp_path / "x")]
+    with pytest.raises(RunError, match="timed groups of model.hidden_size, not of --group-by attention"):
+        compare.main([*args, "--speed", str(speed_report(tmp_path / "s.json", "model.hidden_size"))])
+    (tmp_path / "other.json").write_text('{"benchmark": "train"}')
+    with pytest.raises(RunError, match="not a benchmark.py study-speed report"):
+        compare.main([*args, "--speed", str(tmp_path / "other.json")])
+    with pytest.raises(RunError, match="cannot read it"):
+        compare.main([*args, "--speed", str(tmp_path / "missing.json")])

@@ -61,7 +61,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--time-decoding", action="store_true", help="beam sentences/s per run: as train.py recorded "
                    "its final test decoding in results.json, else the split translated once more with the run's "
                    "checkpoint and test beam, timed on this machine")
+    p.add_argument("--speed", type=Path, metavar="SPEED_JSON", help="with --group-by: the groups' training tokens/s "
+                   "and beam sentences/s from `benchmark.py study-speed` (runs timed back to back on an idle "
+                   "machine); without it those columns read 'not measured'")
     args = p.parse_args(argv)
+    if args.speed is not None and args.group_by is None:
+        p.error("--speed needs --group-by")
     if args.baseline is not None and args.group_by is None:
         p.error("--baseline needs --group-by")
     if args.group_by is not None and args.from_report:
@@ -336,6 +341,28 @@ def label_runs(runs: list[dict[str, Any]]) -> None:
         run["label"] = run["attention"] if len(twins) == 1 else f"{run['attention']} ({where}{folder})"
 
 
+def load_speeds(path: Path, group_by: str) -> dict[str, Any]:
+    """``--speed``: a ``benchmark.py study-speed`` report's figures by (direction, group), with where they come from.
+
+    Raises:
+        RunError: no such file, not such a report, or one that grouped by another key.
+    """
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise RunError(f"--speed {path}: cannot read it ({error}); pass the .json of benchmark.py "
+                       "study-speed") from None
+    if report.get("benchmark") != "study-speed":
+        raise RunError(f"--speed {path}: not a benchmark.py study-speed report; make one with "
+                       "python scripts/benchmark.py study-speed RUN_DIR... --out PATH")
+    if report["group_by"] != group_by:
+        raise RunError(f"--speed {path} timed groups of {report['group_by']}, not of --group-by {group_by}")
+    by_group = {(row["direction"], str(row["group"])): row for row in report["runs"]}
+    source = {"file": path.name, "device": report["device"]["name"], "date": report.get("date"),
+              "train_steps": report["train_steps"]}
+    return {"by_group": by_group, "source": source}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Analyse the runs, write the report, the tables and the plots; returns the report.
 
@@ -354,11 +381,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs += [r for run_dir, r in recorded.items() if run_dir not in {str(d) for d in run_dirs}]  # analysed now wins
     check_one_split(runs, args.split)
     label_runs(runs)
-    groups = summarise(outputs, args.group_by, args.baseline) if args.group_by else None
-    markdown = (render_groups(groups, args.group_by, args.baseline) if groups else "") + render_markdown(runs)
+    speeds = load_speeds(args.speed, args.group_by) if args.speed else None
+    groups = summarise(outputs, args.group_by, args.baseline, speeds) if args.group_by else None
+    markdown = (render_groups(groups, args.group_by, args.baseline, speeds) if groups else "") + render_markdown(runs)
     report = {**provenance("scripts/compare_runs.py", argv), "split": runs[0]["split"],
               "buckets": list(args.buckets), "tutorial_bleu_label": TUTORIAL_BLEU_LABEL, "group_by": args.group_by,
-              "baseline": args.baseline, "groups": groups, "runs": runs}
+              "baseline": args.baseline, "speed": speeds and speeds["source"], "groups": groups, "runs": runs}
     print(markdown)
     write_report(out, report, markdown)
     plot(runs, out)

@@ -20,8 +20,8 @@ def mean_std(spread: dict[str, Any]) -> str:
     return f"{spread['mean']:.2f}" + (f" ± {spread['std']:.2f}" if spread["std"] is not None else "")
 
 
-def number(value: float | None, digits: int = 2) -> str:
-    return "–" if value is None else f"{value:,.{digits}f}"
+def number(value: float | None, digits: int = 2, missing: str = "–") -> str:
+    return missing if value is None else f"{value:,.{digits}f}"
 
 
 def versus(row: dict[str, Any], metric: str) -> tuple[str, str]:
@@ -45,15 +45,28 @@ def direction_tables(rows: list[dict[str, Any]], key: str, baseline: str | None)
                      f"| {mean_std(row['chrf'])} | {bleu[0]} | {bleu[1]} | {chrf[0]} | {chrf[1]} |")
     buckets = rows[0]["by_length"]
     lines += ["", f"| {key} | " + " | ".join(b["range"] for b in buckets) + " | normalised entropy | largest weight "
-              "| train tokens/s | beam sentences/s | parameters |",
-              "| --- |" + " ---: |" * (len(buckets) + 5), "| *sentences* | "
-              + " | ".join(str(b["n"]) for b in buckets) + " | | | | | |"]
+              "| train tokens/s | beam sentences/s | training minutes, as run | parameters |",
+              "| --- |" + " ---: |" * (len(buckets) + 6), "| *sentences* | "
+              + " | ".join(str(b["n"]) for b in buckets) + " | | | | | | |"]
     for row in rows:
         lines.append(f"| {row['group']} | " + " | ".join(number(b["bleu"]) for b in row["by_length"])
                      + f" | {number(row['normalised_entropy'], 3)} | {number(row['max_weight'], 3)} "
-                     f"| {number(row['train_tokens_per_s'], 0)} | {number(row['beam_sentences_per_s'], 1)} "
-                     f"| {row['parameters']:,} |")
+                     f"| {number(row['train_tokens_per_s'], 0, 'not measured')} "
+                     f"| {number(row['beam_sentences_per_s'], 1, 'not measured')} "
+                     f"| {mean_std(row['train_minutes_as_run'])} | {row['parameters']:,} |")
     return lines
+
+
+def speed_note(speeds: dict[str, Any] | None) -> list[str]:
+    """Where the speed columns come from, and why the trainings' own minutes do not compare the groups."""
+    as_run = ("Training minutes are each training's own wall time as it ran (mean ± std over the seeds), with "
+              "whatever else shared the machine: they do not compare the groups' speed.")
+    if speeds is None:
+        return [f"Speeds: not measured (`benchmark.py study-speed` on an idle machine, passed as `--speed`). {as_run}"]
+    source = speeds["source"]
+    return [f"Speeds: {source['train_steps']} training steps (target tokens/s, median of steps) and the test split's "
+            f"beam decoding (sentences/s, median of the reps) per group, timed back to back on one idle machine "
+            f"({source['device']}, {source['date']}; `{source['file']}`). {as_run}"]
 
 
 def pair_table(rows: list[dict[str, Any]], key: str) -> list[str]:
@@ -67,7 +80,8 @@ def pair_table(rows: list[dict[str, Any]], key: str) -> list[str]:
     return lines
 
 
-def render_groups(groups: list[dict[str, Any]], key: str, baseline: str | None) -> str:
+def render_groups(groups: list[dict[str, Any]], key: str, baseline: str | None,
+                  speeds: dict[str, Any] | None = None) -> str:
     """The grouped tables of every direction, with the tests' signatures, in markdown."""
     lines = [f"# Grouped by {key} over seeds", "",
              f"Per direction, the runs of one {key} are its seeds. Test BLEU and chrF2 (sacreBLEU, cased) of each "
@@ -77,6 +91,7 @@ def render_groups(groups: list[dict[str, Any]], key: str, baseline: str | None) 
                   f"against {baseline}'s run of seed S) sacrebleu's paired bootstrap resampling (bs) and approximate "
                   f"randomisation (ar) find the difference significant at p < {ALPHA}. A zero difference is never "
                   "significant."]
+    lines += ["", *speed_note(speeds)]
     directions = list(dict.fromkeys(row["direction"] for row in groups))
     for direction in directions:
         rows = [row for row in groups if row["direction"] == direction]

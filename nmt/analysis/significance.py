@@ -93,9 +93,11 @@ def against_baseline(mine: dict[int, Output], baseline: dict[int, Output]) -> di
             "pairs": pairs, "significant_pairs": significant, "unpaired_seeds": sorted(set(mine) ^ set(baseline))}
 
 
-def summarise(outputs: Sequence[Output], key: str, baseline: str | None) -> list[dict[str, Any]]:
+def summarise(outputs: Sequence[Output], key: str, baseline: str | None,
+              speeds: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Per direction and group: the scores over seeds (mean, std), the means of BLEU by length, attention
-    sharpness, speed and parameters, and (with ``baseline``) the comparison with the baseline group.
+    sharpness, the trainings' wall time as they ran, parameters, speed as ``speeds`` measured it (``load_speeds``;
+    None: not measured), and (with ``baseline``) the comparison with the baseline group.
 
     Raises:
         RunError: a direction without a run of ``baseline``, or two runs of one group and seed.
@@ -108,6 +110,7 @@ def summarise(outputs: Sequence[Output], key: str, baseline: str | None) -> list
                            f"pass its runs or another --baseline")
         runs = [seeds[s].run for s in sorted(seeds)]
         sharp = [r["attention_sharpness"] for r in runs if isinstance(r["attention_sharpness"], dict)]
+        timed = (speeds or {}).get("by_group", {}).get((direction, str(value))) or {}
         rows.append({
             "direction": direction, "group": value, "seeds": sorted(seeds), "runs": [r["run_dir"] for r in runs],
             "bleu": spread([r["test"]["bleu"] for r in runs]), "chrf": spread([r["test"]["chrf"] for r in runs]),
@@ -115,8 +118,9 @@ def summarise(outputs: Sequence[Output], key: str, baseline: str | None) -> list
                           for i, bucket in enumerate(runs[0]["by_length"])],
             "normalised_entropy": spread([s["normalised_entropy"] for s in sharp])["mean"],
             "max_weight": spread([s["max_weight"] for s in sharp])["mean"],
-            "train_tokens_per_s": spread([r.get("train_tokens_per_s") for r in runs])["mean"],
-            "beam_sentences_per_s": spread([r.get("beam_sentences_per_s") for r in runs])["mean"],
+            "train_minutes_as_run": spread([r["train_seconds"] / 60 for r in runs]),
+            "train_tokens_per_s": timed.get("train_tokens_per_s"),
+            "beam_sentences_per_s": timed.get("beam_sentences_per_s"),
             "parameters": runs[0]["parameters"], "devices": sorted({r["device"] for r in runs}),
             "vs_baseline": (against_baseline(seeds, groups[(direction, baseline)])
                             if baseline is not None and value != baseline else None),
