@@ -40,10 +40,10 @@ runpy.run_path("train.py", run_name="__main__")
 """
 
 
-def train_command(tmp_path: Path, run: str, seed: int, stand_in: bool, *extra: str) -> list[str]:
+def train_command(tmp_path: Path, run: str, seed: int, stand_in: bool, *extra: str, cache: str = "cache") -> list[str]:
     cfg = tiny_config(tmp_path, [])  # writes the tiny corpus once per tmp_path
     files = ", ".join(f"{split}: {{src: '{sides.src}', tgt: '{sides.tgt}'}}" for split, sides in cfg.data.files.items())
-    args = ["data=files", f"data.files={{{files}}}", f"data.cache_dir={tmp_path}/cache", "model.emb_size=32",
+    args = ["data=files", f"data.files={{{files}}}", f"data.cache_dir={tmp_path}/{cache}", "model.emb_size=32",
             "model.enc_hidden_size=32", "model.dec_hidden_size=64", "data.tokenizer.vocab_size=20",
             "data.tokenizer.model_type=bpe", "trainer.max_steps=30", "trainer.validate_every=15",
             "trainer.log_every=1", "trainer.test_beam_size=2", f"trainer.seed={seed}", "trainer.cuda_graphs=true",
@@ -71,25 +71,27 @@ def scores(run_dir: Path) -> tuple[list[float], float]:
     return [v["bleu"] for v in results["validations"]], results["test"]["test"]["bleu"]
 
 
-def side_by_side(tmp_path: Path, stand_in: bool) -> None:
-    """Seeds 1 and 2 alone, one after the other; then both at once beside a third run killed midway."""
+def side_by_side(tmp_path: Path, stand_in: bool) -> subprocess.Popen:
+    """Seeds 1 and 2 alone, one after the other; then both at once, preparing one fresh data cache together, beside
+    a third run of 120 steps, killed midway, after its first validation wrote checkpoints. Returns the killed run's process."""
     for seed in (1, 2):
         finished(start(train_command(tmp_path, f"alone{seed}", seed, stand_in)))
-    together = [start(train_command(tmp_path, f"together{seed}", seed, stand_in)) for seed in (1, 2)]
-    victim = start(train_command(tmp_path, "killed", 3, stand_in, "trainer.max_steps=100000"))
+    together = [start(train_command(tmp_path, f"together{seed}", seed, stand_in, cache="shared")) for seed in (1, 2)]
+    victim = start(train_command(tmp_path, "killed", 3, stand_in, "trainer.max_steps=120", cache="shared"))
     log = tmp_path / "killed" / "train_log.jsonl"
     deadline = time.monotonic() + 300
-    while not (log.is_file() and log.read_text().count("\n") >= 3) and time.monotonic() < deadline:
-        time.sleep(0.2)  # killed once it is training, while its siblings are
+    while not (log.is_file() and log.read_text().count("\n") >= 20) and time.monotonic() < deadline:
+        time.sleep(0.05)  # killed past its step-15 validation, while its siblings train
     victim.send_signal(signal.SIGKILL)
     victim.communicate(timeout=60)
     for process in together:
         finished(process)
+    return victim
 
 
 @pytest.mark.slow
 def test_runs_side_by_side_give_the_losses_they_give_alone_and_a_failed_one_stops_alone(tmp_path: Path) -> None:
-    side_by_side(tmp_path, stand_in=True)
+    victim = side_by_side(tmp_path, stand_in=True)
     for seed in (1, 2):
         alone, together = tmp_path / f"alone{seed}", tmp_path / f"together{seed}"
         assert losses(together) == losses(alone) and len(losses(alone)) == 30
@@ -97,7 +99,11 @@ def test_runs_side_by_side_give_the_losses_they_give_alone_and_a_failed_one_stop
         graphs = json.loads((together / "results.json").read_text())["cuda_graphs"]
         assert graphs["replayed_steps"] == 30 and graphs["eager_steps"] == 0  # the stand-in graph path ran
     assert losses(tmp_path / "alone1") != losses(tmp_path / "alone2")  # each its own seed
-    assert not (tmp_path / "killed" / "results.json").exists()
+    # killed midway (not ended on its own: a 120-step run writes results.json when it ends), past a validation that
+    # saved checkpoints: a validation leaves no results.json, which a chain would take for a finished run
+    killed = tmp_path / "killed"
+    assert victim.returncode == -signal.SIGKILL and 20 <= len(losses(killed)) < 120
+    assert (killed / "checkpoints" / "last.pt").is_file() and not (killed / "results.json").exists()
 
 
 @pytest.mark.gpu
