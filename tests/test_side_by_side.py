@@ -73,7 +73,8 @@ def scores(run_dir: Path) -> tuple[list[float], float]:
 
 def side_by_side(tmp_path: Path, stand_in: bool) -> subprocess.Popen:
     """Seeds 1 and 2 alone, one after the other; then both at once, preparing one fresh data cache together, beside
-    a third run of 120 steps, killed midway, after its first validation wrote checkpoints. Returns the killed run's process."""
+    a third run of 120 steps, killed midway, after its first validation wrote checkpoints. Returns the killed
+    run's process."""
     for seed in (1, 2):
         finished(start(train_command(tmp_path, f"alone{seed}", seed, stand_in)))
     together = [start(train_command(tmp_path, f"together{seed}", seed, stand_in, cache="shared")) for seed in (1, 2)]
