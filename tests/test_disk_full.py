@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import errno
+import json
 import os
 import resource
 import subprocess
@@ -192,7 +193,7 @@ def test_training_on_a_full_disk_keeps_its_checkpoints_and_resumes_to_the_same_r
     train(cfg, run_dir=tmp_path / "straight")
     run_dir = tmp_path / "full"
     with monkeypatch.context() as patch:
-        fill_disk_after(patch, files_ok=2, budget=50_000)  # step 8's best.pt and last.pt fit; step 16's do not
+        fill_disk_after(patch, files_ok=3, budget=50_000)  # config.yaml, step 8's best.pt and last.pt fit
         with pytest.raises(WriteStopped) as raised:
             train(cfg, run_dir=run_dir)
     message = str(raised.value)
@@ -206,6 +207,39 @@ def test_training_on_a_full_disk_keeps_its_checkpoints_and_resumes_to_the_same_r
     resume_cfg.trainer.resume = str(run_dir)
     train(resume_cfg)
     assert (run_dir / "train_log.jsonl").read_text() == (tmp_path / "straight" / "train_log.jsonl").read_text()
+
+
+@pytest.mark.parametrize(("error", "reason"), [(errno.EACCES, "Permission denied"),
+                                               (errno.EPERM, "Operation not permitted"),  # chattr +i
+                                               (errno.EIO, "Input/output error")])
+def test_a_failed_checkpoint_write_stops_training_at_once_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: int, reason: str) -> None:
+    """The validation at step 16 cannot write its checkpoint (on the writer thread, while training goes on): the
+    run stops within a step or two, not at the next validation, naming the file and the cause; nothing half-written,
+    and step 8's checkpoints stand."""
+    cfg = tiny_config(tmp_path, ["trainer.max_steps=40", "trainer.validate_every=8", "trainer.log_every=1",
+                                 "trainer.test_beam_size=1"])
+    run_dir = tmp_path / "run"
+    opened = []
+
+    def open_(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if "w" in mode and Path(path).parent.name == "checkpoints":
+            opened.append(path)
+            if len(opened) > 2:  # step 8's best.pt and last.pt are written
+                raise OSError(error, os.strerror(error), str(path))
+        return builtins.open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(nmt.common.files, "open", open_, raising=False)
+    with pytest.raises(WriteStopped) as raised:
+        train(cfg, run_dir=run_dir)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"could not write {run_dir}/checkpoints/")
+    assert f".pt: {reason}; " in message and "make its folder writable" in message or "check the disk" in message
+    assert "kept: checkpoints/last.pt (step 8, where the run resumes) and best.pt (step 8)" in message
+    assert message.endswith(f"then go on with: python train.py trainer.resume={run_dir}")
+    logged = [json.loads(line)["step"] for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+    assert 16 <= max(logged) < 24, max(logged)  # surfaced at once: the validation at step 24 never started
+    assert leftovers(run_dir) == []
 
 
 def test_train_py_on_a_full_disk_is_one_line_and_exit_74(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from torch import Tensor
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams
 
+from nmt.common.disk import WriteFailed
 from nmt.common.files import write_text_durably
 from nmt.common.progress import ProgressDisplay
 from nmt.inference.plotting import attention_figure
@@ -41,9 +42,13 @@ class RunLogger:
     def steps(self, records: list[dict[str, float]]) -> None:
         """``train_log.jsonl``'s lines of optimizer steps, ``{"step", "loss", "lr", "grad_norm"}`` each: the loss per
         target token, learning rate and gradient norm (resume tests compare the file byte for byte)."""
-        if self.steps_file is not None and records:
+        if self.steps_file is None or not records:
+            return
+        try:
             with self.steps_file.open("a") as handle:
                 handle.write("".join(json.dumps(record) + "\n" for record in records))
+        except OSError as error:  # a failed write, not a bug: train.py's one line names the file
+            raise WriteFailed(error.errno, error.strerror, str(self.steps_file)) from error
 
     def keep_steps_until(self, step: int) -> None:
         """Drop the lines after ``step`` (a resumed run's checkpoint): the cut-off run wrote them, then lost them."""
