@@ -17,7 +17,7 @@ from torch.utils.tensorboard.summary import hparams
 from nmt.common.disk import WriteFailed
 from nmt.common.files import write_text_durably
 from nmt.common.progress import ProgressDisplay
-from nmt.inference.plotting import attention_figure
+from nmt.inference.plotting import attention_figure, release_figure_memory
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ class RunLogger:
         """A labelled heatmap of weights ``[T, S]`` (target rows x source columns)."""
         if self.writer is not None:
             self.writer.add_figure(tag, attention_figure(weights, src_labels, tgt_labels, title=f"step {step}"), step)
+            release_figure_memory()  # a training runs for hours: keep no figure's memory meanwhile
 
     def text(self, tag: str, markdown: str, step: int) -> None:
         if self.writer is not None:

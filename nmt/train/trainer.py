@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from torch import nn
 
 from nmt.common.device import DeviceError, autocast, configure_matmul, slow_bf16_warning, uses_bf16
 from nmt.common.disk import WriteStopped, is_write_error, write_stopped_message
-from nmt.common.files import BackgroundWrites, FolderInUse, folder_lock, write_json_durably, write_text_durably
+from nmt.common.files import FolderInUse, folder_lock, write_json_durably, write_text_durably
 from nmt.common.metrics import corpus_scores
 from nmt.common.provenance import device_name, host, library_versions
 from nmt.common.settings import ConfigError, to_plain_dict
@@ -146,7 +145,7 @@ class Trainer:
         self.validation_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-validation")
         self.validation_record: Future[dict[str, Any]] | None = None
         self.decoding_validation = False  # a signal now interrupts validation (one process only)
-        self.figure_writes = BackgroundWrites()  # heatmaps drawn while training goes on (matplotlib is slow)
+        self.heatmaps: list[Future[None]] = []  # drawn by the validation writer after its checkpoints
         # The same on every rank (all load one checkpoint), so every rank agrees when validation is due.
         validations = self.progress.validations
         self.validated_at_step = int(validations[-1]["step"]) if validations else None
@@ -192,7 +191,7 @@ class Trainer:
                 self._read_steps()  # the steps after the last log line
             finally:
                 self._take_validation_record(wait=True)  # on disk (or its error raised) before anything reports it
-                self.figure_writes.wait()
+                self._wait_for_heatmaps()
         self.clock.stop()  # the final evaluation is timed on its own
         self.logger.display.close()  # what follows, the final summary, is printed below the bar
         self.gpu_utilisation = gpu.summary()
@@ -575,8 +574,10 @@ class Trainer:
         """Sample translations as text, and (with ``heatmaps``) attention heatmaps of a fixed handful of sentences.
 
         ``best`` are validation's own hypotheses (their attention included), ``hypotheses`` their text. Heatmaps are
-        drawn at a new best only, and by a background thread while training goes on: matplotlib's rendering is the
-        slow part of logging (about 0.1 s a heatmap on a CPU core), and the best is what you look at.
+        drawn at a new best only, and by the validation writer once the validation's checkpoints are written, while
+        training goes on: matplotlib's rendering is the slow part of logging (about 0.1 s a heatmap on a CPU core),
+        and the best is what you look at. No thread of their own: glibc would give it a memory arena of its own,
+        which keeps what the largest figure needed (tens of MB) for the rest of the run.
         """
         rows = [f"**src:** {split.src_text[i]}  \n**ref:** {split.tgt_text[i]}  \n**hyp:** {hypotheses[i]}"
                 for i in range(min(self.tcfg.num_samples, len(split)))]
@@ -588,9 +589,15 @@ class Trainer:
             weights = hyp.attention.float()  # [T_hyp, S]
             src_labels = (tok.src_pieces(src_ids) + ["</s>"])[: weights.shape[1]]
             tgt_labels = (tok.tgt_pieces(hyp.tokens) + ["</s>"])[: weights.shape[0]]
-            self.figure_writes.submit(partial(self.logger.attention, f"attention/{i}",
-                                              weights[: len(tgt_labels), : len(src_labels)], src_labels, tgt_labels,
-                                              step))
+            self.heatmaps.append(self.validation_writer.submit(
+                self.logger.attention, f"attention/{i}", weights[: len(tgt_labels), : len(src_labels)], src_labels,
+                tgt_labels, step))
+
+    def _wait_for_heatmaps(self) -> None:
+        """Until every heatmap submitted is drawn (its error raised); called once the last record is taken."""
+        heatmaps, self.heatmaps = self.heatmaps, []
+        for drawn in heatmaps:
+            drawn.result()
 
 
 def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
