@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from nmt.inference.engine import Translator
 from nmt.inference.translate_job import TranslateSettings
 from nmt.model.checkpoint import load_checkpoint
 from nmt.train import trainer as trainer_module
+from nmt.train.run_logger import RunLogger
 from nmt.train.schema import TrainSettings, validate_config
 from nmt.train.trainer import Trainer, lr_factor, train
 from tests.conftest import CONFIG_DIR, REPO_ROOT
@@ -254,7 +256,16 @@ def test_resuming_with_another_model_shape_is_one_line(tmp_path: Path) -> None:
 def test_checkpoints_events_and_results_are_complete(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path, ["trainer.max_steps=20", "trainer.validate_every=10", "trainer.average_last=2"])
     run = tmp_path / "run"
-    results = train(cfg, run_dir=run)
+    drawn_on, attention = [], RunLogger.attention
+
+    def attention_drawn(self: RunLogger, *args: Any) -> None:
+        drawn_on.append(threading.current_thread().name)
+        attention(self, *args)
+
+    with mock.patch.object(RunLogger, "attention", attention_drawn):
+        results = train(cfg, run_dir=run)
+    # by the validation writer: a thread of their own would keep a glibc arena of the largest figure's size
+    assert drawn_on and all(name.startswith("nmt-validation") for name in drawn_on), drawn_on
     for name in ("last.pt", "best.pt"):
         state = torch.load(run / "checkpoints" / name, map_location="cpu", weights_only=True)  # runs no code
         assert {"format_version", "nmt_version", "config", "tokenizer", "model", "optimizer", "scheduler",
