@@ -141,11 +141,10 @@ class Trainer:
         self.clock = RunClock(self.progress)
         self.logger = RunLogger(run_dir, self.total_steps, self.progress.step, enabled=info.is_main)
         self.checkpoints = RunCheckpoints(run_dir, self.tcfg.average_last, enabled=info.is_main)
-        # A validation's scoring, logging and checkpoints, while training goes on; the progress it leaves, once written.
-        self.validation_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-validation")
-        self.validation_record: Future[dict[str, Any]] | None = None
+        self.validation_writer = ThreadPoolExecutor(1, "nmt-validation")  # scores, logs, saves while training goes on
+        self.validation_record: Future[dict[str, Any]] | None = None  # the progress it leaves, once written
         self.decoding_validation = False  # a signal now interrupts validation (one process only)
-        self.heatmaps: list[Future[None]] = []  # drawn by the validation writer after its checkpoints
+        self.heatmaps: list[Future[None]] = []  # drawn by the validation writer after the validation's checkpoints
         # The same on every rank (all load one checkpoint), so every rank agrees when validation is due.
         validations = self.progress.validations
         self.validated_at_step = int(validations[-1]["step"]) if validations else None
