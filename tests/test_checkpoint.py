@@ -95,3 +95,68 @@ def test_a_detached_copy_is_a_snapshot_training_cannot_change() -> None:
     assert torch.equal(copy["optimizer"]["state"][0]["exp_avg"], saved_moment)
     assert not copy["model"]["w"].requires_grad and copy["progress"] == {"step": 1} and copy["tag"] == b"x"
     assert copy["optimizer"]["param_groups"][0]["lr"] == 0.1
+
+
+# ---------------------------------------------------------------- a kill at any write of a validation's checkpoints
+class Killed(BaseException):
+    """A kill -9 stand-in: nothing catches it, so nothing after it is written."""
+
+
+def folder_changes(monkeypatch: pytest.MonkeyPatch, changes: list[str], kill_before: int | None = None) -> None:
+    """Record each change a run makes to its checkpoints (``best.pt`` written, ``-val_step...pt`` dropped) in
+    ``changes``; with ``kill_before``, the run is killed just before change number ``kill_before`` (0-based)."""
+    save, unlink = checkpoint.save_checkpoint, Path.unlink
+
+    def change(name: str) -> None:
+        if len(changes) == kill_before:
+            raise Killed(name)
+        changes.append(name)
+
+    def save_checkpoint_(path: Path, state: dict) -> Path:
+        change(Path(path).name)
+        return save(path, state)
+
+    def unlink_(path: Path, missing_ok: bool = False) -> None:
+        if path.name.startswith("val_step"):
+            change(f"-{path.name}")
+        unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(checkpoint, "save_checkpoint", save_checkpoint_)
+    monkeypatch.setattr(Path, "unlink", unlink_)
+
+
+def kept_weights(run_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
+    return {p.name: load_checkpoint(p)["model"] for p in sorted((run_dir / "checkpoints").glob("val_step*.pt"))}
+
+
+def test_a_kill_at_any_write_of_a_validation_resumes_to_the_same_kept_checkpoints(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed before each write (and the drop of the oldest averaging copy) of the validation at step 12, then
+    resumed: the same kept checkpoints, so the same averaged model, log and validations as the uninterrupted run."""
+    from nmt.train.trainer import train
+    from tests.test_training import tiny_config
+
+    cfg = tiny_config(tmp_path, ["trainer.max_steps=16", "trainer.validate_every=4", "trainer.average_last=2",
+                                 "trainer.log_every=1", "trainer.test_beam_size=1", "trainer.num_heatmaps=0"])
+    changes: list[str] = []
+    with monkeypatch.context() as patch:
+        folder_changes(patch, changes)
+        straight = train(cfg, run_dir=tmp_path / "straight")
+    first, after = changes.index("val_step00000012.pt"), changes.index("val_step00000016.pt")
+    assert changes[first:after] == ["val_step00000012.pt", "last.pt", "-val_step00000004.pt"] or \
+        changes[first:after] == ["val_step00000012.pt", "best.pt", "last.pt", "-val_step00000004.pt"], changes
+    for kill_before in range(first, after + 1):  # the last: every change of step 12 made, step 16's not begun
+        run_dir = tmp_path / f"killed_before_{kill_before}"
+        with monkeypatch.context() as patch, pytest.raises(Killed):
+            folder_changes(patch, [], kill_before)
+            train(cfg, run_dir=run_dir)
+        resume_cfg = cfg.copy()
+        resume_cfg.trainer.resume = str(run_dir)
+        resumed = train(resume_cfg)
+        kept, expected = kept_weights(run_dir), kept_weights(tmp_path / "straight")
+        assert list(kept) == list(expected) == ["val_step00000012.pt", "val_step00000016.pt"], (kill_before, kept)
+        assert all(torch.equal(kept[name][k], expected[name][k]) for name in kept for k in kept[name])
+        assert resumed["averaged"]["test"]["test"]["bleu"] == straight["averaged"]["test"]["test"]["bleu"]
+        assert [(v["step"], v["bleu"]) for v in resumed["validations"]] == \
+            [(v["step"], v["bleu"]) for v in straight["validations"]]
+        assert (run_dir / "train_log.jsonl").read_text() == (tmp_path / "straight" / "train_log.jsonl").read_text()

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import builtins
 import errno
+import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -192,7 +194,7 @@ def test_training_on_a_full_disk_keeps_its_checkpoints_and_resumes_to_the_same_r
     train(cfg, run_dir=tmp_path / "straight")
     run_dir = tmp_path / "full"
     with monkeypatch.context() as patch:
-        fill_disk_after(patch, files_ok=2, budget=50_000)  # step 8's best.pt and last.pt fit; step 16's do not
+        fill_disk_after(patch, files_ok=3, budget=50_000)  # config.yaml, step 8's best.pt and last.pt fit
         with pytest.raises(WriteStopped) as raised:
             train(cfg, run_dir=run_dir)
     message = str(raised.value)
@@ -208,13 +210,70 @@ def test_training_on_a_full_disk_keeps_its_checkpoints_and_resumes_to_the_same_r
     assert (run_dir / "train_log.jsonl").read_text() == (tmp_path / "straight" / "train_log.jsonl").read_text()
 
 
-def test_train_py_on_a_full_disk_is_one_line_and_exit_74(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("error", "reason"), [(errno.EACCES, "Permission denied"),
+                                               (errno.EPERM, "Operation not permitted"),  # chattr +i
+                                               (errno.EIO, "Input/output error")])
+def test_a_failed_checkpoint_write_stops_training_at_once_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: int, reason: str) -> None:
+    """The validation at step 16 cannot write its checkpoint (on the writer thread, while training goes on): the
+    run stops within a step or two, not at the next validation, naming the file and the cause; nothing half-written,
+    and step 8's checkpoints stand."""
+    cfg = tiny_config(tmp_path, ["trainer.max_steps=40", "trainer.validate_every=8", "trainer.log_every=1",
+                                 "trainer.test_beam_size=1"])
+    run_dir = tmp_path / "run"
+    opened = []
+
+    def open_(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if "w" in mode and Path(path).parent.name == "checkpoints":
+            opened.append(path)
+            if len(opened) > 2:  # step 8's best.pt and last.pt are written
+                raise OSError(error, os.strerror(error), str(path))
+        return builtins.open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(nmt.common.files, "open", open_, raising=False)
+    with pytest.raises(WriteStopped) as raised:
+        train(cfg, run_dir=run_dir)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"could not write {run_dir}/checkpoints/")
+    fix = "check the disk" if error == errno.EIO else "make its folder writable"
+    assert f".pt: {reason}; kept: checkpoints/last.pt (step 8, where the run resumes) and best.pt (step 8); {fix}" \
+        in message
+    assert message.endswith(f"then go on with: python train.py trainer.resume={run_dir}")
+    logged = [json.loads(line)["step"] for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+    assert 16 <= max(logged) < 24, max(logged)  # surfaced at once: the validation at step 24 never started
+    assert leftovers(run_dir) == []
+
+
+def tiny_train_py_args(tmp_path: Path) -> list[str]:
+    """``train.py``'s command line for a 4-step run of the tiny task in ``tmp_path/run`` (validating at step 2)."""
     cfg = tiny_config(tmp_path, [])
     files = ", ".join(f"{split}: {{src: '{sides.src}', tgt: '{sides.tgt}'}}" for split, sides in cfg.data.files.items())
-    args = ["data=files", f"data.files={{{files}}}", f"data.cache_dir={tmp_path}/cache", "model.emb_size=32",
+    return ["data=files", f"data.files={{{files}}}", f"data.cache_dir={tmp_path}/cache", "model.emb_size=32",
             "model.enc_hidden_size=32", "model.dec_hidden_size=64", "data.tokenizer.vocab_size=20",
             "data.tokenizer.model_type=bpe", "trainer.max_steps=4", "trainer.validate_every=2",
             f"hydra.run.dir={tmp_path}/run"]
+
+
+def test_train_py_with_an_immutable_checkpoint_folder_is_one_line_and_exit_74(tmp_path: Path) -> None:
+    """``chattr +i`` on ``checkpoints/``: even root cannot write there; the first checkpoint fails on the writer
+    thread, and train.py says so in one line, with the fix, not in a traceback."""
+    checkpoints = tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(checkpoints)],
+                                                        capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here (not root, or a file system without it)")
+    try:
+        proc = run("train.py", *tiny_train_py_args(tmp_path), cwd=tmp_path)
+    finally:
+        subprocess.run(["chattr", "-i", str(checkpoints)], check=True)
+    assert_one_line(proc, "train.py", EXIT_WRITE_STOPPED, f"could not write {checkpoints}/best.pt: Operation not "
+                    "permitted; no checkpoint was written yet; make its folder writable",
+                    "go on with: python train.py data=files")
+    assert leftovers(tmp_path / "run") == []
+
+
+def test_train_py_on_a_full_disk_is_one_line_and_exit_74(tmp_path: Path) -> None:
+    args = tiny_train_py_args(tmp_path)
     proc = run("train.py", *args, cwd=tmp_path, max_file_bytes=300_000)  # the first checkpoint does not fit
     assert_one_line(proc, "train.py", EXIT_WRITE_STOPPED, f"could not write {tmp_path}/run/checkpoints/",
                     "File too large", "no checkpoint was written yet", "go on with: python train.py data=files")
@@ -222,14 +281,9 @@ def test_train_py_on_a_full_disk_is_one_line_and_exit_74(tmp_path: Path) -> None
 
 
 def test_train_py_with_its_log_file_or_hydra_config_on_a_full_disk_prints_the_one_line_alone(tmp_path: Path) -> None:
-    cfg = tiny_config(tmp_path, [])
-    files = ", ".join(f"{split}: {{src: '{sides.src}', tgt: '{sides.tgt}'}}" for split, sides in cfg.data.files.items())
+    args = tiny_train_py_args(tmp_path)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "train.log").symlink_to("/dev/full")  # every line Hydra's file handler writes: ENOSPC
-    args = ["data=files", f"data.files={{{files}}}", f"data.cache_dir={tmp_path}/cache", "model.emb_size=32",
-            "model.enc_hidden_size=32", "model.dec_hidden_size=64", "data.tokenizer.vocab_size=20",
-            "data.tokenizer.model_type=bpe", "trainer.max_steps=4", "trainer.validate_every=2",
-            f"hydra.run.dir={tmp_path}/run"]
     proc = run("train.py", *args, cwd=tmp_path, max_file_bytes=300_000)  # and the first checkpoint does not fit
     assert_one_line(proc, "train.py", EXIT_WRITE_STOPPED, "File too large", "go on with: python train.py data=files")
     assert "Logging error" not in proc.stderr, proc.stderr[-3000:]

@@ -13,9 +13,13 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -29,6 +33,8 @@ from nmt.data import DataError, prepare_data
 from nmt.inference.engine import Translator
 from nmt.inference.translate_job import TranslateSettings
 from nmt.model.checkpoint import load_checkpoint
+from nmt.train import trainer as trainer_module
+from nmt.train.run_logger import RunLogger
 from nmt.train.schema import TrainSettings, validate_config
 from nmt.train.trainer import Trainer, lr_factor, train
 from tests.conftest import CONFIG_DIR, REPO_ROOT
@@ -88,25 +94,43 @@ def test_every_attention_type_learns_to_reverse(tmp_path: Path, attention: str) 
 
 def interrupted_at(step: int) -> contextlib.AbstractContextManager:
     """Train as if SIGINT arrived during optimizer step ``step``: the trainer finishes it and saves last.pt."""
-    should_stop = Trainer._should_stop
+    signalled = Trainer._signalled
 
-    def signalled(self: Trainer) -> bool:
+    def signalled_at(self: Trainer) -> bool:
         if self.progress.step == step:
             self.stop_signal = "SIGINT"
-        return should_stop(self)
+        return signalled(self)
 
-    return mock.patch.object(Trainer, "_should_stop", signalled)
+    return mock.patch.object(Trainer, "_signalled", signalled_at)
 
 
-def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
+def interrupted_decoding_at(step: int) -> contextlib.AbstractContextManager:
+    """Train with a real SIGINT sent while validation decodes at ``step``."""
+    decode, sent = Trainer.decode, []
+
+    def decode_signalled(self: Trainer, split: Any, beam_size: int) -> Any:
+        if self.progress.step == step and not sent:
+            sent.append(signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs here, before decoding goes on
+        return decode(self, split, beam_size)
+
+    return mock.patch.object(Trainer, "decode", decode_signalled)
+
+
+@pytest.mark.parametrize("stop", ["between validations", "at a due validation", "while validation decodes"])
+def test_resume_equals_uninterrupted(tmp_path: Path, stop: str) -> None:
+    """A signal saves and stops at once; a validation due then (or under way) is left to the resumed run, which
+    validates at that step: its log, validations and checkpoints are the uninterrupted run's."""
     common = ["trainer.max_steps=24", "trainer.validate_every=8", "trainer.log_every=1", "model.dropout=0.2",
               "data.max_tokens=300", "trainer.test_beam_size=1"]
     cfg = tiny_config(tmp_path, common)
     train(cfg, run_dir=tmp_path / "straight")
-    with interrupted_at(13):
-        interrupted = train(cfg, run_dir=tmp_path / "resumed")  # mid-epoch, between validations
-    assert interrupted == {"interrupted": True, "step": 13}
-    assert load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["progress"]["step"] == 13
+    step = 13 if stop == "between validations" else 16
+    with interrupted_decoding_at(step) if stop == "while validation decodes" else interrupted_at(step):
+        interrupted = train(cfg, run_dir=tmp_path / "resumed")
+    assert interrupted == {"interrupted": True, "step": step}
+    saved = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["progress"]
+    assert saved["step"] == step and [v["step"] for v in saved["validations"]] == [8]  # step 16's left to resume
     with (tmp_path / "resumed" / "train_log.jsonl").open("a") as log:
         log.write('{"step": 14, "loss": 3.1')  # a power cut tore the last line: it must not block resume
     resume_cfg = cfg.copy()
@@ -119,8 +143,8 @@ def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
     straight_validations = json.loads((tmp_path / "straight" / "results.json").read_text())["validations"]
     resumed_results = json.loads((tmp_path / "resumed" / "results.json").read_text())
     resumed_validations = resumed_results["validations"]
-    scores = [(v["step"], v["bleu"]) for v in resumed_validations]
-    assert scores == [(v["step"], v["bleu"]) for v in straight_validations]
+    scores = [(v["step"], v["bleu"], v["loss"]) for v in resumed_validations]
+    assert scores == [(v["step"], v["bleu"], v["loss"]) for v in straight_validations]
     assert [v["step"] for v in resumed_validations] == [8, 16, 24]
     clock = [v["wall_seconds"] for v in resumed_validations]
     assert clock == sorted(clock) and clock[-1] <= resumed_results["wall_seconds"]
@@ -129,28 +153,62 @@ def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+# Validation BLEU by validation: new bests at steps 2, 4 and 8, then three without gain: patience 3 stops at 14.
+SCRIPTED_BLEU = [10.0, 30.0, 20.0, 40.0, 35.0, 30.0, 25.0]
+
+
+def scripted_validation_scores(seconds: float) -> contextlib.AbstractContextManager:
+    """Validation scores from ``SCRIPTED_BLEU``, one per call, each taking ``seconds``: scoring in the background then
+    runs on while the next steps are taken. Later calls (the final evaluation) score for real."""
+    calls = iter(SCRIPTED_BLEU)
+    real = trainer_module.corpus_scores
+
+    def scores(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
+        result = real(hypotheses, references)
+        bleu = next(calls, None)
+        if bleu is not None:
+            time.sleep(seconds)
+            result["bleu"] = bleu
+        return result
+
+    return mock.patch.object(trainer_module, "corpus_scores", scores)
+
+
 def test_validation_scored_in_the_background_chooses_and_stops_as_in_the_foreground(tmp_path: Path) -> None:
     """Scoring, logging and checkpoints after the training goes on (one process, early stopping not due) give the
-    same best checkpoint, the same early stop and the same checkpoints' progress as doing them at once."""
-    common = ["trainer.max_steps=200", "trainer.validate_every=4", "trainer.log_every=4", "trainer.lr=0.00001",
-              "trainer.warmup_steps=1", "trainer.early_stopping_patience=3", "trainer.average_last=2",
-              "trainer.test_beam_size=1"]  # a learning rate so small that BLEU stalls: early stopping comes
+    same best checkpoint, the same early stop and the same checkpoints as doing them at once. The scores change
+    the best twice and scoring is slow, so a validation that did not wait for the one before would see a stale
+    best (and choose step 6's checkpoint)."""
+    common = ["trainer.max_steps=200", "trainer.validate_every=2", "trainer.log_every=2",
+              "trainer.early_stopping_patience=3", "trainer.average_last=2", "trainer.test_beam_size=1"]
     cfg = tiny_config(tmp_path, common)
-    runs = {"background": train(cfg, run_dir=tmp_path / "background")}
-    with mock.patch.object(Trainer, "_records_in_background", lambda self: False):
+    with scripted_validation_scores(seconds=0.3):
+        runs = {"background": train(cfg, run_dir=tmp_path / "background")}
+    with scripted_validation_scores(seconds=0.0), mock.patch.object(Trainer, "_records_in_background",
+                                                                     lambda self: False):
         runs["foreground"] = train(cfg, run_dir=tmp_path / "foreground")
     background, foreground = runs["background"], runs["foreground"]
-    assert background["stopped_early"] and background["steps"] < 200
-    for key in ("steps", "stopped_early", "best_step", "best_val_bleu_greedy"):
-        assert background[key] == foreground[key], key
-    assert [(v["step"], v["bleu"], v["loss"]) for v in background["validations"]] == \
-        [(v["step"], v["bleu"], v["loss"]) for v in foreground["validations"]]
-    for name in ("last.pt", "best.pt"):
-        progress = [load_checkpoint(tmp_path / run / "checkpoints" / name)["progress"] for run in runs]
-        for key in ("step", "best_bleu", "best_step", "bad_validations"):
-            assert progress[0][key] == progress[1][key], (name, key)
-        assert [v["bleu"] for v in progress[0]["validations"]] == [v["bleu"] for v in progress[1]["validations"]]
+    assert (foreground["best_step"], foreground["steps"], foreground["stopped_early"]) == (8, 14, True)
+    for key in ("steps", "stopped_early", "best_step", "best_val_bleu_greedy", "validations"):
+        assert _without_clock(background[key]) == _without_clock(foreground[key]), key
+    for name in ("last.pt", "best.pt", "val_step00000012.pt", "val_step00000014.pt"):
+        saved = [load_checkpoint(tmp_path / run / "checkpoints" / name) for run in runs]
+        assert _without_clock(saved[0].get("progress")) == _without_clock(saved[1].get("progress")), name
+        assert all(torch.equal(saved[0]["model"][k], saved[1]["model"][k]) for k in saved[0]["model"]), name
+    assert load_checkpoint(tmp_path / "background" / "checkpoints" / "best.pt")["progress"]["step"] == 8
+    assert sorted(p.name for p in (tmp_path / "background" / "checkpoints").glob("val_step*")) == \
+        ["val_step00000012.pt", "val_step00000014.pt"]
     assert background["averaged"]["test"]["test"]["bleu"] == foreground["averaged"]["test"]["test"]["bleu"]
+
+
+def _without_clock(record: Any) -> Any:
+    """A progress record or validation list with its clock fields (which differ run to run) left out."""
+    clock = ("train_seconds", "wall_seconds", "validation_seconds")
+    if isinstance(record, list):
+        return [_without_clock(item) for item in record]
+    if isinstance(record, dict):
+        return {key: _without_clock(value) for key, value in record.items() if key not in clock}
+    return record
 
 
 def test_a_resumed_run_uses_its_own_lr_betas_and_weight_decay(tmp_path: Path) -> None:
@@ -185,15 +243,6 @@ def test_a_second_process_on_a_run_in_use_is_refused(tmp_path: Path) -> None:
             train(tiny_config(tmp_path, ["trainer.max_steps=2"]), run_dir=run)
 
 
-def test_best_is_written_before_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from nmt.model import checkpoint
-
-    written: list[str] = []
-    monkeypatch.setattr(checkpoint, "save_checkpoint", lambda path, state: written.append(path.stem))
-    checkpoint.RunCheckpoints(tmp_path, enabled=True, average_last=0).save(("last", "best"), {})
-    assert written == ["best", "last"]  # a crash in between never leaves last.pt naming a best that best.pt lacks
-
-
 def test_resuming_with_another_model_shape_is_one_line(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path, ["trainer.max_steps=4", "trainer.validate_every=2"])
     with interrupted_at(2):
@@ -207,7 +256,16 @@ def test_resuming_with_another_model_shape_is_one_line(tmp_path: Path) -> None:
 def test_checkpoints_events_and_results_are_complete(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path, ["trainer.max_steps=20", "trainer.validate_every=10", "trainer.average_last=2"])
     run = tmp_path / "run"
-    results = train(cfg, run_dir=run)
+    drawn_on, attention = [], RunLogger.attention
+
+    def attention_drawn(self: RunLogger, *args: Any) -> None:
+        drawn_on.append(threading.current_thread().name)
+        attention(self, *args)
+
+    with mock.patch.object(RunLogger, "attention", attention_drawn):
+        results = train(cfg, run_dir=run)
+    # by the validation writer: a thread of their own would keep a glibc arena of the largest figure's size
+    assert drawn_on and all(name.startswith("nmt-validation") for name in drawn_on), drawn_on
     for name in ("last.pt", "best.pt"):
         state = torch.load(run / "checkpoints" / name, map_location="cpu", weights_only=True)  # runs no code
         assert {"format_version", "nmt_version", "config", "tokenizer", "model", "optimizer", "scheduler",

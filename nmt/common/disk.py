@@ -1,5 +1,6 @@
-"""Where a job writes: a place that cannot be made is refused before any work, and a disk that fills mid-job is
-told in one line (what could not be written, the free space, what is kept, how to go on) with its own exit status.
+"""Where a job writes: a place that cannot be made is refused before any work, and a write that fails mid-job (a full
+disk, no permission, an immutable file, an I/O error) is told in one line (what could not be written and why, the free
+space when full, what is kept, how to go on) with its own exit status.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from pathlib import Path
 
 # Errors that mean "no room to write here", not a bug: a full disk, a quota, a file-size limit, a read-only remount.
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
-# sysexits.h's EX_IOERR (74): the job stopped mid-way for want of space (or a closed stdout); 2 stays "bad input,
-# nothing done", so a scheduler can tell "free space and go on" from "fix the command".
+# sysexits.h's EX_IOERR (74): the job stopped mid-way at a write that failed (or a closed stdout); 2 stays "bad
+# input, nothing done", so a scheduler can tell "fix the disk and go on" from "fix the command".
 EXIT_WRITE_STOPPED = 74
 
 
@@ -21,13 +22,24 @@ class PathNotWritable(ValueError):
 
 
 class WriteStopped(Exception):
-    """A write that could not finish mid-job (no room, or stdout's reader gone); the message is the whole one-line
-    report: what could not be written, what is kept, how to go on (``disk_full_message``)."""
+    """A write that could not finish mid-job (no room, no permission, an I/O error, or stdout's reader gone); the
+    message is the whole one-line report: what could not be written, what is kept, how to go on
+    (``write_stopped_message``)."""
+
+
+class WriteFailed(OSError):
+    """A durable write (``nmt.common.files``) that failed, for whatever reason the OS gave; ``filename`` is the file
+    it was writing, not its temp file. Told apart from a failed read, which is the input's problem, not the disk's."""
 
 
 def is_disk_full(error: BaseException) -> bool:
     """Whether ``error`` is a write that found no room (``DISK_FULL_ERRNOS``)."""
     return isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS
+
+
+def is_write_error(error: BaseException) -> bool:
+    """Whether ``error`` is a write that failed: a full disk anywhere, or any error of a durable write."""
+    return is_disk_full(error) or isinstance(error, WriteFailed)
 
 
 def check_writable(path: str | Path, key: str, folder: bool = False) -> None:
@@ -84,11 +96,17 @@ def free_space(path: str | Path) -> str:
     return f"{format_size(usage.free)} free of {format_size(usage.total)}"
 
 
-def disk_full_message(error: OSError, kept: str, go_on: str) -> str:
-    """The one-line report of a write that found no room: the file, the reason, the free space, what ``kept``
-    holds and the command (``go_on``) that goes on once space is freed.
+def write_stopped_message(error: OSError, kept: str, go_on: str) -> str:
+    """The one-line report of a write that failed: the file, the reason (with the free space when there was no
+    room), what ``kept`` holds, what to fix and the command (``go_on``) that goes on then.
     """
     where = error.filename or "a file"
-    reason = error.strerror or os.strerror(error.errno or errno.ENOSPC)
-    space = free_space(where) if error.filename else "free space unknown"
-    return f"could not write {where}: {reason} ({space}); {kept}; free some space, then go on with: {go_on}"
+    reason = error.strerror or os.strerror(error.errno or errno.EIO)
+    if is_disk_full(error):
+        space = free_space(where) if error.filename else "free space unknown"
+        reason, fix = f"{reason} ({space})", "free some space"
+    elif error.errno in (errno.EACCES, errno.EPERM):
+        fix = "make its folder writable (its permissions, or chattr -i)"
+    else:
+        fix = "check the disk (dmesg tells more)"
+    return f"could not write {where}: {reason}; {kept}; {fix}, then go on with: {go_on}"

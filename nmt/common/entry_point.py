@@ -1,6 +1,7 @@
 """What the entry points share: a user's mistake (a bad key, setting, file or checkpoint, a place that cannot be
-written) ends in one line, ``PROGRAM: error: MESSAGE`` on stderr, with exit status 2 and no traceback; a disk that
-fills mid-job ends in one line too, with exit status 74 (``EXIT_WRITE_STOPPED``).
+written) ends in one line, ``PROGRAM: error: MESSAGE`` on stderr, with exit status 2 and no traceback; a write that
+fails mid-job (a full disk, no permission, an I/O error) ends in one line too, with exit status 74
+(``EXIT_WRITE_STOPPED``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from nmt.common.disk import (
     PathNotWritable,
     WriteStopped,
     check_writable,
-    disk_full_message,
     is_disk_full,
+    is_write_error,
+    write_stopped_message,
 )
 from nmt.common.settings import check_command_line_keys, unknown_group_option
 
@@ -153,7 +155,7 @@ def hydra_saves_exit_when_full(program: str, kept: str, go_on: str) -> None:
             if not is_disk_full(error):
                 raise
             named = OSError(error.errno, error.strerror, str(Path(output_dir) / filename))
-            fail(program, disk_full_message(named, kept, go_on), EXIT_WRITE_STOPPED)
+            fail(program, write_stopped_message(named, kept, go_on), EXIT_WRITE_STOPPED)
 
     guarded.exits_when_full = True  # type: ignore[attr-defined]
     utils._save_config = guarded
@@ -162,7 +164,8 @@ def hydra_saves_exit_when_full(program: str, kept: str, go_on: str) -> None:
 @contextmanager
 def disk_full_exits(program: str, kept: str, go_on: str) -> Iterator[None]:
     """Report a write stopped inside the block in one line and exit ``EXIT_WRITE_STOPPED``: a ``WriteStopped`` as the
-    job worded it, any other disk-full ``OSError`` with ``kept`` (what is safe) and ``go_on`` (the command to rerun).
+    job worded it, any other failed write (``is_write_error``) with ``kept`` (what is safe) and ``go_on`` (the command
+    to rerun).
     Log lines that find the disk full inside the block are dropped (``quiet_log_files_when_full``).
     """
     quiet_log_files_when_full()
@@ -171,6 +174,6 @@ def disk_full_exits(program: str, kept: str, go_on: str) -> Iterator[None]:
     except WriteStopped as error:
         fail(program, error, EXIT_WRITE_STOPPED)
     except OSError as error:
-        if not is_disk_full(error):
+        if not is_write_error(error):
             raise
-        fail(program, disk_full_message(error, kept, go_on), EXIT_WRITE_STOPPED)
+        fail(program, write_stopped_message(error, kept, go_on), EXIT_WRITE_STOPPED)

@@ -12,7 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
-from nmt.common.disk import is_disk_full
+from nmt.common.disk import WriteFailed
 
 
 class FolderInUse(RuntimeError):
@@ -59,7 +59,8 @@ def durable_file(path: str | Path) -> Iterator[IO[bytes]]:
     write removes its temp.
 
     Raises:
-        OSError: a disk-full one (``DISK_FULL_ERRNOS``) names ``path``, not the temp file, whatever wrote it.
+        WriteFailed: any OSError of the write (a full disk, no permission, an I/O error), naming ``path``, not the
+            temp file, whatever wrote it.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process: two writers never share a temp file
@@ -75,9 +76,7 @@ def durable_file(path: str | Path) -> Iterator[IO[bytes]]:
                 raise handle.error from error  # the errno, not the writer's wrapping of it
         replace_durably(tmp, path)
     except OSError as error:
-        if not is_disk_full(error):
-            raise
-        raise OSError(error.errno, error.strerror, str(path)) from error
+        raise WriteFailed(error.errno, error.strerror, str(path)) from error
     finally:
         tmp.unlink(missing_ok=True)  # gone after the rename; a failed write leaves no temp file
 

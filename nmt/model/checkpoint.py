@@ -167,18 +167,41 @@ class RunCheckpoints:
             for name in sorted(names, key=lambda name: name != "best"):
                 save_checkpoint(self.folder / f"{name}.pt", state)
 
-    def keep_for_averaging(self, step: int, state: dict[str, Any]) -> None:
-        """Keep ``state`` (weights, config, tokenizer) as a validation checkpoint; drop all but the last few."""
-        if not self.enabled or self.average_last <= 1:
+    def save_validation(self, step: int, state: dict[str, Any], best: bool) -> None:
+        """Write a validation's checkpoints from ``state`` in an order that a kill at any point resumes from to the
+        same kept files: the averaging copy ``val_step<step>.pt`` (weights, config, tokenizer), ``best.pt`` (at a
+        new ``best``), then ``last.pt``, where a run resumes; only then does the oldest averaging copy go. Killed
+        before ``last.pt`` is written, the resumed run comes back to this validation and writes the same files
+        again; killed after it, every file of this validation is already on disk.
+        """
+        if not self.enabled:
             return
-        save_checkpoint(self.folder / f"val_step{step:08d}.pt", state)
-        for old in sorted(self.folder.glob("val_step*.pt"))[: -self.average_last]:
+        if self.average_last > 1:
+            weights = {key: state[key] for key in ("config", "tokenizer", "model")}
+            save_checkpoint(self._averaging_path(step), weights)
+        self.save(("best", "last") if best else ("last",), state)
+        for old in self._averaging_paths()[: -self.average_last]:
             old.unlink()
 
+    def drop_averaging_after(self, step: int) -> None:
+        """Drop the averaging copies of validations after ``step``: a run resumed at ``step`` comes to them again."""
+        if self.enabled:
+            for path in self._averaging_paths():
+                if path.name > self._averaging_path(step).name:
+                    path.unlink()
+
+    def _averaging_path(self, step: int) -> Path:
+        return self.folder / f"val_step{step:08d}.pt"
+
+    def _averaging_paths(self) -> list[Path]:
+        """The averaging copies on disk, oldest first."""
+        return sorted(self.folder.glob("val_step*.pt"))
+
     def averaged_weights(self) -> dict[str, torch.Tensor] | None:
-        """The mean of the kept validation checkpoints' weights; None when averaging is off or fewer than 2."""
-        paths = sorted(self.folder.glob("val_step*.pt"))
-        if self.average_last <= 1 or len(paths) < 2:
+        """The mean of the last ``average_last`` validation checkpoints' weights; None when averaging is off or
+        fewer than 2 are kept. (A run killed before it dropped the oldest may hold one more.)"""
+        paths = self._averaging_paths()[-self.average_last:] if self.average_last > 1 else []
+        if len(paths) < 2:
             return None
         states = [load_checkpoint(p)["model"] for p in paths]
         return {k: sum(s[k].float() for s in states).div(len(states)).to(states[0][k].dtype) for k in states[0]}

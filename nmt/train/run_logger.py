@@ -14,9 +14,10 @@ from torch import Tensor
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams
 
+from nmt.common.disk import WriteFailed
 from nmt.common.files import write_text_durably
 from nmt.common.progress import ProgressDisplay
-from nmt.inference.plotting import attention_figure
+from nmt.inference.plotting import attention_figure, release_figure_memory
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +42,13 @@ class RunLogger:
     def steps(self, records: list[dict[str, float]]) -> None:
         """``train_log.jsonl``'s lines of optimizer steps, ``{"step", "loss", "lr", "grad_norm"}`` each: the loss per
         target token, learning rate and gradient norm (resume tests compare the file byte for byte)."""
-        if self.steps_file is not None and records:
+        if self.steps_file is None or not records:
+            return
+        try:
             with self.steps_file.open("a") as handle:
                 handle.write("".join(json.dumps(record) + "\n" for record in records))
+        except OSError as error:  # a failed write, not a bug: train.py's one line names the file
+            raise WriteFailed(error.errno, error.strerror, str(self.steps_file)) from error
 
     def keep_steps_until(self, step: int) -> None:
         """Drop the lines after ``step`` (a resumed run's checkpoint): the cut-off run wrote them, then lost them."""
@@ -63,6 +68,7 @@ class RunLogger:
         """A labelled heatmap of weights ``[T, S]`` (target rows x source columns)."""
         if self.writer is not None:
             self.writer.add_figure(tag, attention_figure(weights, src_labels, tgt_labels, title=f"step {step}"), step)
+            release_figure_memory()  # a training runs for hours: keep no figure's memory meanwhile
 
     def text(self, tag: str, markdown: str, step: int) -> None:
         if self.writer is not None:

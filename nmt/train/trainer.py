@@ -11,9 +11,9 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from nmt.common.device import DeviceError, autocast, configure_matmul, slow_bf16_warning, uses_bf16
-from nmt.common.disk import WriteStopped, disk_full_message, is_disk_full
-from nmt.common.files import BackgroundWrites, FolderInUse, folder_lock, write_json_durably, write_text_durably
+from nmt.common.disk import WriteStopped, is_write_error, write_stopped_message
+from nmt.common.files import FolderInUse, folder_lock, write_json_durably, write_text_durably
 from nmt.common.metrics import corpus_scores
 from nmt.common.provenance import device_name, host, library_versions
 from nmt.common.settings import ConfigError, to_plain_dict
@@ -52,6 +52,10 @@ log = logging.getLogger(__name__)
 
 class TrainingError(RuntimeError):
     """Training cannot go on for a reason the user can fix (memory, a diverging loss); the message says how."""
+
+
+class ValidationInterrupted(Exception):
+    """A signal came while validation decoded (one process): the run saves and stops, its resumed run validates."""
 
 
 # What ``train`` raises for a mistake the user can fix; the message names the setting or file and the fix.
@@ -137,8 +141,10 @@ class Trainer:
         self.clock = RunClock(self.progress)
         self.logger = RunLogger(run_dir, self.total_steps, self.progress.step, enabled=info.is_main)
         self.checkpoints = RunCheckpoints(run_dir, self.tcfg.average_last, enabled=info.is_main)
-        self.checkpoint_writes = BackgroundWrites()  # checkpoints written while training goes on
-        self.figure_writes = BackgroundWrites()  # heatmaps drawn while training goes on (matplotlib is slow)
+        self.validation_writer = ThreadPoolExecutor(1, "nmt-validation")  # scores, logs, saves while training goes on
+        self.validation_record: Future[dict[str, Any]] | None = None  # the progress it leaves, once written
+        self.decoding_validation = False  # a signal now interrupts validation (one process only)
+        self.heatmaps: list[Future[None]] = []  # drawn by the validation writer after the validation's checkpoints
         # The same on every rank (all load one checkpoint), so every rank agrees when validation is due.
         validations = self.progress.validations
         self.validated_at_step = int(validations[-1]["step"]) if validations else None
@@ -170,6 +176,7 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train until max_steps / max_epochs / early stopping / a signal; then test. Returns metrics."""
         self.logger.keep_steps_until(self.progress.step)  # on resume, drop what the cut-off run wrote later
+        self.checkpoints.drop_averaging_after(self.progress.step)
         self.logger.display.message(f"training {self.cfg.attention.name}: {count_parameters(self.model)} parameters, "
                                     f"{self.batches_per_epoch} batches per epoch, {self.total_steps} steps planned, "
                                     f"device {self.device}")
@@ -182,8 +189,8 @@ class Trainer:
                 stopped_early = self._loop()
                 self._read_steps()  # the steps after the last log line
             finally:
-                self.checkpoint_writes.wait()  # on disk (or its error raised) before anything reports it
-                self.figure_writes.wait()
+                self._take_validation_record(wait=True)  # on disk (or its error raised) before anything reports it
+                self._wait_for_heatmaps()
         self.clock.stop()  # the final evaluation is timed on its own
         self.logger.display.close()  # what follows, the final summary, is printed below the bar
         self.gpu_utilisation = gpu.summary()
@@ -209,7 +216,8 @@ class Trainer:
             if p.batches_done >= self.batches_per_epoch and p.step < self.total_steps:
                 p.epoch += 1
                 p.batches_done = 0
-            if self._validation_due():
+            self._take_validation_record(wait=False)  # once written; a write error surfaces here, at once
+            if self._validation_due() and not self._signalled():  # after a signal the resumed run validates
                 self._read_steps()  # the log is complete up to the checkpoint
                 with self.clock.outside_window():  # validation is not training time
                     if self._validate_and_checkpoint():
@@ -251,11 +259,15 @@ class Trainer:
         return step == self.total_steps or epoch_ended or bool(every and step % every == 0)
 
     def _should_stop(self) -> bool:
-        """The planned steps are done, or a signal reached any rank (all stop at the same step). A collective."""
+        """The planned steps are done, or a signal reached any rank. A collective."""
+        return self._signalled() or self.progress.step >= self.total_steps
+
+    def _signalled(self) -> bool:
+        """Whether a signal reached any rank (all then stop at the same step). A collective."""
         signalled = distributed.any_rank(self.stop_signal is not None, self.info, self.device)
         if signalled and self.stop_signal is None:
             self.stop_signal = "another rank's signal"
-        return signalled or self.progress.step >= self.total_steps
+        return signalled
 
     def _count_step(self, result: StepResult, step_started: float) -> None:
         """Book an optimizer step on the host (progress, clock); its figures wait in ``pending_steps``."""
@@ -312,8 +324,13 @@ class Trainer:
                 signal.signal(sig, handler)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
+        """Stop within seconds: a validation due (or, in one process, under way) is left to the resumed run, which
+        validates at the same step, so its log and checkpoints are the uninterrupted run's."""
         self.stop_signal = signal.Signals(signum).name
         log.warning("%s received: finishing this step, then saving checkpoints/last.pt", self.stop_signal)
+        if self.decoding_validation:
+            self.decoding_validation = False  # one raise, however many signals follow
+            raise ValidationInterrupted
 
     def _save_interrupted(self) -> dict[str, Any]:
         self.save("last")
@@ -403,18 +420,15 @@ class Trainer:
         }
 
     # ------------------------------------------------------------------------------ checkpoints
-    def save(self, *names: str, background: bool = False) -> None:
-        """Write ``checkpoints/<name>.pt`` for each name (``"last"``, ``"best"``; rank 0 writes). ``background``:
-        return once the state is copied, the file written while training goes on (``checkpoint_writes.wait()``
-        holds until it is on disk). A collective: every rank's RNG states are gathered into it.
+    def save(self, *names: str) -> None:
+        """Write ``checkpoints/<name>.pt`` for each name (``"last"``, ``"best"``; rank 0 writes) and wait until they
+        are on disk. A collective: every rank's RNG states are gathered into it. A validation's checkpoints are
+        written by ``_record_and_save``.
         """
+        self._take_validation_record(wait=True)  # the progress saved holds the last validation
         state = self._checkpoint_state()
-        if state is None:
-            return
-        self.checkpoint_writes.wait()  # one at a time: the previous checkpoint is on disk before the next starts
-        self.checkpoint_writes.submit(lambda: self.checkpoints.save(names, state))
-        if not background:
-            self.checkpoint_writes.wait()
+        if state is not None:
+            self.checkpoints.save(names, state)
 
     def _checkpoint_state(self) -> dict[str, Any] | None:
         """Everything a checkpoint holds, copied to the CPU now (rank 0; None elsewhere). A collective."""
@@ -433,20 +447,23 @@ class Trainer:
 
     # ------------------------------------------------------------------------------ validation
     def _validate_and_checkpoint(self) -> bool:
-        """Validate (rank 0), save ``last`` (and ``best``), decide early stopping on every rank. True = stop early.
-        Where it cannot stop the run, scoring and saving follow in the background from the state copied now."""
+        """Validate (rank 0) and write the validation's checkpoints; decide early stopping on every rank. True = stop
+        early. Scoring, logging and writing run on the writer thread from the state copied now: training goes on
+        meanwhile where this validation cannot stop the run (``_records_in_background``), else it waits for them.
+        """
         self.validated_at_step = self.progress.step
-        self.checkpoint_writes.wait()  # the previous validation is recorded: the progress is whole again
-        p, patience = self.progress, self.tcfg.early_stopping_patience
+        self._take_validation_record(wait=True)  # the previous one's best and patience count hold from here
+        try:
+            outputs = self._validation_outputs() if self.info.is_main else None
+        except ValidationInterrupted:
+            return False  # the loop stops at the signal; the resumed run validates this step
+        state = self._checkpoint_state()  # a collective: every rank's RNG states
+        if state is not None:
+            self.validation_record = self.validation_writer.submit(self._record_and_save, outputs, state)
         if self._records_in_background():
-            outputs, state = self._validation_outputs(), self._checkpoint_state()
-            self.checkpoint_writes.submit(lambda: self._record_and_save(outputs, state))
             return False
-        improved = self._record_validation(self._validation_outputs()) if self.info.is_main else False
-        self.save(*(["last", "best"] if improved else ["last"]), background=True)  # every rank's RNG states
-        if self.tcfg.average_last > 1 and self.info.is_main:
-            averaged, step = detached_copy(self._weights_state()), self.progress.step
-            self.checkpoint_writes.submit(lambda: self.checkpoints.keep_for_averaging(step, averaged))
+        self._take_validation_record(wait=True)
+        p, patience = self.progress, self.tcfg.early_stopping_patience
         p.best_bleu, p.best_step, p.bad_validations = distributed.broadcast_from_main(
             [p.best_bleu, p.best_step, p.bad_validations], self.info)
         stop = patience is not None and p.bad_validations >= patience
@@ -459,47 +476,62 @@ class Trainer:
         patience = self.tcfg.early_stopping_patience
         return self.info.world_size == 1 and (patience is None or self.progress.bad_validations + 1 < patience)
 
+    def _take_validation_record(self, wait: bool) -> None:
+        """Take over the progress the last validation left (best, patience count, record) once its checkpoints are
+        written, or (``wait``) after waiting for them: only the training thread changes ``self.progress``.
+        Raises the writer's error (a write that failed) at once.
+        """
+        record = self.validation_record
+        if record is None or not (wait or record.done()):
+            return
+        self.validation_record = None
+        left, p = record.result(), self.progress
+        p.best_bleu, p.best_step, p.bad_validations = left["best_bleu"], left["best_step"], left["bad_validations"]
+        p.validations = list(left["validations"])
+
     def _validation_outputs(self) -> dict[str, Any]:
-        """What validation needs from the device: the teacher-forced loss and the decoded split, and when it was."""
+        """What validation needs from the device: the teacher-forced loss and the decoded split, and when it was.
+        A signal meanwhile (one process) raises ``ValidationInterrupted``: decoding can take minutes."""
         p = self.progress
-        loss = self.teacher_forced_loss(self.data.valid)
-        hypotheses, best = self.decode(self.data.valid, self.tcfg.val_beam_size)
+        self.decoding_validation = self.info.world_size == 1  # with more, the other ranks wait in a collective
+        try:
+            loss = self.teacher_forced_loss(self.data.valid)
+            hypotheses, best = self.decode(self.data.valid, self.tcfg.val_beam_size)
+        finally:
+            self.decoding_validation = False
         self.clock.sync_wall_clock()
         return {"step": p.step, "epoch": p.epoch + p.batches_done / max(1, self.batches_per_epoch),
                 "train_seconds": p.train_seconds, "wall_seconds": p.wall_seconds, "loss": loss,
                 "hypotheses": hypotheses, "best": best}
 
-    def _record_and_save(self, outputs: dict[str, Any], state: dict[str, Any]) -> None:
-        """Record a validation, then write ``state`` (copied at it) with the progress it leaves: last (and best)."""
-        improved = self._record_validation(outputs)
-        p = self.progress
-        state["progress"].update(best_bleu=p.best_bleu, best_step=p.best_step, bad_validations=p.bad_validations,
-                                 validations=list(p.validations))
-        self.checkpoints.save(["last", "best"] if improved else ["last"], state)
-        if self.tcfg.average_last > 1:
-            weights = {key: state[key] for key in ("config", "tokenizer", "model")}  # as _weights_state's
-            self.checkpoints.keep_for_averaging(outputs["step"], weights)
+    def _record_and_save(self, outputs: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
+        """Score and log a validation, then write its checkpoints from ``state`` (copied at it) with the progress it
+        leaves, which is returned for the training thread to take over. Runs on the writer thread."""
+        progress = state["progress"]  # the copy's: the run's own is the training thread's
+        improved = self._record_validation(outputs, progress)
+        self.checkpoints.save_validation(outputs["step"], state, best=improved)
+        return progress
 
-    def _record_validation(self, outputs: dict[str, Any]) -> bool:
-        """Score a validation's outputs, log them (scores, samples, heatmaps), update the best, the patience count and
-        the record. True = a new best."""
-        split, p, step = self.data.valid, self.progress, outputs["step"]
+    def _record_validation(self, outputs: dict[str, Any], progress: dict[str, Any]) -> bool:
+        """Score a validation's outputs, log them (scores, samples, heatmaps), and update ``progress`` (a checkpoint's
+        copy: the best, the patience count, the record). True = a new best."""
+        split, step = self.data.valid, outputs["step"]
         hypotheses, loss = outputs["hypotheses"], outputs["loss"]
         scores = corpus_scores(hypotheses, split.tgt_text)
         metrics = {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "bleu": scores["bleu"], "chrf": scores["chrf"]}
         self.logger.scalars("val", metrics, step)
-        improved = metrics["bleu"] > p.best_bleu
+        improved = metrics["bleu"] > progress["best_bleu"]
         self._log_examples(split, hypotheses, outputs["best"], step, heatmaps=improved)
         if improved:
-            p.best_bleu, p.best_step, p.bad_validations = metrics["bleu"], step, 0
+            progress.update(best_bleu=metrics["bleu"], best_step=step, bad_validations=0)
         else:
-            p.bad_validations += 1
-        p.validations.append({**{k: outputs[k] for k in ("step", "epoch", "train_seconds", "wall_seconds")},
-                              "bleu": metrics["bleu"], "chrf": metrics["chrf"], "loss": metrics["loss"]})
+            progress["bad_validations"] += 1
+        progress["validations"].append({**{k: outputs[k] for k in ("step", "epoch", "train_seconds", "wall_seconds")},
+                                        "bleu": metrics["bleu"], "chrf": metrics["chrf"], "loss": metrics["loss"]})
         self.logger.display.message(
             f"validation at step {step}: BLEU {metrics['bleu']:.2f} chrF {metrics['chrf']:.2f} "
             f"loss {metrics['loss']:.3f} (teacher-forced ppl {metrics['ppl']:.2f})"
-            + (" new best" if improved else f" (best {p.best_bleu:.2f} at {p.best_step})"))
+            + (" new best" if improved else f" (best {progress['best_bleu']:.2f} at {progress['best_step']})"))
         return improved
 
     @torch.no_grad()
@@ -541,8 +573,10 @@ class Trainer:
         """Sample translations as text, and (with ``heatmaps``) attention heatmaps of a fixed handful of sentences.
 
         ``best`` are validation's own hypotheses (their attention included), ``hypotheses`` their text. Heatmaps are
-        drawn at a new best only, and by a background thread while training goes on: matplotlib's rendering is the
-        slow part of logging (about 0.1 s a heatmap on a CPU core), and the best is what you look at.
+        drawn at a new best only, and by the validation writer once the validation's checkpoints are written, while
+        training goes on: matplotlib's rendering is the slow part of logging (about 0.1 s a heatmap on a CPU core),
+        and the best is what you look at. No thread of their own: glibc would give it a memory arena of its own,
+        which keeps what the largest figure needed (tens of MB) for the rest of the run.
         """
         rows = [f"**src:** {split.src_text[i]}  \n**ref:** {split.tgt_text[i]}  \n**hyp:** {hypotheses[i]}"
                 for i in range(min(self.tcfg.num_samples, len(split)))]
@@ -554,9 +588,15 @@ class Trainer:
             weights = hyp.attention.float()  # [T_hyp, S]
             src_labels = (tok.src_pieces(src_ids) + ["</s>"])[: weights.shape[1]]
             tgt_labels = (tok.tgt_pieces(hyp.tokens) + ["</s>"])[: weights.shape[0]]
-            self.figure_writes.submit(partial(self.logger.attention, f"attention/{i}",
-                                              weights[: len(tgt_labels), : len(src_labels)], src_labels, tgt_labels,
-                                              step))
+            self.heatmaps.append(self.validation_writer.submit(
+                self.logger.attention, f"attention/{i}", weights[: len(tgt_labels), : len(src_labels)], src_labels,
+                tgt_labels, step))
+
+    def _wait_for_heatmaps(self) -> None:
+        """Until every heatmap submitted is drawn (its error raised); called once the last record is taken."""
+        heatmaps, self.heatmaps = self.heatmaps, []
+        for drawn in heatmaps:
+            drawn.result()
 
 
 def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
@@ -568,7 +608,8 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     Raises:
         ConfigError, DataError, CheckpointError, DeviceError, TrainingError: a problem the user can fix; the
             message says how (``train.py`` prints it in one line and exits with status 2).
-        WriteStopped: the disk filled; names the checkpoints kept and the ``trainer.resume`` command (status 74).
+        WriteStopped: a write failed (a full disk, no permission, an I/O error); names the file, the cause, the
+            checkpoints kept and the ``trainer.resume`` command (status 74).
     """
     validate_config(cfg)
     resume_state = None
@@ -595,18 +636,18 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
             if warning := trainer.checkpoints.space_warning(trainer.model):
                 log.warning(warning)
             if info.is_main:
-                OmegaConf.save(OmegaConf.create(to_plain_dict(cfg)), run_dir / "config.yaml")
+                write_text_durably(run_dir / "config.yaml", OmegaConf.to_yaml(to_plain_dict(cfg)))
             results = trainer.fit()
     except torch.cuda.OutOfMemoryError as error:
         raise TrainingError(
             f"CUDA out of memory: lower data.max_tokens (now {cfg.data.max_tokens}) or "
             f"data.valid_max_tokens (now {cfg.data.valid_max_tokens}), or use a smaller model=..."
         ) from error
-    except OSError as error:  # a full disk: the last good checkpoints stand (written whole or not at all)
-        kept = RunCheckpoints(run_dir).kept() if is_disk_full(error) else None
+    except OSError as error:  # a write that failed: the last good checkpoints stand (written whole or not at all)
+        kept = RunCheckpoints(run_dir).kept() if is_write_error(error) else None
         if kept is None:  # nothing to resume from: train.py says "run the same command again"
             raise
-        raise WriteStopped(disk_full_message(error, kept, f"python train.py trainer.resume={run_dir}")) from None
+        raise WriteStopped(write_stopped_message(error, kept, f"python train.py trainer.resume={run_dir}")) from None
     finally:
         distributed.shutdown(info, finished=results is not None)
     return results
