@@ -361,6 +361,24 @@ def test_graph_replay_gives_the_eager_losses_over_50_steps() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_the_canary_passes_real_graphs_and_changes_nothing_in_training() -> None:
+    """With dropout and bf16, each shape's first replay passes its check against the eager step, and the run's
+    losses are those of the same run unchecked (the check gives back the random state it drew from)."""
+    buckets = ShapeBuckets(width=8, max_tokens=200)
+    losses = {}
+    for check in (False, True):
+        batches = [collate_batch(items(seed=i % 5), buckets) for i in range(12)]
+        torch.manual_seed(3)
+        _, steps = gpu_steps(graphs=True, dropout=0.1)
+        steps.cache.check_first_replays = check
+        losses[check] = torch.stack([steps.run(b.pin_memory(), 0.003, bucketed=True) for b in batches])[:, 0]
+        if check:
+            assert steps.stats.checks == len(steps.stats.shapes) > 0 and steps.stats.mismatches == []
+    assert torch.equal(losses[True], losses[False])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_a_shape_outside_every_bucket_falls_back_to_the_eager_step() -> None:
     _, steps = gpu_steps(graphs=True)
     unbucketed = collate_batch(items())  # its own shape: not padded to a bucket

@@ -19,7 +19,7 @@ from nmt.model import graph_search
 from nmt.model.attention import build_attention
 from nmt.model.ensemble import Ensemble
 from nmt.model.graph_search import SearchGraphs, bucket_shape
-from nmt.model.search import Hypothesis, SearchSpec, beam_search, greedy_search, steps_until_done
+from nmt.model.search import Hypothesis, Search, SearchSpec, beam_search, greedy_search, steps_until_done
 from nmt.model.seq2seq import Seq2Seq
 from tests.test_fast_step import host_reads
 from tests.test_search import LENGTHS, SRC_V, TGT_V, EosBiased, batch, tiny_model
@@ -255,8 +255,10 @@ def test_the_canary_checks_each_new_bucket_once_and_a_wrong_capture_hands_over_t
     model, other = EosBiased(model_of("additive"), eos_bias=2.0), EosBiased(model_of("additive", seed=7), 2.0)
     src, src_lengths = batch(LENGTHS)
     spec = greedy(12, 1.0) if kind == "greedy" else beam(3, 1.0, 12, 1.0, 2)
-    plain = getattr(graph_search.Search(model), kind)(src, src_lengths, spec)
-    flat = graph_search._flat
+    plain = getattr(Search(model), kind)(src, src_lengths, spec)
+
+    def flat(found: list[Any]) -> list[Hypothesis]:
+        return [hyp for item in found for hyp in (item if isinstance(item, list) else [item])]
 
     monkeypatch.setattr(cuda_graphs, "capture_graph", lambda run, pool, device: ReplayedEagerly(run))
     right = SearchGraphs(model, CPU, "fp32", check=True)
@@ -349,3 +351,16 @@ def test_decoding_a_batch_from_graphs_never_synchronises_with_the_host(tiny_run_
             steps_until_done(lambda _: search._replay(bucket), steps, search.device, lag=0)
         finally:
             torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_canary_passes_real_graphs(tiny_run_dir: Path, precision: str) -> None:
+    """Real captures pass their check (fp32: the same tokens; bf16: within the stated share), once per bucket."""
+    _, graphs = gpu_translators(tiny_run_dir, precision)
+    sentences = [f"Ein Mann mit {n} Hunden läuft." for n in range(1, 40)] + ["Hallo."]
+    for options in ({"beam_size": 1}, {"beam_size": 5, "n_best": 2}):
+        graphs.translate(sentences, **options)
+    stats = graphs.graphs.stats
+    assert stats.checks == len(stats.shapes) > 0 and stats.mismatches == [] and stats.fallback is None
