@@ -210,15 +210,21 @@ def _token_by_token(model: StepModel, src: Tensor, src_lengths: Tensor, max_len:
     return hypotheses_of(torch.stack(steps_tokens, dim=1).cpu(), attention, out_len, scores, src_lengths)
 
 
-def steps_until_done(step: Callable[[int], Tensor], max_steps: int, device: torch.device, lag: int) -> int:
-    """The token-by-token loop of the plain and the replayed search: ``step(i)`` for i = 0, 1, ... until the flag it
-    returns (``[]`` bool: every row finished) is seen True (``LateFlag``: late on CUDA, ``lag`` steps late off it) or
-    ``max_steps`` have run; the steps run."""
-    all_finished = LateFlag(device, lag)
+def steps_until_done(step: Callable[[int], Tensor], max_steps: int, device: torch.device, lag: int,
+                     when_seen: Callable[[], bool] | None = None) -> int:
+    """The one loop of every greedy and beam search, plain or replayed: ``step(i)`` for i = 0, 1, ... (it returns a
+    ``[]`` bool flag) until ``max_steps`` have run or a True flag reaches the host (``LateFlag``: a step or a few late
+    on CUDA, ``lag`` steps late off it). Then ``when_seen()`` says whether to stop (None: stop): where the rows live
+    decides it. Rows kept in place stop when all are finished; the plain beam search's flag says some sentence is
+    done, and ``when_seen`` compacts the rows, stopping once none is left. Returns the steps run.
+    """
+    flag = LateFlag(device, lag)
     for i in range(max_steps):
-        all_finished.post(step(i))
-        if all_finished.seen():
-            return i + 1
+        flag.post(step(i))
+        if flag.seen():
+            flag.reset()  # the flags posted so far describe rows that have left (or the search is over)
+            if when_seen is None or when_seen():
+                return i + 1
     return max_steps
 
 
@@ -278,30 +284,36 @@ def beam_search(model: StepModel, src: Tensor, src_lengths: Tensor, beam_size: i
     beams = Beams.start(torch.tensor(limits, device=device), k)
     final = Pool.empty(batch, k, device)  # the pools of the sentences that have left the batch, in original order
     history = _History(batch, keep_attention and model.has_attention)
-    blocked, some_done = blocked_tokens(device), LateFlag(device, lag)
+    blocked = blocked_tokens(device)
     # after a compaction the A active sentences are rows 0..A-1, so the first A rows of these serve
     row_base = (torch.arange(batch, device=device) * k).unsqueeze(1)  # [B, 1] first beam row of each sentence
     slots = torch.arange(k, device=device).expand(batch, k)  # [B, K] slot numbers
 
-    for step in range(max(limits)):
+    def step_of(step: int) -> Tensor:
+        nonlocal state, prev
         n_active = beams.rows.shape[0]
         keep_slot, keep_token, attn, state = beam_step(model, beams, prev, state, memory, step, length_penalty,
                                                        blocked, slots[:n_active], row_base[:n_active],
                                                        history.keep_attention)
         history.record(keep_token, keep_slot, attn, beams.rows)
         prev = keep_token.view(-1)  # [A*K]
-        some_done.post(beams.done.any())
-        if some_done.seen():  # the done sentences leave the batch: the rows are compacted
-            some_done.reset()
-            leaving, staying = beams.done.nonzero().squeeze(1), (~beams.done).nonzero().squeeze(1)  # [A_done], [A']
-            final.store(beams.rows[leaving], beams.pool.select(leaving))
-            if staying.numel() == 0:
-                break
-            staying_rows = (row_base[staying] + slots[0]).view(-1)  # [A'*K] their beam rows
-            state, prev = state.index_select(1, staying_rows), prev.index_select(0, staying_rows)
-            memory, beams = memory.index_select(staying), beams.select(staying)
-    else:  # the step limit ended the loop: every sentence still active is done at its limit
-        final.store(beams.rows, beams.pool)
+        return beams.done.any()
+
+    def compact() -> bool:
+        """The done sentences leave the batch, their pools kept; True once none is left."""
+        nonlocal state, prev, memory, beams
+        leaving, staying = beams.done.nonzero().squeeze(1), (~beams.done).nonzero().squeeze(1)  # [A_done], [A']
+        final.store(beams.rows[leaving], beams.pool.select(leaving))
+        if staying.numel() == 0:
+            return True
+        staying_rows = (row_base[staying] + slots[0]).view(-1)  # [A'*K] their beam rows
+        state, prev = state.index_select(1, staying_rows), prev.index_select(0, staying_rows)
+        memory, beams = memory.index_select(staying), beams.select(staying)
+        return False
+
+    steps_until_done(step_of, max(limits), device, lag, when_seen=compact)
+    # the sentences still in the batch are done at their limit (or were all just stored: the same values again)
+    final.store(beams.rows, beams.pool)
     attn_hist = torch.stack(history.attn) if history.attn else None  # [T, B, K, S]
     return read_back(final, torch.stack(history.tokens), torch.stack(history.back), attn_hist, src_lengths, n_best)
 
