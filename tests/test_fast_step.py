@@ -14,19 +14,12 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
+from nmt.common import cuda_graphs
+from nmt.common.cuda_graphs import CudaGraphError, GraphUse, resolve_cuda_graphs
 from nmt.data.batching import Batch, ShapeBuckets, TokenBucketSampler, collate_batch
-from nmt.model import graph_search
 from nmt.model.attention import build_attention
 from nmt.model.seq2seq import Seq2Seq
-from nmt.train.fast_step import (
-    FastPathError,
-    StepResult,
-    StepWindow,
-    TrainingSteps,
-    _Graph,
-    train_step,
-    use_cuda_graphs,
-)
+from nmt.train.fast_step import StepResult, StepWindow, TrainingSteps, _Graph, train_step
 from tests.test_model import TYPES
 
 SRC_V, TGT_V = 23, 29
@@ -131,8 +124,8 @@ def test_a_non_finite_step_leaves_weights_and_optimizer_as_they_were() -> None:
     model = tiny_model("additive")
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
     batch = collate_batch(items())
-    steps = TrainingSteps(model, model, optimizer, torch.device("cpu"), graphs=False, label_smoothing=0.0,
-                          max_norm=1.0, precision="fp32")
+    steps = TrainingSteps(model, model, optimizer, torch.device("cpu"), graphs=False, check=True,
+                          label_smoothing=0.0, max_norm=1.0, precision="fp32")
     steps.run(batch, 0.01, bucketed=False)  # a real update first, so the optimizer has state
     before = {k: v.clone() for k, v in model.state_dict().items()}
     moments = [state["exp_avg"].clone() for state in optimizer.state.values()]
@@ -151,38 +144,38 @@ def test_a_non_finite_step_leaves_weights_and_optimizer_as_they_were() -> None:
 
 
 def test_cuda_graphs_settings_are_checked_in_one_line() -> None:
-    cpu = torch.device("cpu")
-    assert use_cuda_graphs("auto", cpu, 1) is False and use_cuda_graphs(False, cpu, 1) is False
-    with pytest.raises(FastPathError, match=r"trainer.cuda_graphs=true needs a CUDA GPU, and this run is on cpu"):
-        use_cuda_graphs(True, cpu, 1)
-    with pytest.raises(FastPathError, match=r"trainer.cuda_graphs='sometimes' is not one of auto, true, false"):
-        use_cuda_graphs("sometimes", cpu, 1)
+    cpu, key = torch.device("cpu"), "trainer.cuda_graphs"
+    assert resolve_cuda_graphs("auto", cpu, 1, key) == resolve_cuda_graphs(False, cpu, 1, key) == GraphUse(False, False)
+    with pytest.raises(CudaGraphError, match=r"trainer.cuda_graphs=true needs a CUDA GPU, and this run is on cpu"):
+        resolve_cuda_graphs(True, cpu, 1, key)
+    with pytest.raises(CudaGraphError, match=r"trainer.cuda_graphs='sometimes' is not one of auto, true, false"):
+        resolve_cuda_graphs("sometimes", cpu, 1, key)
     cuda = torch.device("cuda")  # (the decision reads the device's type only: no GPU needed to check it)
-    assert use_cuda_graphs("auto", cuda, 1) is True and use_cuda_graphs("false", cuda, 1) is False
+    assert resolve_cuda_graphs("auto", cuda, 1, key) == GraphUse(step=True, search=True)
+    assert resolve_cuda_graphs("false", cuda, 1, key) == GraphUse(step=False, search=False)
 
 
 def test_auto_stays_eager_under_torchrun_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
+    """Under torchrun the step stays eager (its all-reduce is not captured); validation's search still replays."""
     cuda = torch.device("cuda")
-    with caplog.at_level("INFO", logger="nmt.train.fast_step"):
-        assert use_cuda_graphs("auto", cuda, 2) is False
+    with caplog.at_level("INFO", logger="nmt.common.cuda_graphs"):
+        assert resolve_cuda_graphs("auto", cuda, 2, "trainer.cuda_graphs") == GraphUse(step=False, search=True)
     assert [r.getMessage() for r in caplog.records] == [
         "trainer.cuda_graphs=auto: eager steps under torchrun's 2 processes (the DDP all-reduce is not captured)"]
-    with pytest.raises(FastPathError, match="torchrun's 2 processes"):
-        use_cuda_graphs("true", cuda, 2)
+    with pytest.raises(CudaGraphError, match="torchrun's 2 processes"):
+        resolve_cuda_graphs("true", cuda, 2, "trainer.cuda_graphs")
 
 
 def cpu_graph_steps(monkeypatch: pytest.MonkeyPatch, capture_error: Exception) -> TrainingSteps:
     """``TrainingSteps`` with graphs on, on the CPU, whose capture raises ``capture_error`` (the CUDA calls
     replaced): what the trainer sees when capturing fails on a GPU."""
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
-
     def fail(self: TrainingSteps, batch: Batch) -> None:
         raise capture_error
 
     monkeypatch.setattr(TrainingSteps, "_warm_up_and_capture", fail)
     model = tiny_model("additive")
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
-    return TrainingSteps(model, model, optimizer, torch.device("cpu"), graphs=True, label_smoothing=0.0,
+    return TrainingSteps(model, model, optimizer, torch.device("cpu"), graphs=True, check=True, label_smoothing=0.0,
                          max_norm=1.0, precision="fp32")
 
 
@@ -194,7 +187,7 @@ def test_a_capture_that_fails_warns_in_one_line_and_trains_on_eagerly(monkeypatc
     figures = [steps.run(batch, 0.01, bucketed=True) for _ in range(3)]
     assert all(f.shape == (3,) and not bool(f[2]) for f in figures)  # three real updates
     assert not all(torch.equal(a, b) for a, b in zip(before, steps.model.parameters()))
-    assert steps.stats.eager_steps == 3 and steps.stats.shapes == []
+    assert steps.stats.plain_runs == 3 and steps.stats.shapes == []
     assert steps.stats.fallback == "RuntimeError: operation not permitted when stream is capturing"
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warnings == ["trainer.cuda_graphs: capturing the step failed (RuntimeError: operation not permitted "
@@ -204,8 +197,8 @@ def test_a_capture_that_fails_warns_in_one_line_and_trains_on_eagerly(monkeypatc
 def test_a_shape_that_does_not_fit_in_memory_names_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     steps = cpu_graph_steps(monkeypatch, torch.cuda.OutOfMemoryError("CUDA out of memory"))
     batch = collate_batch(items(), ShapeBuckets(width=8, max_tokens=200))
-    with pytest.raises(FastPathError, match=r"a batch of 22 rows x 16 source x 16 target tokens does not fit in GPU "
-                                            r"memory; lower data.max_tokens"):
+    with pytest.raises(CudaGraphError, match=r"a batch of 22 rows x 16 source x 16 target tokens does not fit in GPU "
+                                             r"memory; lower data.max_tokens \(or set trainer.cuda_graphs=false\)"):
         steps.run(batch, 0.01, bucketed=True)
     assert all(p.grad is None for p in steps.model.parameters())
 
@@ -221,7 +214,7 @@ class ReplayedEagerly:
         group = self.steps.optimizer.param_groups[0]
         float_lr, group["lr"] = group["lr"], float(self.steps.lr)
         self.figures.copy_(train_step(self.steps.forward_model, self.steps.optimizer, self.inputs, fixed_shapes=True,
-                                      **self.steps.step_options))
+                                      force_skip=self.steps.skip, **self.steps.step_options))
         group["lr"] = float_lr
         self.steps.optimizer.zero_grad(set_to_none=True)
 
@@ -233,12 +226,74 @@ class ReplayedSearchStep:
         self.replay = run
 
 
+class ReplayedOnOtherInputs(ReplayedEagerly):
+    """A capture that computes the wrong thing: its replay trains on other tensors than those the trainer loads."""
+
+    def replay(self) -> None:
+        loaded, self.inputs = self.inputs, collate_batch(items(seed=9), ShapeBuckets(width=8, max_tokens=200))
+        try:
+            super().replay()
+        finally:
+            self.inputs = loaded
+
+
+def steps_with_stand_ins(monkeypatch: pytest.MonkeyPatch, stand_in: type[ReplayedEagerly], check: bool,
+                         dropout: float = 0.0) -> TrainingSteps:
+    """``TrainingSteps`` with graphs on the CPU, each capture a ``stand_in``."""
+    def capture(self: TrainingSteps, batch: Batch) -> _Graph:
+        inputs, figures = batch.to(self.device), torch.zeros(3)
+        return _Graph(stand_in(self, inputs, figures), inputs, figures)
+
+    monkeypatch.setattr(TrainingSteps, "_warm_up_and_capture", capture)
+    model = tiny_model("additive", dropout=dropout).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
+    return TrainingSteps(model, model, optimizer, torch.device("cpu"), graphs=True, check=check,
+                         label_smoothing=0.1, max_norm=1.0, precision="fp32")
+
+
+def test_the_canary_changes_nothing_in_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With dropout, a right capture checked at each new shape trains exactly as unchecked: the check's replay and
+    eager step skip their updates and give the random numbers back."""
+    runs = {}
+    for check in (False, True):
+        # made afresh for each run: on the CPU a stand-in's inputs are the first batch's own tensors, loaded into
+        batches = [collate_batch(items(seed=i % 3), ShapeBuckets(width=8, max_tokens=200)) for i in range(5)]
+        steps = steps_with_stand_ins(monkeypatch, ReplayedEagerly, check, dropout=0.3)
+        losses = [float(steps.run(b, 0.01, bucketed=True)[0]) for b in batches]
+        runs[check] = losses, [p.detach().clone() for p in steps.model.parameters()], steps.stats
+    assert runs[True][0] == runs[False][0]
+    assert all(torch.equal(a, b) for a, b in zip(runs[True][1], runs[False][1]))
+    checked = runs[True][2]
+    assert checked.checks == len(checked.shapes) >= 1 and checked.mismatches == [] and checked.replays == 5
+    assert runs[False][2].checks == 0
+
+
+def test_a_wrong_capture_is_caught_before_it_steps_and_training_goes_on_eagerly(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The first replay of a shape whose capture computes the wrong loss: one warning naming the shape, recorded in
+    the stats, and every step eager from then on, the first included: the weights are the eager run's."""
+    eager = steps_with_stand_ins(monkeypatch, ReplayedEagerly, check=False)
+    eager.graphs = False
+    wrong = steps_with_stand_ins(monkeypatch, ReplayedOnOtherInputs, check=True)
+    for _ in range(3):
+        batch = collate_batch(items(), ShapeBuckets(width=8, max_tokens=200))
+        torch.testing.assert_close(wrong.run(batch, 0.01, bucketed=True), eager.run(batch, 0.01, bucketed=False))
+    assert all(torch.equal(a, b) for a, b in zip(wrong.model.parameters(), eager.model.parameters()))
+    assert wrong.stats.mismatches == [[22, 16, 16]] and wrong.stats.fallback.startswith("canary: bucket [22, 16, 16]")
+    assert wrong.stats.replays == 0 and wrong.stats.plain_runs == 3 and wrong.stats.checks == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "trainer.cuda_graphs: the first replay of bucket [22, 16, 16] disagreed with the eager step (summed loss ")
+    assert warnings[0].endswith("); training goes on eagerly")
+
+
 def test_the_trainer_on_the_graph_path_gives_the_eager_losses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               caplog: pytest.LogCaptureFixture) -> None:
     """``trainer.cuda_graphs=true`` through the real trainer on the CPU, each capture replaced by a stand-in that
     replays the captured step eagerly: the same batches padded to buckets, the unpacked encoder, the learning rate
     read at replay; the loss curve is the eager path's, and results.json counts the shapes and replays. Validation
     (greedy) and the test (beam 3) decode through the graph search, its captures stand-ins too: the eager scores."""
+    from nmt.inference import engine as engine_module
     from nmt.train import trainer as trainer_module
     from tests.test_training import tiny_config
 
@@ -249,12 +304,11 @@ def test_the_trainer_on_the_graph_path_gives_the_eager_losses(tmp_path: Path, mo
     common = ["trainer.max_steps=40", "trainer.validate_every=20", "trainer.log_every=1", "trainer.test_beam_size=3"]
     eager = trainer_module.train(tiny_config(tmp_path, common), run_dir=tmp_path / "eager")
     caplog.set_level("INFO", logger="nmt.train")
-    monkeypatch.setattr(trainer_module, "use_cuda_graphs", lambda setting, device, world_size: True)
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    for module in (trainer_module, engine_module):  # the trainer's resolver, and the engine's for its Translator
+        monkeypatch.setattr(module, "resolve_cuda_graphs", lambda *args: GraphUse(step=True, search=True))
     monkeypatch.setattr(TrainingSteps, "_warm_up_and_capture", capture)
     # the search's graphs too: validation and the test decode through the graph search, stand-ins replaying eagerly
-    monkeypatch.setattr("nmt.inference.engine.use_search_graphs", lambda setting, device: True)
-    monkeypatch.setattr(graph_search, "capture_graph", lambda run, pool, device: ReplayedSearchStep(run))
+    monkeypatch.setattr(cuda_graphs, "capture_graph", lambda run, pool, device: ReplayedSearchStep(run))
     graphs = trainer_module.train(tiny_config(tmp_path, [*common, "trainer.cuda_graphs=true"]),
                                   run_dir=tmp_path / "graphs")
     curves = [[json.loads(line) for line in (tmp_path / run / "train_log.jsonl").read_text().splitlines()]
@@ -262,15 +316,18 @@ def test_the_trainer_on_the_graph_path_gives_the_eager_losses(tmp_path: Path, mo
     assert [r["lr"] for r in curves[0]] == [r["lr"] for r in curves[1]]
     torch.testing.assert_close([r["loss"] for r in curves[1]], [r["loss"] for r in curves[0]], rtol=1e-4, atol=1e-5)
     stats = graphs["cuda_graphs"]
-    assert eager["cuda_graphs"] is None and stats["replayed_steps"] + stats["eager_steps"] == 40
-    assert stats["eager_steps"] == 0 and 0 < len(stats["shapes"]) < 40
+    assert eager["cuda_graphs"] is None and stats["replays"] + stats["plain_runs"] == 40
+    assert stats["plain_runs"] == 0 and 0 < len(stats["shapes"]) < 40
+    # the canary (trainer.cuda_graphs_check, on by default) checked each shape met, and found nothing
+    assert 0 < stats["checks"] <= len(stats["shapes"]) and stats["mismatches"] == [] and stats["check_seconds"] > 0
     assert all(shape[1] % 8 == 0 and shape[2] % 8 == 0 for shape in stats["shapes"])
     # every shape captured before the first step, from the sampler's planned batches: none met later for the first time
     messages = [record.getMessage() for record in caplog.records]
     assert any(m.startswith(f"cuda graphs: {len(stats['shapes'])} batch shapes captured in ") for m in messages)
     # the graph search decoded validation and the test: the eager run's scores, its search counted
     search = graphs["search_graphs"]
-    assert eager["search_graphs"] is None and search["replayed_batches"] > 0 and search["fallback"] is None
+    assert eager["search_graphs"] is None and search["replays"] > 0 and search["fallback"] is None
+    assert search["checks"] == len(search["shapes"]) > 0 and search["mismatches"] == []
     assert [v["bleu"] for v in graphs["validations"]] == [v["bleu"] for v in eager["validations"]]
     for split, scores in eager["test"].items():
         assert graphs["test"][split]["bleu"] == scores["bleu"]
@@ -282,8 +339,8 @@ def test_the_trainer_on_the_graph_path_gives_the_eager_losses(tmp_path: Path, mo
 def gpu_steps(graphs: bool, dropout: float = 0.1) -> tuple[Seq2Seq, TrainingSteps]:
     model = tiny_model("additive", layers=1, dropout=dropout).cuda().train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.003, fused=True, capturable=graphs)
-    return model, TrainingSteps(model, model, optimizer, torch.device("cuda"), graphs=graphs, label_smoothing=0.1,
-                                max_norm=1.0, precision="bf16")
+    return model, TrainingSteps(model, model, optimizer, torch.device("cuda"), graphs=graphs, check=False,
+                                label_smoothing=0.1, max_norm=1.0, precision="bf16")
 
 
 @pytest.mark.gpu
@@ -298,8 +355,26 @@ def test_graph_replay_gives_the_eager_losses_over_50_steps() -> None:
         losses[graphs] = torch.stack([steps.run(b.pin_memory(), 0.003, bucketed=True) for b in batches])[:, 0]
         if graphs:
             assert len(steps.stats.shapes) == len({tuple(b.src.shape) for b in batches})
-            assert steps.stats.replayed_steps == 50 and steps.stats.fallback is None
+            assert steps.stats.replays == 50 and steps.stats.fallback is None
     torch.testing.assert_close(losses[True], losses[False], rtol=2e-2, atol=2e-2)  # bf16 tolerance
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_the_canary_passes_real_graphs_and_changes_nothing_in_training() -> None:
+    """With dropout and bf16, each shape's first replay passes its check against the eager step, and the run's
+    losses are those of the same run unchecked (the check gives back the random state it drew from)."""
+    buckets = ShapeBuckets(width=8, max_tokens=200)
+    losses = {}
+    for check in (False, True):
+        batches = [collate_batch(items(seed=i % 5), buckets) for i in range(12)]
+        torch.manual_seed(3)
+        _, steps = gpu_steps(graphs=True, dropout=0.1)
+        steps.cache.check_first_replays = check
+        losses[check] = torch.stack([steps.run(b.pin_memory(), 0.003, bucketed=True) for b in batches])[:, 0]
+        if check:
+            assert steps.stats.checks == len(steps.stats.shapes) > 0 and steps.stats.mismatches == []
+    assert torch.equal(losses[True], losses[False])
 
 
 @pytest.mark.gpu
@@ -308,7 +383,7 @@ def test_a_shape_outside_every_bucket_falls_back_to_the_eager_step() -> None:
     _, steps = gpu_steps(graphs=True)
     unbucketed = collate_batch(items())  # its own shape: not padded to a bucket
     figures = steps.run(unbucketed.pin_memory(), 0.003, bucketed=False)
-    assert steps.stats.eager_steps == 1 and steps.stats.shapes == [] and figures.shape == (3,)
+    assert steps.stats.plain_runs == 1 and steps.stats.shapes == [] and figures.shape == (3,)
 
 
 @pytest.mark.gpu
@@ -324,4 +399,4 @@ def test_a_replayed_step_never_synchronises_with_the_host() -> None:
             steps.run(batch, 0.003, bucketed=True)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert steps.stats.replayed_steps == 4
+    assert steps.stats.replays == 4

@@ -11,13 +11,15 @@ from typing import Any
 import pytest
 import torch
 
+from nmt.common import cuda_graphs
+from nmt.common.cuda_graphs import CudaGraphError, GraphUse, resolve_cuda_graphs
 from nmt.data import PAD_ID
 from nmt.inference.engine import TranslationError, Translator
 from nmt.model import graph_search
 from nmt.model.attention import build_attention
 from nmt.model.ensemble import Ensemble
-from nmt.model.graph_search import GraphSearchError, SearchGraphs, bucket_shape, use_search_graphs
-from nmt.model.search import Hypothesis, beam_search, greedy_search
+from nmt.model.graph_search import SearchGraphs, bucket_shape
+from nmt.model.search import Hypothesis, Search, SearchSpec, beam_search, greedy_search, steps_until_done
 from nmt.model.seq2seq import Seq2Seq
 from tests.test_fast_step import host_reads
 from tests.test_search import LENGTHS, SRC_V, TGT_V, EosBiased, batch, tiny_model
@@ -56,8 +58,17 @@ def stand_in_captures(monkeypatch: pytest.MonkeyPatch) -> list[ReplayedEagerly]:
         made.append(ReplayedEagerly(run))
         return made[-1]
 
-    monkeypatch.setattr(graph_search, "capture_graph", capture)
+    monkeypatch.setattr(cuda_graphs, "capture_graph", capture)
     return made
+
+
+def greedy(max_len: int, max_len_ratio: float | None, keep: bool = True) -> SearchSpec:
+    return SearchSpec(1, 0.0, 1, max_len, max_len_ratio, keep)
+
+
+def beam(k: int, alpha: float, max_len: int, max_len_ratio: float | None, n_best: int, keep: bool = True
+         ) -> SearchSpec:
+    return SearchSpec(k, alpha, n_best, max_len, max_len_ratio, keep)
 
 
 def as_tuples(hyps: list[Hypothesis]) -> list[tuple[list[int], float]]:
@@ -120,13 +131,13 @@ def test_a_padded_bucket_step_gives_the_unpadded_scores(name: str) -> None:
 def test_the_graph_search_gives_the_plain_search_outputs(name: str, stand_in_captures: list[ReplayedEagerly]) -> None:
     """Greedy, beam, n-best, with and without attention: the plain search's tokens, scores and attention."""
     model = EosBiased(model_of(name), eos_bias=2.0)
-    graphs = SearchGraphs(model, CPU, "fp32")
+    graphs = SearchGraphs(model, CPU, "fp32", check=False)
     src, src_lengths = batch(LENGTHS)
     for keep in (True, False):
-        assert_same(graphs.greedy(src, src_lengths, 12, 1.0, keep),
+        assert_same(graphs.greedy(src, src_lengths, greedy(12, 1.0, keep)),
                     greedy_search(model, src, src_lengths, 12, 1.0, keep_attention=keep))
         for k, n_best, alpha in ((1, 1, 1.0), (3, 3, 0.0), (4, 2, 1.4)):
-            graph = graphs.beam(src, src_lengths, k, alpha, 12, 1.0, n_best, keep)
+            graph = graphs.beam(src, src_lengths, beam(k, alpha, 12, 1.0, n_best, keep))
             plain = beam_search(model, src, src_lengths, k, alpha, 12, 1.0, n_best, keep_attention=keep)
             assert [len(n) for n in graph] == [len(n) for n in plain]
             for ours, theirs in zip(graph, plain):
@@ -135,34 +146,34 @@ def test_the_graph_search_gives_the_plain_search_outputs(name: str, stand_in_cap
     kinds = [shape[0] for shape in graphs.stats.shapes]
     kept = 2 if model.has_attention else 1  # with and without attention: a bucket each (none has no attention)
     assert kinds.count("greedy") == kept and kinds.count("beam") == 3 * kept  # and per beam size
-    assert graphs.stats.fallback is None and len(stand_in_captures) == 4 * kept
+    assert graphs.stats.fallback is None and len(stand_in_captures) == 4 * kept and graphs.stats.checks == 0
 
 
 def test_batches_of_one_bucket_share_its_graph_and_a_late_flag_changes_nothing(
         stand_in_captures: list[ReplayedEagerly]) -> None:
     model = tiny_model("additive", eos_bias=2.0)
-    graphs = SearchGraphs(model, CPU, "fp32")
+    graphs = SearchGraphs(model, CPU, "fp32", check=False)
     for seed, lengths in enumerate(([6, 3, 8, 1, 5], [7, 7, 2, 4, 3, 5], [4, 2, 6, 3, 8, 1, 5, 2])):
         src, src_lengths = batch(lengths, seed=seed)
         plain = greedy_search(model, src, src_lengths, 20, None)
-        assert_same(graphs.greedy(src, src_lengths, 20, None, True, lag=3), plain)
-        for ours, theirs in zip(graphs.beam(src, src_lengths, 3, 1.0, 20, None, 2, True, lag=2),
+        assert_same(graphs.greedy(src, src_lengths, greedy(20, None), lag=3), plain)
+        for ours, theirs in zip(graphs.beam(src, src_lengths, beam(3, 1.0, 20, None, 2), lag=2),
                                 beam_search(model, src, src_lengths, 3, 1.0, 20, None, 2)):
             assert_same(ours, theirs)
     assert graphs.stats.shapes == [["greedy", 8, 8], ["beam", 8, 8]]  # every batch pads to 8 x 8
-    assert graphs.stats.replayed_batches == 6
+    assert graphs.stats.replays == 6
 
 
 def test_the_least_recently_used_bucket_makes_room_for_a_new_one(stand_in_captures: list[ReplayedEagerly],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(graph_search, "MAX_BUCKETS", 2)
     model = tiny_model("additive")
-    graphs = SearchGraphs(model, CPU, "fp32")
+    graphs = SearchGraphs(model, CPU, "fp32", check=False)
     batches = [batch(lengths, seed=i) for i, lengths in enumerate(([3, 2], [3, 2, 2], [9, 4], [3, 3]))]
     for src, src_lengths in batches:  # buckets 2x8, 4x8, 2x16, then 2x8 again: evicted by 2x16, captured again
-        assert_same(graphs.greedy(src, src_lengths, 10, None, True), greedy_search(model, src, src_lengths, 10, None))
+        assert_same(graphs.greedy(src, src_lengths, greedy(10, None)), greedy_search(model, src, src_lengths, 10, None))
     assert [shape[1:] for shape in graphs.stats.shapes] == [[2, 8], [4, 8], [2, 16], [2, 8]]
-    assert [key[1:3] for key in graphs.buckets] == [(2, 16), (2, 8)]
+    assert [key[1:3] for key in graphs.cache.entries] == [(2, 16), (2, 8)]
 
 
 def test_an_ensemble_searches_from_graphs_as_it_does_without(stand_in_captures: list[ReplayedEagerly]) -> None:
@@ -170,10 +181,10 @@ def test_an_ensemble_searches_from_graphs_as_it_does_without(stand_in_captures: 
 
     members = [SearchModel(model_of(name, seed)) for seed, name in enumerate(["additive", "none", "general"])]
     ensemble = Ensemble(members)
-    graphs = SearchGraphs(ensemble, CPU, "fp32")
+    graphs = SearchGraphs(ensemble, CPU, "fp32", check=False)
     src, src_lengths = batch(LENGTHS, seed=5)
-    assert_same(graphs.greedy(src, src_lengths, 10, 1.5, True), greedy_search(ensemble, src, src_lengths, 10, 1.5))
-    for ours, theirs in zip(graphs.beam(src, src_lengths, 4, 1.0, 10, 1.5, 4, True),
+    assert_same(graphs.greedy(src, src_lengths, greedy(10, 1.5)), greedy_search(ensemble, src, src_lengths, 10, 1.5))
+    for ours, theirs in zip(graphs.beam(src, src_lengths, beam(4, 1.0, 10, 1.5, 4, True)),
                             beam_search(ensemble, src, src_lengths, 4, 1.0, 10, 1.5, 4)):
         assert_same(ours, theirs)
 
@@ -182,12 +193,12 @@ def test_an_ensemble_searches_from_graphs_as_it_does_without(stand_in_captures: 
 def test_a_replayed_step_reads_nothing_back(kind: str, stand_in_captures: list[ReplayedEagerly]) -> None:
     """What a captured step does, run eagerly: no ``item``, ``tolist``, ``bool``, ``cpu``, ``nonzero``..."""
     model = EosBiased(model_of("additive"), eos_bias=2.0)
-    graphs = SearchGraphs(model, CPU, "fp32")
+    graphs = SearchGraphs(model, CPU, "fp32", check=False)
     src, src_lengths = batch(LENGTHS)
     if kind == "greedy":
-        graphs.greedy(src, src_lengths, 12, 1.0, True)
+        graphs.greedy(src, src_lengths, greedy(12, 1.0, True))
     else:
-        graphs.beam(src, src_lengths, 3, 1.0, 12, 1.0, 2, True)
+        graphs.beam(src, src_lengths, beam(3, 1.0, 12, 1.0, 2, True))
     captured = stand_in_captures[0]
     assert captured.replays > 5 and captured.host_reads == []
     with host_reads() as seen:  # the control: the plain search's compaction reads back, and the check sees it
@@ -197,13 +208,13 @@ def test_a_replayed_step_reads_nothing_back(kind: str, stand_in_captures: list[R
 
 # ---------------------------------------------------------------------------------------- settings
 def test_the_setting_is_checked_in_one_line() -> None:
-    assert use_search_graphs("auto", CPU) is False and use_search_graphs(False, CPU) is False
-    assert use_search_graphs("auto", torch.device("cuda")) is True
-    assert use_search_graphs(True, torch.device("cuda")) is True
-    with pytest.raises(GraphSearchError, match=r"cuda_graphs=true needs a CUDA GPU.*cuda_graphs=auto"):
-        use_search_graphs(True, CPU)
-    with pytest.raises(GraphSearchError, match=r"'maybe' is not one of auto, true, false"):
-        use_search_graphs("maybe", CPU)
+    assert not resolve_cuda_graphs("auto", CPU).search and not resolve_cuda_graphs(False, CPU).search
+    assert resolve_cuda_graphs("auto", torch.device("cuda")).search
+    assert resolve_cuda_graphs(True, torch.device("cuda")).search
+    with pytest.raises(CudaGraphError, match=r"^cuda_graphs=true needs a CUDA GPU.*cuda_graphs=auto"):
+        resolve_cuda_graphs(True, CPU)
+    with pytest.raises(CudaGraphError, match=r"'maybe' is not one of auto, true, false"):
+        resolve_cuda_graphs("maybe", CPU)
 
 
 def test_a_capture_that_fails_warns_once_and_the_plain_search_serves(monkeypatch: pytest.MonkeyPatch,
@@ -211,26 +222,73 @@ def test_a_capture_that_fails_warns_once_and_the_plain_search_serves(monkeypatch
     def fail(run: Callable[[], None], pool: Any, device: torch.device) -> None:
         raise RuntimeError("operation not permitted when stream is capturing\nmore lines")
 
-    monkeypatch.setattr(graph_search, "capture_graph", fail)
+    monkeypatch.setattr(cuda_graphs, "capture_graph", fail)
     model = tiny_model("additive")
-    graphs = SearchGraphs(model, CPU, "fp32")
+    graphs = SearchGraphs(model, CPU, "fp32", check=False)
     src, src_lengths = batch(LENGTHS)
-    assert graphs.greedy(src, src_lengths, 12, 1.0, True) is None and not graphs.serving
-    assert graphs.beam(src, src_lengths, 3, 1.0, 12, 1.0, 1, True) is None
+    assert_same(graphs.greedy(src, src_lengths, greedy(12, 1.0)), greedy_search(model, src, src_lengths, 12, 1.0))
+    assert not graphs.cache.serving
+    for ours, theirs in zip(graphs.beam(src, src_lengths, beam(3, 1.0, 12, 1.0, 1)),
+                            beam_search(model, src, src_lengths, 3, 1.0, 12, 1.0, 1)):
+        assert_same(ours, theirs)
+    assert graphs.stats.plain_runs == 2 and graphs.stats.shapes == []
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "capturing the search step failed (RuntimeError: operation not permitted" in \
         warnings[0] and "\n" not in warnings[0]
+
+
+class ReplayedWithOtherWeights(ReplayedEagerly):
+    """A capture that computes the wrong thing: its replay runs the bucket's step with another model's weights (as
+    a graph holding stale weights would)."""
+
+    def __init__(self, run: Callable[[], None], other: Any) -> None:
+        step = run.func  # the bucket's advance(model, blocked), bound to its static tensors
+        super().__init__(lambda: step(other, *run.args[1:]))
+
+
+@pytest.mark.parametrize("kind", ["greedy", "beam"])
+def test_the_canary_checks_each_new_bucket_once_and_a_wrong_capture_hands_over_to_the_plain_search(
+        kind: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A right capture passes the check, once per bucket; a wrong one is caught at its bucket's first batch: that
+    batch gets the plain search's hypotheses, one warning names the bucket, the stats record it, and the plain
+    search serves from then on. Without the check the wrong hypotheses would have gone out."""
+    model, other = EosBiased(model_of("additive"), eos_bias=2.0), EosBiased(model_of("additive", seed=7), 2.0)
+    src, src_lengths = batch(LENGTHS)
+    spec = greedy(12, 1.0) if kind == "greedy" else beam(3, 1.0, 12, 1.0, 2)
+    plain = getattr(Search(model), kind)(src, src_lengths, spec)
+
+    def flat(found: list[Any]) -> list[Hypothesis]:
+        return [hyp for item in found for hyp in (item if isinstance(item, list) else [item])]
+
+    monkeypatch.setattr(cuda_graphs, "capture_graph", lambda run, pool, device: ReplayedEagerly(run))
+    right = SearchGraphs(model, CPU, "fp32", check=True)
+    for _ in range(2):
+        assert [h.tokens for h in flat(getattr(right, kind)(src, src_lengths, spec))] == [h.tokens for h in flat(plain)]
+    assert right.stats.checks == 1 and right.stats.mismatches == [] and right.stats.replays == 2
+
+    monkeypatch.setattr(cuda_graphs, "capture_graph", lambda run, pool, device: ReplayedWithOtherWeights(run, other))
+    unchecked = SearchGraphs(model, CPU, "fp32", check=False)
+    assert [h.tokens for h in flat(getattr(unchecked, kind)(src, src_lengths, spec))] != [h.tokens for h in flat(plain)]
+    wrong = SearchGraphs(model, CPU, "fp32", check=True)
+    for _ in range(2):
+        assert [h.tokens for h in flat(getattr(wrong, kind)(src, src_lengths, spec))] == [h.tokens for h in flat(plain)]
+    assert wrong.stats.mismatches == [[kind, 8, 8]] and wrong.stats.fallback.startswith(f"canary: bucket ['{kind}'")
+    assert wrong.stats.replays == 1 and wrong.stats.plain_runs == 1 and not wrong.cache.serving
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and warnings[0].startswith(f"cuda_graphs: the first replay of bucket ['{kind}', 8, 8] "
+                                                         "disagreed with the plain search (")
+    assert warnings[0].endswith("differ in their tokens); decoding goes on without graphs")
 
 
 def test_a_bucket_over_gpu_memory_names_batch_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     def out_of_memory(run: Callable[[], None], pool: Any, device: torch.device) -> None:
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(graph_search, "capture_graph", out_of_memory)
+    monkeypatch.setattr(cuda_graphs, "capture_graph", out_of_memory)
     src, src_lengths = batch(LENGTHS)
-    with pytest.raises(GraphSearchError, match=r"bucket of 8 sentences x 8 source tokens x beam 3 does not fit in "
-                                               r"GPU memory; lower batch_tokens"):
-        SearchGraphs(tiny_model("additive"), CPU, "fp32").beam(src, src_lengths, 3, 1.0, 12, 1.0, 1, True)
+    with pytest.raises(CudaGraphError, match=r"bucket of 8 sentences x 8 source tokens x beam 3 does not fit in "
+                                             r"GPU memory; lower batch_tokens \(or set cuda_graphs=false\)"):
+        SearchGraphs(tiny_model("additive"), CPU, "fp32", check=False).beam(src, src_lengths, beam(3, 1.0, 12, 1.0, 1))
 
 
 # ---------------------------------------------------------------------------------------- the engine
@@ -240,7 +298,7 @@ def test_the_translator_decodes_from_graphs_as_without(tiny_run_dir: Path, monke
     scores and word attention as the plain search, greedy and beam with n-best."""
     sentences = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch."]
     plain = Translator.from_checkpoint(tiny_run_dir, device="cpu", cuda_graphs=False)
-    monkeypatch.setattr("nmt.inference.engine.use_search_graphs", lambda setting, device: True)
+    monkeypatch.setattr("nmt.inference.engine.resolve_cuda_graphs", lambda setting, device: GraphUse(True, True))
     graphs = Translator.from_checkpoint(tiny_run_dir, device="cpu")
     assert plain.graphs is None and graphs.graphs is not None
     for options in ({"beam_size": 1}, {"beam_size": 4, "n_best": 3}):
@@ -250,11 +308,11 @@ def test_the_translator_decodes_from_graphs_as_without(tiny_run_dir: Path, monke
         torch.testing.assert_close([t.score for t in ours], [t.score for t in theirs], rtol=1e-5, atol=1e-5)
         assert [t.attention.alignment if t.attention else None for t in ours] == \
             [t.attention.alignment if t.attention else None for t in theirs]
-    assert len(stand_in_captures) == 2 and graphs.graphs.stats.replayed_batches == 2
+    assert len(stand_in_captures) == 2 and graphs.graphs.stats.replays == 2
 
 
 def test_graphs_forced_where_they_cannot_serve_are_one_line(tiny_run_dir: Path) -> None:
-    with pytest.raises(TranslationError, match=r"^cuda_graphs=true needs a CUDA GPU, and this search runs on cpu"):
+    with pytest.raises(TranslationError, match=r"^cuda_graphs=true needs a CUDA GPU, and this run is on cpu"):
         Translator.from_checkpoint(tiny_run_dir, device="cpu", cuda_graphs=True)
 
 
@@ -286,10 +344,23 @@ def test_decoding_a_batch_from_graphs_never_synchronises_with_the_host(tiny_run_
     search = translator.graphs
     with torch.no_grad():
         for _ in range(2):  # captured, then loaded again
-            bucket, steps = search._bucket("beam", src, torch.tensor(lengths), (5, 50, 1.5, False), 5, 1.0)
+            _, bucket, steps = search._bucket("beam", src, torch.tensor(lengths), SearchSpec(5, 1.0, 1, 50, 1.5, False))
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            search._replay(bucket, steps, lag=0)
+            steps_until_done(lambda _: search._replay(bucket), steps, search.device, lag=0)
         finally:
             torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_canary_passes_real_graphs(tiny_run_dir: Path, precision: str) -> None:
+    """Real captures pass their check (fp32: the same tokens; bf16: within the stated share), once per bucket."""
+    _, graphs = gpu_translators(tiny_run_dir, precision)
+    sentences = [f"Ein Mann mit {n} Hunden läuft." for n in range(1, 40)] + ["Hallo."]
+    for options in ({"beam_size": 1}, {"beam_size": 5, "n_best": 2}):
+        graphs.translate(sentences, **options)
+    stats = graphs.graphs.stats
+    assert stats.checks == len(stats.shapes) > 0 and stats.mismatches == [] and stats.fallback is None

@@ -22,7 +22,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # train.py with trainer.cuda_graphs taken as served on the CPU and each capture a stand-in that replays eagerly.
 STAND_IN_GRAPHS = """
 import runpy, sys, torch
-from nmt.model import graph_search
+from nmt.common import cuda_graphs
+from nmt.inference import engine
 from nmt.train import trainer
 from nmt.train.fast_step import TrainingSteps, _Graph
 from tests.test_fast_step import ReplayedEagerly, ReplayedSearchStep
@@ -31,10 +32,9 @@ def capture(self, batch):
     inputs, figures = batch.to(self.device), torch.zeros(3)
     return _Graph(ReplayedEagerly(self, inputs, figures), inputs, figures)
 
-trainer.use_cuda_graphs = lambda setting, device, world_size: True
-torch.cuda.graph_pool_handle = lambda: None
+trainer.resolve_cuda_graphs = engine.resolve_cuda_graphs = lambda *args: cuda_graphs.GraphUse(step=True, search=True)
 TrainingSteps._warm_up_and_capture = capture
-graph_search.capture_graph = lambda run, pool, device: ReplayedSearchStep(run)
+cuda_graphs.capture_graph = lambda run, pool, device: ReplayedSearchStep(run)
 sys.argv = ["train.py", *sys.argv[1:]]
 runpy.run_path("train.py", run_name="__main__")
 """
@@ -98,7 +98,7 @@ def test_runs_side_by_side_give_the_losses_they_give_alone_and_a_failed_one_stop
         assert losses(together) == losses(alone) and len(losses(alone)) == 30
         assert scores(together) == scores(alone)
         graphs = json.loads((together / "results.json").read_text())["cuda_graphs"]
-        assert graphs["replayed_steps"] == 30 and graphs["eager_steps"] == 0  # the stand-in graph path ran
+        assert graphs["replays"] == 30 and graphs["plain_runs"] == 0  # the stand-in graph path ran
     assert losses(tmp_path / "alone1") != losses(tmp_path / "alone2")  # each its own seed
     # killed midway (not ended on its own: a 120-step run writes results.json when it ends), past a validation that
     # saved checkpoints: a validation leaves no results.json, which a chain would take for a finished run

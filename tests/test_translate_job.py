@@ -213,7 +213,7 @@ def test_cli_stdout_has_only_translations(tiny_run_dir: Path, tmp_path: Path) ->
     (tmp_path / "a_file").unlink()
     forced = cli(f"checkpoint={tiny_run_dir}", "cuda_graphs=true", "device=cpu", stdin=f"{SRC[0]}\n")
     assert forced.returncode == 2 and forced.stdout == "" and forced.stderr.count("\n") == 1
-    assert forced.stderr.startswith("translate.py: error: cuda_graphs=true needs a CUDA GPU, and this search runs on "
+    assert forced.stderr.startswith("translate.py: error: cuda_graphs=true needs a CUDA GPU, and this run is on "
                                     "cpu; use cuda_graphs=auto (or false)")
     missing = cli()
     assert missing.returncode == 2 and missing.stdout == ""

@@ -12,15 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+from nmt.common.batch_tokens import resolve_batch_tokens
 from nmt.common.provenance import command_line, library_versions
 from nmt.data.fetch import sha256_of
 from nmt.export.hub import write_hub_folder_of
 from nmt.export.onnx_folder import write_onnx_folder
-from nmt.inference.engine import CPU_BATCH_TOKENS, SearchOptions, Translator, recorded_results
 from nmt.inference.engine import USER_ERRORS as ENGINE_USER_ERRORS
+from nmt.inference.engine import SearchOptions, Translator, recorded_results
 from nmt.model.hub_folder import WEIGHTS_FILE as HUB_WEIGHTS_FILE
 
 log = logging.getLogger(__name__)
@@ -68,9 +70,8 @@ def export_main(cfg: Any) -> Path:
     missing = [name for name in ("onnx", "onnxruntime") if importlib.util.find_spec(name) is None]
     if cfg.format == "onnx" and missing:
         raise ExportError(f"format=onnx needs {' and '.join(missing)}: pip install -e '.[export]'")
-    search = SearchOptions.from_settings(cfg)
-    if search.batch_tokens == "auto":  # the torch-free runtime decodes on the CPU
-        search = dataclasses.replace(search, batch_tokens=CPU_BATCH_TOKENS)
+    search = SearchOptions.from_settings(cfg)  # batch_tokens as the torch-free runtime, on the CPU, will use it
+    search = dataclasses.replace(search, batch_tokens=resolve_batch_tokens(search.batch_tokens, torch.device("cpu")))
     output = Path(str(cfg.output))
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ExportError(f"output {output} exists and is not an empty folder; name a new folder")

@@ -176,7 +176,8 @@ def load_reverse_model(cfg: DictConfig, text: InputText) -> tuple[Translator, st
     """
     # never cut a line: over-long lines are left untranslated instead (max_input_words)
     translator = Translator.from_checkpoint(cfg.checkpoint, device=cfg.device, precision=cfg.precision,
-                                            max_input_words=None)
+                                            max_input_words=None, cuda_graphs=cfg.cuda_graphs,
+                                            cuda_graphs_check=cfg.cuda_graphs_check)
     info = translator.info()
     src, tgt, lang = info["src_lang"], info["tgt_lang"], text.lang
     if src != lang or not tgt or tgt == lang:

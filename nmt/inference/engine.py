@@ -16,6 +16,8 @@ from typing import Any, Protocol
 import torch
 from omegaconf import MISSING, OmegaConf
 
+from nmt.common.batch_tokens import resolve_batch_tokens
+from nmt.common.cuda_graphs import CudaGraphError, resolve_cuda_graphs
 from nmt.common.device import (
     DeviceError,
     autocast,
@@ -32,9 +34,9 @@ from nmt.inference.alignment import pharaoh_alignment
 from nmt.inference.words import merge_subword_attention
 from nmt.model.checkpoint import CheckpointError, load_for_inference, resolve_checkpoint
 from nmt.model.ensemble import Ensemble
-from nmt.model.graph_search import GraphSearchError, SearchGraphs, use_search_graphs
+from nmt.model.graph_search import SearchGraphs
 from nmt.model.hub_folder import CONFIG_FILE, WEIGHTS_FILE
-from nmt.model.search import Hypothesis, beam_search, greedy_search, sample_search
+from nmt.model.search import Hypothesis, Search, SearchSpec, sample_search
 from nmt.model.seq2seq import SearchModel, Seq2Seq, count_parameters
 
 log = logging.getLogger(__name__)
@@ -55,7 +57,7 @@ class SearchOptions:
         max_len: at most this many output subwords per sentence.
         max_len_ratio: and at most ``ceil(ratio * source subwords) + 5``; None = ``max_len`` only.
         batch_tokens: padded source subwords per batch (the beam multiplies the rows by ``beam_size``); ``auto``:
-            ``CPU_BATCH_TOKENS`` on a CPU, ``GPU_BATCH_TOKENS`` on a GPU (``resolve_batch_tokens``).
+            4096 on a CPU, 65,536 on a GPU (``nmt.common.batch_tokens``).
     """
 
     beam_size: int = 5
@@ -114,17 +116,6 @@ class SamplingOptions:
         return self
 
 
-CPU_BATCH_TOKENS = 4096  # batch_tokens=auto on a CPU: larger batches gain nothing there (docs/results/speed.md)
-GPU_BATCH_TOKENS = 65_536  # on a GPU: a test set in a few batches, each a few captured steps wide
-
-
-def resolve_batch_tokens(value: int | str, device: torch.device) -> int:
-    """``batch_tokens`` as a number: ``auto`` is ``GPU_BATCH_TOKENS`` on CUDA, else ``CPU_BATCH_TOKENS``."""
-    if value != "auto":
-        return int(value)
-    return GPU_BATCH_TOKENS if device.type == "cuda" else CPU_BATCH_TOKENS
-
-
 OPTION_BOUNDS: dict[str, tuple[float, float]] = {
     "beam_size": (1, 1000),
     "n_best": (1, 1000),
@@ -163,6 +154,9 @@ class EngineSettings(SearchOptions):
             training config's ``data.clean.max_len``; None = no limit.
         cuda_graphs: ``auto`` (on a GPU, greedy and beam search replay a captured decoder step:
             ``nmt.model.graph_search``) | ``true`` (the same, and an error off a GPU) | ``false``.
+        cuda_graphs_check: with graphs, each new bucket's first batch is decoded by the plain search too and
+            compared (tokens equal in fp32; under bf16 at most 10% of hypotheses may differ); a mismatch warns
+            once and the plain search serves from then on.
     """
 
     checkpoint: Any = MISSING
@@ -170,6 +164,7 @@ class EngineSettings(SearchOptions):
     precision: str = "auto"
     max_input_words: Any = "auto"
     cuda_graphs: Any = "auto"  # the command line's true / false arrive as booleans
+    cuda_graphs_check: bool = True
 
 
 class NbestReranker(Protocol):
@@ -250,11 +245,13 @@ class Translator:
         configs: the models' resolved training configs (for ``info``), if known.
         checkpoints: the checkpoint files the models came from, if any.
         cuda_graphs: ``auto``, ``true`` or ``false``: greedy and beam search from CUDA graphs (``EngineSettings``).
+        cuda_graphs_check: check each new bucket's first replay against the plain search (``EngineSettings``).
     """
 
     def __init__(self, models: Seq2Seq | Sequence[Seq2Seq], tokenizer: Tokenizer, *, precision: str = "auto",
                  max_input_words: int | None = None, configs: Sequence[dict[str, Any]] = (),
-                 checkpoints: Sequence[Path] = (), cuda_graphs: str | bool = "auto") -> None:
+                 checkpoints: Sequence[Path] = (), cuda_graphs: str | bool = "auto",
+                 cuda_graphs_check: bool = EngineSettings.cuda_graphs_check) -> None:
         self.models = [models] if isinstance(models, Seq2Seq) else list(models)
         self.device = next(self.models[0].parameters()).device
         self.precision = _checked_device(self.device, precision)[1]
@@ -265,10 +262,12 @@ class Translator:
         self.model: SearchModel | Ensemble = self.searched[0] if len(self.searched) == 1 else Ensemble(self.searched)
         self.cuda_graphs = str(cuda_graphs).lower()
         try:
-            graphs = use_search_graphs(cuda_graphs, self.device)
-        except GraphSearchError as error:
+            graphs = resolve_cuda_graphs(cuda_graphs, self.device).search
+        except CudaGraphError as error:
             raise TranslationError(str(error)) from None
-        self.graphs = SearchGraphs(self.model, self.device, self.precision) if graphs else None
+        # the searcher, chosen once: the rows compacted (plain), or kept in captured buckets (graphs)
+        self.searcher = (SearchGraphs(self.model, self.device, self.precision, cuda_graphs_check) if graphs
+                         else Search(self.model))
         self.tokenizer = tokenizer
         self.max_input_words = max_input_words
         self.configs = list(configs)
@@ -284,7 +283,8 @@ class Translator:
     @classmethod
     def from_checkpoint(cls, path: str | Path | Sequence[str | Path], device: str | torch.device = "auto",
                         precision: str = "auto", max_input_words: int | str | None = "auto",
-                        cuda_graphs: str | bool = "auto") -> Translator:
+                        cuda_graphs: str | bool = "auto",
+                        cuda_graphs_check: bool = EngineSettings.cuda_graphs_check) -> Translator:
         """Load a run dir or ``.pt`` file, or a list of them (an ensemble).
 
         Args:
@@ -293,6 +293,7 @@ class Translator:
             precision: ``auto``, ``bf16``, ``fp32`` or ``int8`` (CPU only).
             max_input_words: ``auto`` = the training config's ``data.clean.max_len``; a number; None.
             cuda_graphs: ``auto``, ``true`` or ``false`` (``EngineSettings``).
+            cuda_graphs_check: check each new bucket's first replay (``EngineSettings``).
 
         Raises:
             CheckpointError: a missing or unreadable checkpoint.
@@ -311,7 +312,8 @@ class Translator:
         models, tokenizers, configs = zip(*(load_for_inference(f, device=device) for f in files))
         _check_members(files, tokenizers, configs)
         return cls(models, tokenizers[0], precision=precision, configs=configs, checkpoints=files,
-                   max_input_words=resolve_max_input_words(max_input_words, configs), cuda_graphs=cuda_graphs)
+                   max_input_words=resolve_max_input_words(max_input_words, configs), cuda_graphs=cuda_graphs,
+                   cuda_graphs_check=cuda_graphs_check)
 
     @classmethod
     def from_pretrained(cls, name: str | Path, device: str | torch.device = "auto", precision: str = "auto",
@@ -341,7 +343,14 @@ class Translator:
                                    "train.py), or checkpoint=[RUN_A,RUN_B] for an ensemble")
         return cls.from_checkpoint(settings.checkpoint, device=str(settings.device), precision=str(settings.precision),
                                    max_input_words=_plain(settings.max_input_words),
-                                   cuda_graphs=getattr(settings, "cuda_graphs", "auto"))
+                                   cuda_graphs=getattr(settings, "cuda_graphs", "auto"),
+                                   cuda_graphs_check=getattr(settings, "cuda_graphs_check",
+                                                             EngineSettings.cuda_graphs_check))
+
+    @property
+    def graphs(self) -> SearchGraphs | None:
+        """The graph search, when it is the searcher (its ``stats`` say what it did)."""
+        return self.searcher if isinstance(self.searcher, SearchGraphs) else None
 
     @property
     def has_attention(self) -> bool:
@@ -433,31 +442,15 @@ class Translator:
         if sampling is not None and self.cuda_graphs == "true":
             raise TranslationError("cuda_graphs=true: sampling has no graph search (greedy and beam search have); "
                                    "use cuda_graphs=auto")
-        if sampling is None and self.graphs is not None:
-            found = self._graph_search(self.graphs, src, src_lengths, opts, attention)
-            if found is not None:  # else a capture failed: the plain search serves
-                return found
         if sampling is not None:
             return [[h] for h in sample_search(self.model, src, src_lengths, opts.max_len, opts.max_len_ratio,
                                                sampling.temperature, sampling.top_k, generator,
                                                keep_attention=attention)]
-        if opts.beam_size == 1:
-            return [[h] for h in greedy_search(self.model, src, src_lengths, opts.max_len, opts.max_len_ratio,
-                                               keep_attention=attention)]
-        return beam_search(self.model, src, src_lengths, opts.beam_size, opts.length_penalty, opts.max_len,
-                           opts.max_len_ratio, opts.n_best, keep_attention=attention)
-
-    @staticmethod
-    def _graph_search(graphs: SearchGraphs, src: torch.Tensor, src_lengths: torch.Tensor, opts: SearchOptions,
-                      attention: bool) -> list[list[Hypothesis]] | None:
-        """The batch through the graph search; None when it cannot serve (a failed capture: the plain search does)."""
+        spec = SearchSpec(opts.beam_size, opts.length_penalty, opts.n_best, opts.max_len, opts.max_len_ratio,
+                          keep_attention=attention)
         try:
-            if opts.beam_size == 1:
-                found = graphs.greedy(src, src_lengths, opts.max_len, opts.max_len_ratio, keep_attention=attention)
-                return None if found is None else [[h] for h in found]
-            return graphs.beam(src, src_lengths, opts.beam_size, opts.length_penalty, opts.max_len,
-                               opts.max_len_ratio, opts.n_best, keep_attention=attention)
-        except GraphSearchError as error:
+            return self.searcher(src, src_lengths, spec)
+        except CudaGraphError as error:  # a bucket over GPU memory
             raise TranslationError(str(error)) from None
 
     def _result(self, src_ids: list[int], nbest: list[Hypothesis], attention: bool) -> Translation:

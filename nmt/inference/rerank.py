@@ -11,16 +11,10 @@ from typing import Any
 
 import torch
 
+from nmt.common.batch_tokens import CPU_BATCH_TOKENS, resolve_batch_tokens
 from nmt.common.device import autocast
 from nmt.data.batching import Batch, collate_batch, token_batches
-from nmt.inference.engine import (
-    CPU_BATCH_TOKENS,
-    TranslationError,
-    Translator,
-    check_option,
-    is_number,
-    resolve_batch_tokens,
-)
+from nmt.inference.engine import TranslationError, Translator, check_option, is_number
 from nmt.model.search import Hypothesis
 
 

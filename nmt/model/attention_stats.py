@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import torch
 
+from nmt.common.batch_tokens import resolve_batch_tokens
 from nmt.data.batching import EncodedSplit, collate_batch, token_batches
 from nmt.model.seq2seq import Seq2Seq
 
 
-def attention_sharpness(model: Seq2Seq, split: EncodedSplit, batch_tokens: int = 4096) -> dict[str, float] | None:
+def attention_sharpness(model: Seq2Seq, split: EncodedSplit, batch_tokens: int | str = "auto"
+                        ) -> dict[str, float] | None:
     """How peaked the attention is on ``split``, decoding its references teacher-forced: every real target token
     (EOS included) gives one distribution ``a_j`` over its S real source pieces (multihead: the heads' mean).
     Sentences with an empty side are skipped.
+
+    Args:
+        batch_tokens: padded source tokens per teacher-forced batch, or ``auto`` (``nmt.common.batch_tokens``).
 
     Returns:
         ``{"normalised_entropy", "max_weight", "entropy", "tokens"}``: means over target tokens of
@@ -27,7 +32,8 @@ def attention_sharpness(model: Seq2Seq, split: EncodedSplit, batch_tokens: int =
     totals = {"normalised_entropy": 0.0, "max_weight": 0.0, "entropy": 0.0}
     tokens = 0
     with torch.inference_mode():
-        for batch_rows in token_batches([len(split.src_ids[i]) + 1 for i in rows], batch_tokens):
+        budget = resolve_batch_tokens(batch_tokens, device)
+        for batch_rows in token_batches([len(split.src_ids[i]) + 1 for i in rows], budget):
             batch = collate_batch([split[rows[k]] for k in batch_rows])
             # the model's attention weights [B, T, S]
             weights = model(batch.src.to(device), batch.src_lengths, batch.tgt_in.to(device))[1].float().cpu()

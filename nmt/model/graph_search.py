@@ -1,78 +1,46 @@
-"""Search replayed from CUDA graphs: ``nmt.model.search``'s greedy and beam search with the whole decoder step
-captured once per shape bucket (rows x source length) and replayed, the source encoded once per batch, finished rows
-kept in place and masked (after NeMo's graphed RNN-T decoding). Shapes: R rows, K beam, S source, T steps.
+"""Search replayed from CUDA graphs: ``nmt.model.search``'s greedy and beam step, the same functions, captured once per
+shape bucket (rows x source length) and replayed, the source encoded once per batch, finished rows kept in place in
+the bucket's static tensors and masked where the plain search compacts them (after NeMo's graphed RNN-T decoding).
+Shapes: R rows, K beam, S source, T steps.
 """
 
 from __future__ import annotations
 
-import logging
-import math
-import time
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
-from nmt.common.device import autocast
+from nmt.common import cuda_graphs
+from nmt.common.device import autocast, uses_bf16
 from nmt.data import BOS_ID, EOS_ID, PAD_ID
 from nmt.model.search import (
     Beams,
     Hypothesis,
-    LateFlag,
+    Search,
+    SearchSpec,
     StepModel,
-    attention_by_slot,
-    best_candidates,
+    beam_step,
     blocked_tokens,
     hypotheses_of,
-    length_limits,
     read_back,
+    steps_until_done,
     token_step,
 )
 
-log = logging.getLogger(__name__)
-
-GRAPH_CHOICES = ("auto", "true", "false")
 SOURCE_WIDTH = 8  # source lengths padded to a multiple of this, so few buckets recur
 MAX_BUCKETS = 32  # captured buckets kept at once (a server meets many shapes and options); the least recent goes
-
-
-class GraphSearchError(ValueError):
-    """The graph search cannot serve this setting or batch; the message names the setting and the fix."""
-
-
-def use_search_graphs(setting: str | bool, device: torch.device) -> bool:
-    """Whether decoding replays CUDA graphs: ``auto`` on CUDA, ``true`` there only (else GraphSearchError)."""
-    setting = str(setting).lower()  # the command line's true / false arrive as booleans
-    if setting not in GRAPH_CHOICES:
-        raise GraphSearchError(f"cuda_graphs={setting!r} is not one of {', '.join(GRAPH_CHOICES)}")
-    if setting == "true" and device.type != "cuda":
-        raise GraphSearchError(f"cuda_graphs=true needs a CUDA GPU, and this search runs on {device}; "
-                               "use cuda_graphs=auto (or false)")
-    return setting != "false" and device.type == "cuda"
+BF16_TOKEN_SHARE = 0.1  # the canary under bf16: at most this share of hypotheses may differ from the plain search's
+Hypotheses = TypeVar("Hypotheses", list[Hypothesis], list[list[Hypothesis]])
 
 
 def bucket_shape(rows: int, src_len: int) -> tuple[int, int]:
     """``(R', S')`` of a batch of ``rows`` sentences of at most ``src_len`` tokens: rows to a power of two (at most
     twice the rows), the length to a multiple of ``SOURCE_WIDTH``."""
     return 1 << (rows - 1).bit_length(), -(-src_len // SOURCE_WIDTH) * SOURCE_WIDTH
-
-
-def capture_graph(run: Callable[[], None], pool: Any, device: torch.device) -> Any:
-    """``run`` once on a side stream (cuBLAS handles, allocations), then captured in ``pool``: the graph. (Tests
-    replace it with a stand-in that runs ``run`` at each replay.)"""
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        run()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        run()
-    return graph
 
 
 # ------------------------------------------------------------------------------------ static tensors
@@ -154,8 +122,8 @@ class _Greedy:
         self.step.add_(1)
         self.all_done.copy_(finished.all())
 
-    def read(self, steps: int, rows: int, src_lengths: Tensor) -> list[Hypothesis]:
-        """The first ``rows`` rows' hypotheses after ``steps`` steps (the batch's one read back)."""
+    def read(self, steps: int, rows: int, src_lengths: Tensor, spec: SearchSpec) -> list[Hypothesis]:
+        """The first ``rows`` rows' hypotheses after ``steps`` steps (the batch's one read back; one each)."""
         tokens = self.tokens[:steps, :rows].T.cpu()  # [B, T]
         attention = None if self.attention is None else self.attention[:steps, :rows].transpose(0, 1).cpu()
         return hypotheses_of(tokens, attention, self.out_len[:rows], self.scores[:rows], src_lengths)
@@ -207,28 +175,28 @@ class _Beam:
         self.all_done.zero_()
 
     def advance(self, model: StepModel, blocked: Tensor) -> None:
-        """One beam step (``best_candidates``, ``Beams.advance``), its results written back: what a graph captures."""
-        logits, state, attn = model.decode_step(self.prev, self.state, self.memory)  # [R*K, V], [L, R*K, H], [R*K, S]
-        beams = replace(self.beams)  # advance() replaces this copy's fields: the static tensors stay as inputs
-        candidates = best_candidates(logits, beams.score, blocked)  # [R, 2K] each
-        keep_slot, keep_token = beams.advance(self.step, *candidates, self.alpha, self.slots)
+        """One ``beam_step``, its results written back into these tensors: what a graph captures."""
+        beams = replace(self.beams)  # the step replaces this copy's fields: the static tensors stay as inputs
+        keep_slot, keep_token, attn, state = beam_step(model, beams, self.prev, self.state, self.memory, self.step,
+                                                       self.alpha, blocked, self.slots, self.row_base,
+                                                       keep_attention=self.attention is not None)
         at_step = self.step.view(1)
         self.tokens.index_copy_(0, at_step, keep_token.unsqueeze(0))  # [T, R, K]
         self.back.index_copy_(0, at_step, keep_slot.unsqueeze(0))
-        if self.attention is not None:
-            self.attention.index_copy_(0, at_step, attention_by_slot(attn, keep_slot).unsqueeze(0))  # [T, R, K, S]
-        reorder = (self.row_base + keep_slot).view(-1)  # [R*K] rows of the previous beam to continue
-        copy_into(self.state, state.index_select(1, reorder))
+        if attn is not None:
+            self.attention.index_copy_(0, at_step, attn.unsqueeze(0))  # [T, R, K, S]
+        copy_into(self.state, state)
         self.prev.copy_(keep_token.view(-1))
         copy_into(self.beams, beams)
         self.step.add_(1)
         self.all_done.copy_(beams.done.all())
 
-    def read(self, steps: int, rows: int, src_lengths: Tensor, n_best: int) -> list[list[Hypothesis]]:
+    def read(self, steps: int, rows: int, src_lengths: Tensor, spec: SearchSpec) -> list[list[Hypothesis]]:
         """The first ``rows`` sentences' ``n_best`` hypotheses after ``steps`` steps (read back once)."""
         attention = None if self.attention is None else self.attention[:steps, :rows]
         pool = tree_map(lambda t: t[:rows], self.beams.pool)  # [B, K] each
-        return read_back(pool, self.tokens[:steps, :rows], self.back[:steps, :rows], attention, src_lengths, n_best)
+        return read_back(pool, self.tokens[:steps, :rows], self.back[:steps, :rows], attention, src_lengths,
+                         spec.n_best)
 
 
 def _empty(device: torch.device, *specs: tuple[int | tuple[()], torch.dtype]) -> list[Tensor]:
@@ -242,80 +210,74 @@ class _Bucket:
     static: _Greedy | _Beam
 
 
-@dataclass
-class SearchGraphStats:
-    """What the graph search did, for results.json and benchmarks."""
-
-    capture_seconds: float = 0.0
-    replayed_batches: int = 0
-    fallback: str | None = None  # why the plain search took over, when it did
-    shapes: list[list[Any]] = field(default_factory=list)  # [kind, R, S] of each captured bucket
-
-
-class SearchGraphs:
+class SearchGraphs(Search):
     """Greedy and beam search for ``model`` (in eval mode; its weights may change in place between batches), each
-    bucket's step captured on first sight under ``precision``'s autocast and replayed. Rows never leave the batch,
-    so shapes are fixed, and the outputs are the plain search's."""
+    bucket's step captured on first sight under ``precision``'s autocast and replayed (``GraphCache``). Rows never
+    leave the batch, so shapes are fixed, and the outputs are the plain search's; with ``check``, each bucket's
+    first batch is decoded by the plain search too and compared (the canary). After a failed capture or a
+    mismatch the plain search serves.
+    """
 
-    def __init__(self, model: StepModel, device: torch.device, precision: str) -> None:
-        self.model, self.device, self.precision = model, device, precision
-        self.buckets: OrderedDict[tuple[Any, ...], _Bucket] = OrderedDict()  # least recently used first
-        self.stats = SearchGraphStats()
-        self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None  # one at a time: shared
+    def __init__(self, model: StepModel, device: torch.device, precision: str, check: bool) -> None:
+        super().__init__(model)
+        self.device, self.precision = device, precision
+        self.cache = cuda_graphs.GraphCache(
+            device, key="cuda_graphs", step_name="the search step", plain_name="the plain search",
+            plain_after="decoding goes on without graphs", check=check, max_entries=MAX_BUCKETS)
+        self.stats = self.cache.stats
         self.blocked = blocked_tokens(device)
 
-    @property
-    def serving(self) -> bool:
-        """False once a capture failed: the plain search serves from then on."""
-        return self.stats.fallback is None
+    @torch.no_grad()
+    def greedy(self, src: Tensor, src_lengths: Tensor, spec: SearchSpec, lag: int = 0) -> list[Hypothesis]:
+        """As ``Search.greedy`` (``src_lengths`` on the host)."""
+        return self._replayed("greedy", src, src_lengths, spec, lag, lambda: super(SearchGraphs, self).greedy(
+            src, src_lengths, spec, lag))
 
     @torch.no_grad()
-    def greedy(self, src: Tensor, src_lengths: Tensor, max_len: int, max_len_ratio: float | None,
-               keep_attention: bool, lag: int = 0) -> list[Hypothesis] | None:
-        """As ``greedy_search`` (src_lengths on the host); None after a failed capture (the plain search serves)."""
-        keep = keep_attention and self.model.has_attention
-        found = self._bucket("greedy", src, src_lengths, (max_len, max_len_ratio, keep), 1)
-        if found is None:
-            return None
-        bucket, max_steps = found
-        return bucket.static.read(self._replay(bucket, max_steps, lag), src.shape[0], src_lengths)
+    def beam(self, src: Tensor, src_lengths: Tensor, spec: SearchSpec, lag: int = 0) -> list[list[Hypothesis]]:
+        """As ``Search.beam`` (``src_lengths`` on the host)."""
+        return self._replayed("beam", src, src_lengths, spec, lag, lambda: super(SearchGraphs, self).beam(
+            src, src_lengths, spec, lag))
 
-    @torch.no_grad()
-    def beam(self, src: Tensor, src_lengths: Tensor, beam_size: int, length_penalty: float, max_len: int,
-             max_len_ratio: float | None, n_best: int, keep_attention: bool, lag: int = 0
-             ) -> list[list[Hypothesis]] | None:
-        """As ``nmt.model.search.beam_search``; None when the graph cannot serve."""
-        keep = keep_attention and self.model.has_attention
-        found = self._bucket("beam", src, src_lengths, (beam_size, max_len, max_len_ratio, keep), beam_size,
-                             length_penalty)
+    def _replayed(self, kind: str, src: Tensor, src_lengths: Tensor, spec: SearchSpec, lag: int,
+                  plain: Callable[[], Hypotheses]) -> Hypotheses:
+        """The batch's hypotheses from its bucket's replays; from ``plain`` once the graphs no longer serve."""
+        found = self._bucket(kind, src, src_lengths, spec) if self.cache.serving else None
         if found is None:
-            return None
-        bucket, max_steps = found
-        return bucket.static.read(self._replay(bucket, max_steps, lag), src.shape[0], src_lengths, n_best)
+            self.stats.plain_runs += 1
+            return plain()
+        key, bucket, max_steps = found
+        steps = steps_until_done(lambda _: self._replay(bucket), max_steps, self.device, lag)
+        self.stats.replays += 1
+        found = bucket.static.read(steps, src.shape[0], src_lengths, spec)
+        return self.cache.check(key, found, plain, self._difference) if self.cache.check_due(key) else found
 
-    # ---------------------------------------------------------------------------------- buckets
-    def _bucket(self, kind: str, src: Tensor, src_lengths: Tensor, options: tuple[Any, ...], k: int,
-                alpha: float = 0.0) -> tuple[_Bucket, int] | None:
-        """The bucket of this batch, captured if new, loaded with the batch, and the steps the batch may take; None
-        after a failed capture."""
-        if not self.serving:
-            return None
+    def _replay(self, bucket: _Bucket) -> Tensor:
+        """One replay of the bucket's step; its all-done flag (on CUDA copied out as it is posted)."""
+        bucket.graph.replay()
+        flag = bucket.static.all_done
+        return flag if self.device.type == "cuda" else flag.clone()
+
+    def _bucket(self, kind: str, src: Tensor, src_lengths: Tensor, spec: SearchSpec
+                ) -> tuple[Any, _Bucket, int] | None:
+        """This batch's bucket (its key, the bucket, the steps the batch may take), captured if new and loaded with
+        the batch; None after a failed capture."""
         rows, src_len = bucket_shape(*src.shape)
-        batch_limits = length_limits(src_lengths, *options[-3:-1])
+        batch_limits = spec.limits(src_lengths)
         padded_src, padded_lengths, limits = self._pad(src, src_lengths, rows, src_len, batch_limits)
-        key = (kind, rows, src_len, *options)
+        # what the captured step depends on: the length penalty is loaded at each batch, n_best read at the end
+        captured = replace(spec, length_penalty=0.0, n_best=1, keep_attention=spec.keep_attention and
+                           self.model.has_attention)
+        key = (kind, rows, src_len, captured)
         memory, state = self.model.encode(padded_src, padded_lengths)  # once per batch, eagerly
-        bucket = self.buckets.get(key)
+        bucket = self.cache.get(key) or self.cache.capture(
+            key, [kind, rows, src_len], partial(self._capture, kind, memory, state, limits, captured, spec),
+            f"the graph search's bucket of {rows} sentences x {src_len} source tokens"
+            f"{f' x beam {spec.beam_size}' if kind == 'beam' else ''}", lower="batch_tokens")
         if bucket is None:
-            bucket = self._capture(kind, memory, state, limits, options, k, alpha)
-            if bucket is None:
-                return None
-            self.buckets[key] = bucket
-            if len(self.buckets) > MAX_BUCKETS:  # its graph and static tensors freed; captured again if met again
-                self.buckets.popitem(last=False)
-        self.buckets.move_to_end(key)
-        bucket.static.load(memory, state, limits, alpha)  # (again after a capture: its warm-up run stepped)
-        return bucket, max(batch_limits)
+            return None
+        bucket.static.load(memory, state, limits, spec.length_penalty)  # (again after a capture: its warm-up stepped)
+        return key, bucket, max(batch_limits)
 
     def _pad(self, src: Tensor, src_lengths: Tensor, rows: int, src_len: int, batch_limits: list[int]
              ) -> tuple[Tensor, Tensor, Tensor]:
@@ -331,45 +293,29 @@ class SearchGraphs:
         limits[:batch] = torch.tensor(batch_limits)
         return padded, lengths, limits.to(self.device, non_blocking=True)
 
-    def _capture(self, kind: str, memory: Any, state: Any, limits: Tensor, options: tuple[Any, ...], k: int,
-                 alpha: float) -> _Bucket | None:
-        """The bucket of a batch encoded as ``memory`` and ``state``, its step captured; None (one warning, the plain
-        search from then on) when the capture fails, a GraphSearchError when it does not fit in GPU memory."""
-        started = time.perf_counter()
-        rows, src_len = leaves(memory)[0].shape[:2]
-        max_len, max_len_ratio, keep = options[-3:]
-        steps = max_len if max_len_ratio is None else min(max_len, math.ceil(max_len_ratio * src_len) + 5)
-        try:
-            static = (_Greedy.allocate(memory, state, steps, keep) if kind == "greedy"
-                      else _Beam.allocate(memory, state, steps, keep, k))
-            static.load(memory, state, limits, alpha)  # the warm-up run reads real tokens
-            step = partial(static.advance, self.model, self.blocked)
-            with autocast(self.precision, self.device, cache=False):  # cached weight casts would be stale
-                graph = capture_graph(step, self.pool, self.device)
-        except torch.cuda.OutOfMemoryError as error:
-            raise GraphSearchError(
-                f"the graph search's bucket of {rows} sentences x {src_len} source tokens"
-                f"{f' x beam {k}' if kind == 'beam' else ''} does not fit in GPU memory; lower batch_tokens "
-                "(or set cuda_graphs=false)") from error
-        except RuntimeError as error:  # e.g. an operation that cannot be captured
-            self.stats.fallback = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-            log.warning("cuda_graphs: capturing the search step failed (%s); decoding goes on without graphs",
-                        self.stats.fallback)
-            return None
-        self.stats.capture_seconds += time.perf_counter() - started
-        self.stats.shapes.append([kind, rows, src_len])
+    def _capture(self, kind: str, memory: Any, state: Any, limits: Tensor, captured: SearchSpec, spec: SearchSpec
+                 ) -> _Bucket:
+        """The bucket of a batch encoded as ``memory`` and ``state``, its step captured."""
+        src_len = leaves(memory)[0].shape[1]
+        steps = captured.limits([src_len])[0]  # the most any row of the bucket may take
+        keep = captured.keep_attention
+        static = (_Greedy.allocate(memory, state, steps, keep) if kind == "greedy"
+                  else _Beam.allocate(memory, state, steps, keep, spec.beam_size))
+        static.load(memory, state, limits, spec.length_penalty)  # the warm-up run reads real tokens
+        with autocast(self.precision, self.device, cache=False):  # cached weight casts would be stale
+            graph = cuda_graphs.capture_graph(partial(static.advance, self.model, self.blocked), self.cache.pool,
+                                              self.device)
         return _Bucket(graph, static)
 
-    def _replay(self, bucket: _Bucket, max_steps: int, lag: int) -> int:
-        """Replay the step until every row is finished (learnt late, ``LateFlag``) or ``max_steps``; the steps run."""
-        all_done, steps = LateFlag(self.device, lag), 0
-        on_cuda = self.device.type == "cuda"
-        for steps in range(1, max_steps + 1):  # noqa: B007 (the count is the result)
-            bucket.graph.replay()
-            flag = bucket.static.all_done
-            all_done.post(flag if on_cuda else flag.clone())  # (on CUDA the flag is copied out as it is posted)
-            if all_done.seen():
-                break
-        self.stats.replayed_batches += 1
-        return steps
+    def _difference(self, replayed: Hypotheses, plain: Hypotheses) -> str | None:
+        """The canary's test: None if the hypotheses' tokens are the plain search's (under bf16, all but at most
+        ``BF16_TOKEN_SHARE`` of them), else how many differ."""
+        ours, theirs = _flat(replayed), _flat(plain)
+        differing = sum(a.tokens != b.tokens for a, b in zip(ours, theirs)) + abs(len(ours) - len(theirs))
+        allowed = BF16_TOKEN_SHARE * len(theirs) if uses_bf16(self.precision, self.device) else 0
+        return None if differing <= allowed else f"{differing} of {len(theirs)} hypotheses differ in their tokens"
 
+
+def _flat(found: list[Hypothesis] | list[list[Hypothesis]]) -> list[Hypothesis]:
+    """A greedy search's hypotheses, or a beam search's n-best lists one after the other."""
+    return [hyp for item in found for hyp in (item if isinstance(item, list) else [item])]

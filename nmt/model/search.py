@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -56,10 +56,26 @@ class Hypothesis:
     attention: Tensor | None = None
 
 
-def length_limits(src_lengths: Tensor, max_len: int, max_len_ratio: float | None) -> list[int]:
+@dataclass(frozen=True)
+class SearchSpec:
+    """What a greedy or beam search looks for, the same for every batch of a call (hashable: it keys the graph
+    search's buckets). Attributes as for ``beam_search``; ``beam_size`` 1 is the greedy search."""
+
+    beam_size: int
+    length_penalty: float
+    n_best: int
+    max_len: int
+    max_len_ratio: float | None
+    keep_attention: bool
+
+    def limits(self, src_lengths: Tensor | Sequence[int]) -> list[int]:
+        return length_limits(src_lengths, self.max_len, self.max_len_ratio)
+
+
+def length_limits(src_lengths: Tensor | Sequence[int], max_len: int, max_len_ratio: float | None) -> list[int]:
     """B output limits, at least 1 each: ``min(max_len, ceil(max_len_ratio * src_len) + 5)``, or ``max_len`` when
     ``max_len_ratio`` is None; ``src_lengths`` ``[B]`` count EOS."""
-    lengths = src_lengths.tolist()
+    lengths = src_lengths.tolist() if isinstance(src_lengths, Tensor) else list(src_lengths)
     if max_len_ratio is None:
         return [max_len] * len(lengths)
     return [max(1, min(max_len, math.ceil(max_len_ratio * n) + 5)) for n in lengths]
@@ -177,20 +193,39 @@ def _token_by_token(model: StepModel, src: Tensor, src_lengths: Tensor, max_len:
     finished = torch.zeros(batch, dtype=torch.bool, device=device)  # [B]
     out_len = limits.clone()  # [B] tokens kept per row, fixed when EOS comes
     scores = torch.zeros(batch, device=device)  # [B]
-    blocked, all_finished = blocked_tokens(device), LateFlag(device, lag)
+    blocked = blocked_tokens(device)
     steps_tokens, steps_attn = [], []  # per step: [B] tokens, [B, S] attention
-    for step in range(max(limits_list)):
-        best, state, attn, (finished, out_len, scores) = token_step(
+
+    def step_of(step: int) -> Tensor:
+        nonlocal prev, state, finished, out_len, scores
+        prev, state, attn, (finished, out_len, scores) = token_step(
             model, choose, blocked, prev, state, memory, finished, out_len, scores, limits, step)
-        steps_tokens.append(best)
+        steps_tokens.append(prev)
         if keep_attention and model.has_attention:
             steps_attn.append(attn.float())
-        prev = best
-        all_finished.post(finished.all())
-        if all_finished.seen():
-            break
+        return finished.all()
+
+    steps_until_done(step_of, max(limits_list), device, lag)
     attention = torch.stack(steps_attn, dim=1).cpu() if steps_attn else None  # [B, T, S]
     return hypotheses_of(torch.stack(steps_tokens, dim=1).cpu(), attention, out_len, scores, src_lengths)
+
+
+def steps_until_done(step: Callable[[int], Tensor], max_steps: int, device: torch.device, lag: int,
+                     when_seen: Callable[[], bool] | None = None) -> int:
+    """The one loop of every greedy and beam search, plain or replayed: ``step(i)`` for i = 0, 1, ... (it returns a
+    ``[]`` bool flag) until ``max_steps`` have run or a True flag reaches the host (``LateFlag``: a step or a few late
+    on CUDA, ``lag`` steps late off it). Then ``when_seen()`` says whether to stop (None: stop): where the rows live
+    decides it. Rows kept in place stop when all are finished; the plain beam search's flag says some sentence is
+    done, and ``when_seen`` compacts the rows, stopping once none is left. Returns the steps run.
+    """
+    flag = LateFlag(device, lag)
+    for i in range(max_steps):
+        flag.post(step(i))
+        if flag.seen():
+            flag.reset()  # the flags posted so far describe rows that have left (or the search is over)
+            if when_seen is None or when_seen():
+                return i + 1
+    return max_steps
 
 
 def token_step(model: StepModel, choose: Callable[[Tensor], tuple[Tensor, Tensor]], blocked: Tensor, prev: Tensor,
@@ -249,34 +284,82 @@ def beam_search(model: StepModel, src: Tensor, src_lengths: Tensor, beam_size: i
     beams = Beams.start(torch.tensor(limits, device=device), k)
     final = Pool.empty(batch, k, device)  # the pools of the sentences that have left the batch, in original order
     history = _History(batch, keep_attention and model.has_attention)
-    blocked, some_done = blocked_tokens(device), LateFlag(device, lag)
+    blocked = blocked_tokens(device)
     # after a compaction the A active sentences are rows 0..A-1, so the first A rows of these serve
     row_base = (torch.arange(batch, device=device) * k).unsqueeze(1)  # [B, 1] first beam row of each sentence
     slots = torch.arange(k, device=device).expand(batch, k)  # [B, K] slot numbers
 
-    for step in range(max(limits)):
+    def step_of(step: int) -> Tensor:
+        nonlocal state, prev
         n_active = beams.rows.shape[0]
-        logits, state, attn = model.decode_step(prev, state, memory)  # [A*K, V], [L, A*K, H], [A*K, S]
-        candidates = best_candidates(logits, beams.score, blocked)  # scores, slots, tokens: [A, 2K] each
-        keep_slot, keep_token = beams.advance(step, *candidates, length_penalty, slots[:n_active])
+        keep_slot, keep_token, attn, state = beam_step(model, beams, prev, state, memory, step, length_penalty,
+                                                       blocked, slots[:n_active], row_base[:n_active],
+                                                       history.keep_attention)
         history.record(keep_token, keep_slot, attn, beams.rows)
-        reorder = (row_base[:n_active] + keep_slot).view(-1)  # [A*K] rows of the previous beam to continue
         prev = keep_token.view(-1)  # [A*K]
-        some_done.post(beams.done.any())
-        if some_done.seen():
-            some_done.reset()
-            leaving, staying = beams.done.nonzero().squeeze(1), (~beams.done).nonzero().squeeze(1)  # [A_done], [A']
-            final.store(beams.rows[leaving], beams.pool.select(leaving))
-            if staying.numel() == 0:
-                break
-            staying_rows = (row_base[staying] + slots[0]).view(-1)  # [A'*K] their beam rows
-            reorder, prev = reorder.index_select(0, staying_rows), prev.index_select(0, staying_rows)
-            memory, beams = memory.index_select(staying), beams.select(staying)
-        state = state.index_select(1, reorder)  # [L, A*K, H]
-    else:  # the step limit ended the loop: every sentence still active is done at its limit
-        final.store(beams.rows, beams.pool)
+        return beams.done.any()
+
+    def compact() -> bool:
+        """The done sentences leave the batch, their pools kept; True once none is left."""
+        nonlocal state, prev, memory, beams
+        leaving, staying = beams.done.nonzero().squeeze(1), (~beams.done).nonzero().squeeze(1)  # [A_done], [A']
+        final.store(beams.rows[leaving], beams.pool.select(leaving))
+        if staying.numel() == 0:
+            return True
+        staying_rows = (row_base[staying] + slots[0]).view(-1)  # [A'*K] their beam rows
+        state, prev = state.index_select(1, staying_rows), prev.index_select(0, staying_rows)
+        memory, beams = memory.index_select(staying), beams.select(staying)
+        return False
+
+    steps_until_done(step_of, max(limits), device, lag, when_seen=compact)
+    # the sentences still in the batch are done at their limit (or were all just stored: the same values again)
+    final.store(beams.rows, beams.pool)
     attn_hist = torch.stack(history.attn) if history.attn else None  # [T, B, K, S]
     return read_back(final, torch.stack(history.tokens), torch.stack(history.back), attn_hist, src_lengths, n_best)
+
+
+class Search:
+    """Greedy or beam search over ``model`` as a ``SearchSpec`` asks, the rows compacted as sentences end (the plain
+    search); ``nmt.model.graph_search.SearchGraphs`` keeps them in a static bucket instead."""
+
+    def __init__(self, model: StepModel) -> None:
+        self.model = model
+
+    def __call__(self, src: Tensor, src_lengths: Tensor, spec: SearchSpec, lag: int = 0) -> list[list[Hypothesis]]:
+        """Each row's hypotheses, best first: one (greedy, ``beam_size`` 1) or up to ``n_best`` (beam)."""
+        if spec.beam_size == 1:
+            return [[hyp] for hyp in self.greedy(src, src_lengths, spec, lag)]
+        return self.beam(src, src_lengths, spec, lag)
+
+    def greedy(self, src: Tensor, src_lengths: Tensor, spec: SearchSpec, lag: int = 0) -> list[Hypothesis]:
+        return greedy_search(self.model, src, src_lengths, spec.max_len, spec.max_len_ratio, spec.keep_attention, lag)
+
+    def beam(self, src: Tensor, src_lengths: Tensor, spec: SearchSpec, lag: int = 0) -> list[list[Hypothesis]]:
+        return beam_search(self.model, src, src_lengths, spec.beam_size, spec.length_penalty, spec.max_len,
+                           spec.max_len_ratio, spec.n_best, spec.keep_attention, lag)
+
+
+def beam_step(model: StepModel, beams: Beams, prev: Tensor, state: Any, memory: Any, step: int | Tensor,
+              alpha: float | Tensor, blocked: Tensor, slots: Tensor, row_base: Tensor, keep_attention: bool
+              ) -> tuple[Tensor, Tensor, Tensor | None, Any]:
+    """One beam step over A sentences' K rows each, reading nothing back (the plain and the replayed search run it):
+    decode, the 2K best candidates, ``beams.advance`` (which replaces ``beams``' fields), the state reordered.
+
+    Args:
+        prev: ``[A*K]`` the tokens of the live hypotheses; ``state``: ``[L, A*K, H]``; ``memory``: A rows.
+        step, alpha: 0-based step and length penalty, ints or device scalars.
+        slots: ``[A, K]`` slot numbers; ``row_base``: ``[A, 1]`` each sentence's first beam row.
+
+    Returns:
+        The slot each continuing hypothesis extends and its token (``[A, K]`` each), the attention that emitted it
+        (``[A, K, S]`` float32; None unless ``keep_attention``), and the continuing hypotheses' state ``[L, A*K, H]``.
+    """
+    logits, state, attn = model.decode_step(prev, state, memory)  # [A*K, V], [L, A*K, H], [A*K, S]
+    candidates = best_candidates(logits, beams.score, blocked)  # scores, slots, tokens: [A, 2K] each
+    keep_slot, keep_token = beams.advance(step, *candidates, alpha, slots)
+    reorder = (row_base + keep_slot).view(-1)  # [A*K] rows of the previous beam to continue
+    kept_attention = _attention_by_slot(attn, keep_slot) if keep_attention else None
+    return keep_slot, keep_token, kept_attention, state.index_select(1, reorder)
 
 
 @dataclass
@@ -375,12 +458,12 @@ class _History:
         self.back: list[Tensor] = []  # per step [B, K]: the slot it extends
         self.attn: list[Tensor] = []  # per step [B, K, S]; empty without attention
 
-    def record(self, token: Tensor, slot: Tensor, attn: Tensor, rows: Tensor) -> None:
-        """Tokens and back-pointers ``[A, K]`` of sentences ``rows`` ``[A]``; ``attn`` ``[A*K, S]`` by beam row."""
+    def record(self, token: Tensor, slot: Tensor, attn: Tensor | None, rows: Tensor) -> None:
+        """Tokens, back-pointers ``[A, K]`` and attention ``[A, K, S]`` (or None) of sentences ``rows`` ``[A]``."""
         self.tokens.append(self._scatter(token, rows, PAD_ID))  # [B, K]
         self.back.append(self._scatter(slot, rows, 0))  # [B, K]
-        if self.keep_attention:
-            self.attn.append(self._scatter(attention_by_slot(attn, slot), rows, 0.0))  # [B, K, S]
+        if attn is not None:
+            self.attn.append(self._scatter(attn, rows, 0.0))  # [B, K, S]
 
     def _scatter(self, values: Tensor, rows: Tensor, fill: float | int) -> Tensor:
         """``values`` ``[A, ...]`` into ``[B, ...]`` at ``rows``, ``fill`` elsewhere."""
@@ -389,7 +472,7 @@ class _History:
         return full
 
 
-def attention_by_slot(attn: Tensor, slot: Tensor) -> Tensor:
+def _attention_by_slot(attn: Tensor, slot: Tensor) -> Tensor:
     """The attention ``[A*K, S]`` that emitted each continuing hypothesis of slots ``[A, K]``: ``[A, K, S]`` float32."""
     step_attn = attn.float().view(*slot.shape, -1)  # [A, K, S]
     return step_attn.gather(1, slot.unsqueeze(2).expand_as(step_attn))  # [A, K, S]

@@ -5,55 +5,21 @@ GPU, replays the graph captured for the batch's shape bucket (``nmt.data.batchin
 
 from __future__ import annotations
 
-import logging
 import math
-import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from nmt.common.device import autocast
+from nmt.common.cuda_graphs import GraphCache, capture_graph
+from nmt.common.device import autocast, uses_bf16
 from nmt.data import Batch
 from nmt.model.loss import sequence_loss
 
-log = logging.getLogger(__name__)
-
-CUDA_GRAPH_CHOICES = ("auto", "true", "false")
 WARMUP_STEPS = 1  # eager runs of a new shape before its capture: the optimizer's state and cuBLAS set up outside it
-
-
-class FastPathError(ValueError):
-    """The fast path cannot serve these settings or this shape; the message names the setting and the fix."""
-
-
-def use_cuda_graphs(setting: str | bool, device: torch.device, world_size: int) -> bool:
-    """Whether the run replays CUDA graphs. ``auto`` replays them on one CUDA device (on an H100 the recipe's steps
-    ran 6.6x faster at the same loss: docs/results/gpu.md) and stays eager on a CPU and under torchrun, saying why;
-    ``true`` asks for them and fails in one line where they cannot serve.
-
-    Raises:
-        FastPathError: ``true`` on a CPU, or under torchrun (a DDP all-reduce is not captured here).
-    """
-    setting = str(setting).lower()  # the command line's true / false arrive as booleans
-    if setting not in CUDA_GRAPH_CHOICES:
-        raise FastPathError(f"trainer.cuda_graphs={setting!r} is not one of {', '.join(CUDA_GRAPH_CHOICES)}")
-    if setting == "false":
-        return False
-    if device.type != "cuda":
-        if setting == "true":
-            raise FastPathError(f"trainer.cuda_graphs=true needs a CUDA GPU, and this run is on {device}; "
-                                "use trainer.cuda_graphs=auto (or false)")
-        return False
-    if world_size > 1:
-        if setting == "true":
-            raise FastPathError(f"trainer.cuda_graphs=true does not work with torchrun's {world_size} processes (the "
-                                "DDP all-reduce is not captured); use trainer.cuda_graphs=false with torchrun")
-        log.info("trainer.cuda_graphs=auto: eager steps under torchrun's %d processes (the DDP all-reduce is not "
-                 "captured)", world_size)
-        return False
-    return True
+# The canary's tolerance on the summed loss, relative: graph and eager kernels may round differently under bf16
+LOSS_TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2}
 
 
 @dataclass
@@ -107,51 +73,44 @@ class _Graph:
     figures: Tensor
 
 
-@dataclass
-class GraphStats:
-    """What the graphs did in a run, for results.json."""
-
-    capture_seconds: float = 0.0
-    replayed_steps: int = 0
-    eager_steps: int = 0  # batches that fit no bucket (a pair over the budget), or after a failed capture
-    fallback: str | None = None  # why the eager path took over, when it did
-    shapes: list[list[int]] = field(default_factory=list)  # [rows, S, T] of each captured graph
-
-
 class TrainingSteps:
     """The trainer's step for each batch: ``train_step`` eagerly, or a CUDA graph per batch shape.
 
     Args:
         model: the model the optimizer updates; ``forward_model`` is what the step calls (its DDP wrapper).
-        graphs: replay CUDA graphs (``use_cuda_graphs``); batches must come padded to ``ShapeBuckets`` shapes.
+        graphs: replay CUDA graphs (``resolve_cuda_graphs``); batches must come padded to ``ShapeBuckets`` shapes.
+        check: check each shape's first replay against the eager step (``trainer.cuda_graphs_check``).
         step_options: ``train_step``'s keyword settings (label_smoothing, max_norm, precision).
     """
 
     def __init__(self, model: nn.Module, forward_model: nn.Module, optimizer: torch.optim.Optimizer,
-                 device: torch.device, graphs: bool, **step_options: Any) -> None:
+                 device: torch.device, graphs: bool, check: bool, **step_options: Any) -> None:
         self.model, self.forward_model, self.optimizer, self.device = model, forward_model, optimizer, device
         self.graphs, self.step_options = graphs, step_options
-        self.captured: dict[tuple[int, ...], _Graph | None] = {}  # None: that shape fits no bucket
-        self.stats = GraphStats()
+        self.cache = GraphCache(device, key="trainer.cuda_graphs", step_name="the step", plain_name="the eager step",
+                                plain_after="training goes on eagerly", check=check)
+        self.stats = self.cache.stats
         if graphs:
-            self.pool = torch.cuda.graph_pool_handle()  # the graphs run one at a time, so they share memory
             self.lr = torch.zeros((), device=device)  # the learning rate a graph reads at replay
+            self.skip = torch.zeros((), device=device)  # 1.0: the replay skips its update (the canary's replay)
 
     def run(self, batch: Batch, lr: float, bucketed: bool) -> Tensor:
         """One optimizer step on ``batch`` (host tensors, pinned on CUDA) at learning rate ``lr``; ``bucketed``:
         the batch has a bucket's shape. Returns the step's ``[3]`` figures on the device.
         """
         if self.graphs and bucketed:
-            graph = self._graph_for(batch)
+            shape = (*batch.src.shape, batch.tgt_in.shape[1])
+            graph = self._graph_for(batch, shape)
             if graph is not None:
                 for name in ("src", "src_lengths", "tgt_in", "tgt_out", "tgt_lengths"):
                     getattr(graph.inputs, name).copy_(getattr(batch, name), non_blocking=True)
                 self.lr.fill_(lr)
-                graph.graph.replay()
-                self.stats.replayed_steps += 1
-                return graph.figures.clone()  # the next replay overwrites the graph's own
+                if not self.cache.check_due(shape) or self._checked(shape, graph):
+                    graph.graph.replay()
+                    self.stats.replays += 1
+                    return graph.figures.clone()  # the next replay overwrites the graph's own
         if self.graphs:
-            self.stats.eager_steps += 1
+            self.stats.plain_runs += 1
         # The packed encoder reads the source lengths on the host: it keeps the batch's host copy (no round trip).
         on_device = replace(batch.to(self.device, non_blocking=True), src_lengths=batch.src_lengths)
         figures = train_step(self.forward_model, self.optimizer, on_device, fixed_shapes=False, **self.step_options)
@@ -161,64 +120,93 @@ class TrainingSteps:
     def capture_up_front(self, examples: list[Batch]) -> None:
         """Capture the step of each example's shape (``ShapeBuckets.example``) before training, in one pass."""
         for batch in examples:
-            self._graph_for(batch)
+            self._graph_for(batch, (*batch.src.shape, batch.tgt_in.shape[1]))
 
-    def _graph_for(self, batch: Batch) -> _Graph | None:
+    def _graph_for(self, batch: Batch, shape: tuple[int, ...]) -> _Graph | None:
         """The graph of ``batch``'s shape (host tensors), captured on first sight; None for the eager step."""
-        shape = (*batch.src.shape, batch.tgt_in.shape[1])
-        if shape not in self.captured and self.stats.fallback is None:
-            self.captured[shape] = self._capture(batch, shape)
-        return self.captured.get(shape)
-
-    def _capture(self, batch: Batch, shape: tuple[int, ...]) -> _Graph | None:
-        """Warm up, then capture the step for ``batch``'s shape; None (and the eager path from then on, with one
-        warning line) when the capture fails for a reason other than memory.
-
-        Raises:
-            FastPathError: the shape does not fit in GPU memory.
-        """
-        started = time.perf_counter()
-        try:
-            graph = self._warm_up_and_capture(batch)
-        except torch.cuda.OutOfMemoryError as error:
-            rows, src_len, tgt_len = shape
-            raise FastPathError(
-                f"the training step for a batch of {rows} rows x {src_len} source x {tgt_len} target tokens does not "
-                f"fit in GPU memory; lower data.max_tokens (or set trainer.cuda_graphs=false)") from error
-        except RuntimeError as error:  # e.g. an operation that cannot be captured
-            self.stats.fallback = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-            log.warning("trainer.cuda_graphs: capturing the step failed (%s); training goes on eagerly",
-                        self.stats.fallback)
+        if not self.cache.serving:
             return None
+        rows, src_len, tgt_len = shape
+        return self.cache.get(shape) or self.cache.capture(
+            shape, list(shape), lambda: self._capture(batch),
+            f"the training step for a batch of {rows} rows x {src_len} source x {tgt_len} target tokens",
+            lower="data.max_tokens")
+
+    def _capture(self, batch: Batch) -> _Graph:
+        try:
+            return self._warm_up_and_capture(batch)
         finally:
             for parameter in self.model.parameters():  # each graph keeps its own gradients; eager starts from none
                 parameter.grad = None
-        self.stats.capture_seconds += time.perf_counter() - started
-        self.stats.shapes.append(list(shape))
-        return graph
 
     def _warm_up_and_capture(self, batch: Batch) -> _Graph:
         inputs = batch.to(self.device)  # the graph's own copy on the device, refilled before every replay
         rng = torch.cuda.get_rng_state(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_STEPS):  # forced to skip: the weights and the optimizer state stay as they were
+
+        def warm_up() -> None:  # forced to skip: the weights and the optimizer state stay as they were
+            for _ in range(WARMUP_STEPS):
                 train_step(self.forward_model, self.optimizer, inputs, fixed_shapes=True,
                            force_skip=torch.ones((), device=self.device), **self.step_options)
                 self.optimizer.zero_grad(set_to_none=True)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        torch.cuda.set_rng_state(rng, self.device)  # the warm-up's dropout draws leave no trace: resume stays exact
-        group = self.optimizer.param_groups[0]
-        float_lr, group["lr"] = group["lr"], self.lr  # captured reading the tensor, so a replay sees today's rate
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph, pool=self.pool):
-                figures = train_step(self.forward_model, self.optimizer, inputs, fixed_shapes=True,
-                                     **self.step_options)
-        finally:
-            group["lr"] = float_lr
-        return _Graph(graph, inputs, figures)
+            torch.cuda.set_rng_state(rng, self.device)  # its dropout draws leave no trace: resume stays exact
+
+        figures: list[Tensor] = []
+
+        def step() -> None:
+            group = self.optimizer.param_groups[0]
+            float_lr, group["lr"] = group["lr"], self.lr  # captured reading the tensor: a replay sees today's rate
+            try:
+                figures.append(train_step(self.forward_model, self.optimizer, inputs, fixed_shapes=True,
+                                          force_skip=self.skip, **self.step_options))
+            finally:
+                group["lr"] = float_lr
+
+        graph = capture_graph(step, self.cache.pool, self.device, warm_up=warm_up)
+        return _Graph(graph, inputs, figures[0])
+
+    def _checked(self, shape: tuple[int, ...], graph: _Graph) -> bool:
+        """The canary on a shape's first replay (its inputs loaded): whether the replayed loss is the eager step's on
+        the same batch. Both run with the update skipped and from the same random state (dropout draws alike), and
+        that state comes back after them, so the check changes nothing in training: the weights, the optimizer and
+        the random numbers stay as they were, and the real step follows, replayed, or eager after a mismatch.
+        """
+        rng = _random_state(self.device)
+        self.skip.fill_(1.0)
+        graph.graph.replay()
+        replayed = graph.figures.clone()
+        self.skip.fill_(0.0)
+
+        def eager() -> Tensor:
+            _set_random_state(self.device, rng)
+            figures = train_step(self.forward_model, self.optimizer, graph.inputs, fixed_shapes=True,
+                                 force_skip=torch.ones((), device=self.device), **self.step_options)
+            self.optimizer.zero_grad(set_to_none=True)
+            _set_random_state(self.device, rng)
+            return figures
+
+        self.cache.check(shape, replayed, eager, self._loss_difference)
+        return self.cache.serving
+
+    def _loss_difference(self, replayed: Tensor, eager: Tensor) -> str | None:
+        """None if the summed losses agree within ``LOSS_TOLERANCE`` (both non-finite agree), else how they differ."""
+        loss, expected = float(replayed[0]), float(eager[0])  # one read back per new shape
+        tolerance = LOSS_TOLERANCE["bf16" if uses_bf16(self.step_options["precision"], self.device) else "fp32"]
+        if abs(loss - expected) <= tolerance * max(abs(expected), 1.0) or not (math.isfinite(loss)
+                                                                               or math.isfinite(expected)):
+            return None
+        return f"summed loss {loss:.6g} where the eager step gives {expected:.6g}"
+
+
+def _random_state(device: torch.device) -> Tensor:
+    """The state of the generator that ``device``'s dropout draws from."""
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+
+def _set_random_state(device: torch.device, state: Tensor) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
 
 
 class StepWindow:

@@ -38,7 +38,8 @@ class TrainerSettings:
     seed: int = MISSING
     device: str = MISSING
     precision: str = field(default=MISSING, metadata={"choices": PRECISIONS})
-    cuda_graphs: str = MISSING  # true / false arrive as "True" / "False"; checked by fast_step.use_cuda_graphs
+    cuda_graphs: str = MISSING  # true / false arrive as "True" / "False"; checked by cuda_graphs.resolve_cuda_graphs
+    cuda_graphs_check: bool = MISSING
     bucket_width: int = _positive()
     max_epochs: int = _positive()
     max_steps: int | None = MISSING

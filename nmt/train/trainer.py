@@ -21,6 +21,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from nmt.common.batch_tokens import resolve_batch_tokens
+from nmt.common.cuda_graphs import CudaGraphError, resolve_cuda_graphs
 from nmt.common.device import DeviceError, autocast, configure_matmul, slow_bf16_warning, uses_bf16
 from nmt.common.disk import WriteStopped, is_write_error, write_stopped_message
 from nmt.common.files import FolderInUse, folder_lock, write_json_durably, write_text_durably
@@ -30,7 +32,7 @@ from nmt.common.settings import ConfigError, to_plain_dict
 from nmt.data import Batch, DataError, EncodedSplit, PreparedData, Tokenizer, build_loader, prepare_data
 from nmt.data.batching import ShapeBuckets
 from nmt.inference.backtranslation import BacktranslationError, rebuild_synthetic_sources
-from nmt.inference.engine import GPU_BATCH_TOKENS, SearchOptions, TranslationError, Translator
+from nmt.inference.engine import SearchOptions, TranslationError, Translator
 from nmt.model.attention_stats import attention_sharpness
 from nmt.model.checkpoint import CheckpointError, RunCheckpoints, build_model, detached_copy, load_checkpoint
 from nmt.model.loss import sequence_loss
@@ -38,7 +40,7 @@ from nmt.model.search import Hypothesis
 from nmt.model.seq2seq import count_parameters
 from nmt.train import distributed
 from nmt.train.distributed import DistInfo
-from nmt.train.fast_step import FastPathError, StepResult, StepWindow, TrainingSteps, use_cuda_graphs
+from nmt.train.fast_step import StepResult, StepWindow, TrainingSteps
 from nmt.train.gpu_monitor import GpuMonitor
 from nmt.train.progress import Progress, RunClock, progress_line
 from nmt.train.resume import restore_run, resume_config, resume_paths
@@ -60,7 +62,7 @@ class ValidationInterrupted(Exception):
 
 # What ``train`` raises for a mistake the user can fix; the message names the setting or file and the fix.
 USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, DataError, CheckpointError, DeviceError, TrainingError,
-                                             FolderInUse, BacktranslationError, TranslationError, FastPathError)
+                                             FolderInUse, BacktranslationError, TranslationError, CudaGraphError)
 
 
 def lr_factor(schedule: str, warmup_steps: int, total_steps: int, min_ratio: float) -> Callable[[int], float]:
@@ -101,7 +103,8 @@ class Trainer:
         setup_start = time.perf_counter()
         self.cfg, self.tcfg, self.run_dir, self.info = cfg, cfg.trainer, run_dir, info
         self.device = distributed.choose_device(self.tcfg.device, info)
-        self.use_graphs = use_cuda_graphs(self.tcfg.cuda_graphs, self.device, info.world_size)
+        self.graph_use = resolve_cuda_graphs(self.tcfg.cuda_graphs, self.device, info.world_size, "trainer.cuda_graphs")
+        self.use_graphs = self.graph_use.step
         self.precision = self.tcfg.precision
         self.use_bf16 = uses_bf16(self.precision, self.device)
         configure_matmul(self.precision, self.device)
@@ -149,8 +152,8 @@ class Trainer:
         validations = self.progress.validations
         self.validated_at_step = int(validations[-1]["step"]) if validations else None
         self.steps = TrainingSteps(self.model, self.ddp_model, self.optimizer, self.device, self.use_graphs,
-                                   label_smoothing=t.label_smoothing, max_norm=t.clip_grad_norm,
-                                   precision=self.precision)
+                                   check=t.cuda_graphs_check, label_smoothing=t.label_smoothing,
+                                   max_norm=t.clip_grad_norm, precision=self.precision)
         self.pending_steps = StepWindow()  # figures still on the device
         self.translator: Translator | None = None  # validation's and the test's decoder, made at the first use
         self.window_loss, self.window_tokens = 0.0, 0  # since the last log line
@@ -552,9 +555,8 @@ class Trainer:
         and attention). Decoded by the engine every use of a trained model shares, with the run's precision.
         """
         self.model.eval()
-        budget = self.cfg.data.valid_max_tokens  # on a GPU, a split in a few large batches (graph search)
         options = SearchOptions(beam_size=beam_size, length_penalty=self.tcfg.length_penalty,
-                                batch_tokens=max(budget, GPU_BATCH_TOKENS) if self.device.type == "cuda" else budget)
+                                batch_tokens=resolve_batch_tokens("auto", self.device, self.cfg.data.valid_max_tokens))
         translator = self._translator()
         best = [nbest[0] for nbest in translator.translate_ids(split.src_ids, options)]
         return [self.data.tokenizer.decode_tgt(h.tokens) for h in best], best
@@ -562,8 +564,9 @@ class Trainer:
     def _translator(self) -> Translator:
         """The run's one Translator (its search graphs kept from one validation to the next), with today's weights."""
         if self.translator is None:
-            graphs = "false" if str(self.tcfg.cuda_graphs).lower() == "false" else "auto"
-            self.translator = Translator(self.model, self.data.tokenizer, precision=self.precision, cuda_graphs=graphs)
+            self.translator = Translator(self.model, self.data.tokenizer, precision=self.precision,
+                                         cuda_graphs=self.graph_use.search,
+                                         cuda_graphs_check=self.tcfg.cuda_graphs_check)
         else:
             self.translator.refresh()  # the weights changed in place since the last decode
         return self.translator
