@@ -18,6 +18,7 @@ from nmt.common.entry_point import (
     check_outputs_or_exit,
     check_run_dir_or_exit,
     disk_full_exits,
+    exit_with_help_if_asked,
     hydra_saves_exit_when_full,
     same_command,
     user_errors,
@@ -42,10 +43,12 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    check_keys_or_exit("train.py", Path(__file__).parent / "configs", sys.argv[1:], TrainSettings)
+    configs = Path(__file__).parent / "configs"
+    exit_with_help_if_asked("train.py", configs, "train", sys.argv[1:], __doc__)
+    check_keys_or_exit("train.py", configs, "train", sys.argv[1:], TrainSettings)
     check_outputs_or_exit("train.py", sys.argv[1:], folders=("data.cache_dir",))
     with user_errors("train.py", (CheckpointError,)):  # a resumed run writes into its own run dir only
         sys.argv += resume_overrides(sys.argv[1:])
-    check_run_dir_or_exit("train.py", Path(__file__).parent / "configs", "train", sys.argv[1:])  # the default too
+    check_run_dir_or_exit("train.py", configs, "train", sys.argv[1:])  # the default too
     hydra_saves_exit_when_full("train.py", NOTHING_KEPT, same_command("train.py"))  # .hydra/ on a full disk
     main()

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
+from omegaconf import OmegaConf
+
 from nmt.common.disk import (
     EXIT_WRITE_STOPPED,
     PathNotWritable,
@@ -21,7 +23,7 @@ from nmt.common.disk import (
     disk_full_message,
     is_disk_full,
 )
-from nmt.common.settings import check_command_line_keys, unknown_group_option
+from nmt.common.settings import check_command_line_keys, config_groups, unknown_group_option
 
 # Where Hydra writes before the job starts: a bad one is a NotADirectoryError inside Hydra unless checked first.
 HYDRA_DIRS = ("hydra.run.dir", "hydra.sweep.dir")
@@ -34,10 +36,37 @@ def fail(program: str, error: Exception | str, status: int = 2) -> NoReturn:
     raise SystemExit(status)
 
 
-def check_keys_or_exit(program: str, config_dir: Path, args: Sequence[str], schema: type) -> None:
-    """Exit with one line when a command-line key is not in ``schema`` (naming the nearest), before Hydra starts."""
-    if problem := unknown_group_option(config_dir, args) or check_command_line_keys(config_dir, args, schema):
+def check_keys_or_exit(program: str, config_dir: Path, config_name: str, args: Sequence[str], schema: type) -> None:
+    """Exit with one line when a command-line key is not in ``schema`` (naming the nearest), or names a config group
+    that ``config_name`` does not take or an option it lacks, before Hydra starts."""
+    groups = config_groups(config_dir, config_name)
+    if problem := (unknown_group_option(config_dir, args, groups)
+                   or check_command_line_keys(config_dir, args, schema, groups)):
         fail(program, problem)
+
+
+def exit_with_help_if_asked(program: str, config_dir: Path, config_name: str, args: Sequence[str], about: str) -> None:
+    """With ``--help`` or ``-h`` in ``args``: print ``about`` (the entry point's docstring), the config groups it
+    takes with their options, and its settings as composed with the other overrides; then exit 0. Hydra's own help
+    would list every folder of ``config_dir``, the groups of the other entry points too.
+    """
+    if not any(arg in ("--help", "-h") for arg in args):
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    overrides = [arg for arg in args if "=" in arg and not arg.startswith("-")]
+    try:
+        with initialize_config_dir(config_dir=str(config_dir.absolute()), version_base="1.3"):
+            settings = OmegaConf.to_yaml(compose(config_name, overrides=overrides))
+    except HydraException as error:
+        fail(program, error)
+    groups = [f"  {group}: {', '.join(sorted(p.stem for p in (config_dir / group).glob('*.yaml')))}"
+              for group in config_groups(config_dir, config_name)]
+    print(about.strip(), "", "== Config groups (GROUP=OPTION) ==", *(groups or ["  none: settings only"]), "",
+          "== Settings (key=value), as composed ==", settings.rstrip(), "",
+          "Hydra's own options: --hydra-help", sep="\n")
+    raise SystemExit(0)
 
 
 def check_outputs_or_exit(program: str, args: Sequence[str], folders: Sequence[str] = (),
@@ -79,7 +108,6 @@ def check_run_dir_or_exit(program: str, config_dir: Path, config_name: str, args
     experiment or the config: ``outputs/${now:...}``) is checked up to its first interpolation.
     """
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
     key = "hydra.sweep.dir" if any(arg in ("-m", "--multirun") for arg in args) else "hydra.run.dir"
     # Only these can change the pattern's fixed part; the others (a sweep's a=1,2 among them) need not compose.
