@@ -1,5 +1,5 @@
 """The entry points' shared front: ``--help`` lists what each takes, a setting it does not take is one line and exit
-2 (nmt.common.entry_point, run as real processes).
+2, and a run refused before it starts leaves no folder behind (nmt.common.entry_point, run as real processes).
 """
 
 from __future__ import annotations
@@ -61,3 +61,27 @@ def test_help_shows_the_settings_as_the_overrides_compose_them() -> None:
 def test_a_group_the_entry_point_does_not_take_is_one_line_and_exit_2(script: str, group: str) -> None:
     key = group.lstrip("+").split("=")[0]
     assert_one_line_exit_2(run(script, group), script, f"unknown config key {key}: ", "valid keys under the top level")
+
+
+def test_a_setting_refused_after_composing_leaves_no_run_folder(tmp_path: Path) -> None:
+    """The default run dir (outputs/DATE/TIME_attention) is made by Hydra, then refused: all of it goes again."""
+    assert_one_line_exit_2(run("train", "trainer.cuda_graphs=maybe", cwd=tmp_path), "train", "cuda_graphs")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_run_keeps_a_folder_that_was_there(tmp_path: Path) -> None:
+    """A resumed run's folder, or any folder the user named, is never taken away: only one this process made."""
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "best.pt").write_text("an earlier run's")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for folder in (earlier, empty):
+        assert_one_line_exit_2(run("train", "trainer.cuda_graphs=maybe", f"hydra.run.dir={folder}", cwd=tmp_path),
+                               "train", "cuda_graphs")
+        assert folder.is_dir()
+    assert (earlier / "best.pt").read_text() == "an earlier run's"
+    new = tmp_path / "a" / "b" / "new"
+    assert_one_line_exit_2(run("train", "trainer.cuda_graphs=maybe", f"hydra.run.dir={new}", cwd=tmp_path),
+                           "train", "cuda_graphs")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["earlier", "empty"]  # a/b/new and a/b, a too
