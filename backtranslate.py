@@ -19,6 +19,7 @@ from nmt.common.entry_point import (
     check_keys_or_exit,
     check_outputs_or_exit,
     disk_full_exits,
+    exit_with_help_if_asked,
     same_command,
     user_errors,
 )
@@ -40,6 +41,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    check_keys_or_exit("backtranslate.py", Path(__file__).parent / "configs", sys.argv[1:], BacktranslateSettings)
+    configs = Path(__file__).parent / "configs"
+    exit_with_help_if_asked("backtranslate.py", configs, "backtranslate", sys.argv[1:], __doc__)
+    check_keys_or_exit("backtranslate.py", configs, "backtranslate", sys.argv[1:], BacktranslateSettings)
     check_outputs_or_exit("backtranslate.py", sys.argv[1:], folders=("output",))
     main()

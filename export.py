@@ -17,6 +17,7 @@ from nmt.common.entry_point import (
     check_keys_or_exit,
     check_outputs_or_exit,
     disk_full_exits,
+    exit_with_help_if_asked,
     same_command,
     user_errors,
 )
@@ -32,6 +33,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    check_keys_or_exit("export.py", Path(__file__).parent / "configs", sys.argv[1:], ExportSettings)
+    configs = Path(__file__).parent / "configs"
+    exit_with_help_if_asked("export.py", configs, "export", sys.argv[1:], __doc__)
+    check_keys_or_exit("export.py", configs, "export", sys.argv[1:], ExportSettings)
     check_outputs_or_exit("export.py", sys.argv[1:], folders=("output",))
     main()

@@ -14,7 +14,12 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from nmt.common.entry_point import check_keys_or_exit, check_outputs_or_exit, user_errors
+from nmt.common.entry_point import (
+    check_keys_or_exit,
+    check_outputs_or_exit,
+    exit_with_help_if_asked,
+    user_errors,
+)
 from nmt.common.settings import ConfigError
 from nmt.inference.engine import USER_ERRORS
 from nmt.serve.server import serve_main
@@ -29,6 +34,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    check_keys_or_exit("serve.py", Path(__file__).parent / "configs", sys.argv[1:], ServeSettings)
+    configs = Path(__file__).parent / "configs"
+    exit_with_help_if_asked("serve.py", configs, "serve", sys.argv[1:], __doc__)
+    check_keys_or_exit("serve.py", configs, "serve", sys.argv[1:], ServeSettings)
     check_outputs_or_exit("serve.py", sys.argv[1:])  # Hydra's run dir, when the command line names one
     main()

@@ -18,6 +18,7 @@ from nmt.common.entry_point import (
     check_keys_or_exit,
     check_outputs_or_exit,
     disk_full_exits,
+    exit_with_help_if_asked,
     same_command,
     user_errors,
 )
@@ -34,6 +35,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    check_keys_or_exit("translate.py", Path(__file__).parent / "configs", sys.argv[1:], TranslateSettings)
+    configs = Path(__file__).parent / "configs"
+    exit_with_help_if_asked("translate.py", configs, "translate", sys.argv[1:], __doc__)
+    check_keys_or_exit("translate.py", configs, "translate", sys.argv[1:], TranslateSettings)
     check_outputs_or_exit("translate.py", sys.argv[1:], folders=("attention_dir",), files=("output", "alignments"))
     main()

@@ -14,6 +14,12 @@ only the page cache is warm:
   shared pages between the processes that map them), when it is stopped;
 - with ``--ranks 2``, the same under ``torchrun --nproc_per_node 2`` (gloo on the CPU), per rank.
 
+With ``--setup-memory`` and several sizes (``--synthetic-pairs 30000 300000 1000000``), only the training
+setup is measured, ``--repeats`` times per size: the peak RSS of a process that maps the cached data,
+builds the training loader as the trainer does and draws one epoch's batches (hashed, so two versions of
+the code can be shown to make the same batches). Its cost per pair is the slope of the median peak RSS
+between sizes.
+
 The model and optimizer's share of the RSS is estimated from the parameter count in the run's log
 (weights, gradients and AdamW's two moments: 16 bytes a parameter).
 
@@ -30,6 +36,7 @@ import os
 import random
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,6 +47,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from nmt.common.entry_point import fail
 from nmt.data.corpora import Multi30k
 from nmt.data.text import iter_pairs
 from nmt_tools.cli import TEST_SPLIT
@@ -50,7 +58,8 @@ BYTES_PER_PARAMETER = 16  # fp32 weights, gradients, AdamW's exp_avg and exp_avg
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``scale`` mode's options."""
-    parser.add_argument("--synthetic-pairs", type=int, default=30_000, help="training pairs to generate (N)")
+    parser.add_argument("--synthetic-pairs", type=int, nargs="+", default=[30_000],
+                        help="training pairs to generate (N); several sizes go with --setup-memory")
     parser.add_argument("--noise", type=float, default=0.1, help="chance that a word is replaced (and one always is)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the resampling and the noise")
     parser.add_argument("--mirror", default=os.environ.get("NMT_DATA_MIRROR"),
@@ -64,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="trainer.device of the training runs")
     parser.add_argument("--train-overrides", nargs="*", default=[], help="more train.py overrides, e.g. model=small")
     parser.add_argument("--skip-train", action="store_true", help="measure preparation only")
+    parser.add_argument("--setup-memory", action="store_true",
+                        help="measure only the training setup's peak RSS per size, and its bytes per pair")
+    parser.add_argument("--repeats", type=int, default=3, help="setup-memory processes per size (median)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds a child process may take")
 
 
@@ -129,15 +141,38 @@ print(json.dumps({"seconds": prepared - imported, "import_seconds": imported - s
 """
 
 
+# Runs in a fresh interpreter on a cached split: the training setup (data, loader, one epoch's batches).
+_SETUP_CHILD = """
+import hashlib, json, sys
+import numpy as np
+from nmt.data import build_loader, prepare_data
+cfg = json.loads(sys.argv[1])
+data = prepare_data(cfg, cache_dir=sys.argv[2])
+sampler = build_loader(data.train, cfg["max_tokens"], shuffle=True, seed=0).batch_sampler  # as the trainer's
+digest, batches = hashlib.sha256(), 0
+for indices in sampler:
+    digest.update(np.asarray(indices, np.int64).tobytes())
+    batches += 1
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+mib = {key: int(status[key].split()[0]) / 1024 for key in ("VmHWM", "VmRSS", "RssAnon", "RssFile")}
+print(json.dumps({"pairs": len(data.train), "batches": batches, "batches_sha256": digest.hexdigest(),
+                  "encoded_cache_hits": data.stats["encoded_cache_hits"], "peak_rss_mb": mib["VmHWM"],
+                  "rss_mb": mib["VmRSS"], "rss_anon_mb": mib["RssAnon"], "rss_file_mb": mib["RssFile"]}))
+"""
+
+
 def _child_env(project_dir: Path) -> dict[str, str]:
     path = os.pathsep.join(p for p in (str(project_dir), os.environ.get("PYTHONPATH")) if p)
     return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
 
-def measure_prepare(data_cfg: dict[str, Any], cache: Path, timeout: float, project_dir: Path) -> dict[str, Any]:
-    """``prepare_data`` in a child process: its report (``_PREPARE_CHILD``) plus the wall time from its start."""
+def measure_prepare(data_cfg: dict[str, Any], cache: Path, timeout: float, project_dir: Path,
+                    child: str = _PREPARE_CHILD) -> dict[str, Any]:
+    """``prepare_data`` in a child process: its report (``_PREPARE_CHILD``, or ``child``) plus the wall time from its
+    start."""
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", _PREPARE_CHILD, json.dumps(data_cfg), str(cache)],
+    # In the project dir: ``python -c`` puts the working directory first on the path, before PYTHONPATH.
+    done = subprocess.run([sys.executable, "-c", child, json.dumps(data_cfg), str(cache)], cwd=project_dir,
                           env=_child_env(project_dir), capture_output=True, text=True, timeout=timeout, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"prepare_data failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
@@ -236,17 +271,52 @@ def train_command(files: dict[str, Any], cache: Path, run_dir: Path, args: argpa
             f"trainer.max_steps={args.train_steps + 50}", f"hydra.run.dir={run_dir}", *args.train_overrides]
 
 
-def benchmark_scale(args: argparse.Namespace) -> tuple[dict[str, Any], torch.device]:
-    """The ``scale`` mode: corpus, cold and cached preparation, training start and memory; prints a summary."""
-    if not args.mirror:
-        raise SystemExit("benchmark.py scale: no corpus mirror; set NMT_DATA_MIRROR or pass --mirror")
-    root, n = args.work_dir, args.synthetic_pairs
-    start = time.perf_counter()
-    files = synthetic_corpus(Path(args.mirror), n, args.noise, args.seed, root)
-    generate_seconds = time.perf_counter() - start
+def files_data_config(files: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """configs/data/files.yaml with the synthetic corpus's ``files`` and ``--vocab-size``."""
     data_cfg = OmegaConf.to_container(OmegaConf.load(args.project_dir / "configs/data/files.yaml"), resolve=True)
     data_cfg.update(files=files, valid_split="valid", test_splits=["test"])
     data_cfg["tokenizer"]["vocab_size"] = args.vocab_size
+    return data_cfg
+
+
+def benchmark_setup_memory(args: argparse.Namespace) -> dict[str, Any]:
+    """``--setup-memory``: per size, the median of ``--repeats`` setup processes (``_SETUP_CHILD``) on a cache
+    prepared first; then the bytes per pair between consecutive sizes and between the first and the last."""
+    sizes = []
+    for n in args.synthetic_pairs:
+        data_cfg = files_data_config(synthetic_corpus(Path(args.mirror), n, args.noise, args.seed, args.work_dir), args)
+        with tempfile.TemporaryDirectory(prefix=f"cache_{n}_", dir=args.work_dir) as cache_dir:
+            measure_prepare(data_cfg, Path(cache_dir), args.timeout, args.project_dir)  # cold: fills the cache
+            runs = [measure_prepare(data_cfg, Path(cache_dir), args.timeout, args.project_dir, _SETUP_CHILD)
+                    for _ in range(args.repeats)]
+        medians = {key: statistics.median(run[key] for run in runs) for key in ("peak_rss_mb", "rss_mb")}
+        sizes.append({"requested_pairs": n, **{k: runs[0][k] for k in ("pairs", "batches", "batches_sha256")},
+                      **medians, "runs": runs})
+        print(f"{runs[0]['pairs']:,} pairs: setup peak RSS {medians['peak_rss_mb']:.1f} MiB (median of "
+              f"{len(runs)}), {runs[0]['batches']} batches, sha256 {runs[0]['batches_sha256'][:16]}", flush=True)
+    steps = [*zip(sizes, sizes[1:]), *([(sizes[0], sizes[-1])] if len(sizes) > 2 else [])]
+    per_pair = {f"{a['pairs']}-{b['pairs']}": (b["peak_rss_mb"] - a["peak_rss_mb"]) * MIB / (b["pairs"] - a["pairs"])
+                for a, b in steps}
+    for between, cost in per_pair.items():
+        print(f"{between} pairs: {cost:.1f} bytes per pair", flush=True)
+    return {"noise": args.noise, "seed": args.seed, "repeats": args.repeats, "setup_memory": sizes,
+            "bytes_per_pair": per_pair}
+
+
+def benchmark_scale(args: argparse.Namespace) -> tuple[dict[str, Any], torch.device]:
+    """The ``scale`` mode: corpus, cold and cached preparation, training start and memory; prints a summary.
+    With ``--setup-memory``: the training setup's memory per size only."""
+    if not args.mirror:
+        fail("benchmark.py scale", "no corpus mirror; set NMT_DATA_MIRROR or pass --mirror")
+    if args.setup_memory:
+        return benchmark_setup_memory(args), torch.device("cpu")
+    if len(args.synthetic_pairs) != 1:
+        fail("benchmark.py scale", "several --synthetic-pairs sizes go with --setup-memory; give one size")
+    root, n = args.work_dir, args.synthetic_pairs[0]
+    start = time.perf_counter()
+    files = synthetic_corpus(Path(args.mirror), n, args.noise, args.seed, root)
+    generate_seconds = time.perf_counter() - start
+    data_cfg = files_data_config(files, args)
     with tempfile.TemporaryDirectory(prefix=f"cache_{n}_", dir=root) as cache_dir:
         cache = Path(cache_dir)
         cold = measure_prepare(data_cfg, cache, args.timeout, args.project_dir)

@@ -23,11 +23,13 @@ from nmt.data import (
     DataError,
     EncodedSplit,
     PreparedData,
+    RaggedIds,
     TokenBucketSampler,
     build_loader,
     collate_batch,
 )
-from nmt.data.batching import cut_sorted, pack_batches, split_until_divisible
+from nmt.data.batching import cut_sorted, lengths_with_eos, pack_batches, split_until_divisible
+from nmt.data.encoded import SplitPart
 
 
 def _split(n: int = 503, seed: int = 0, max_len: int = 37) -> EncodedSplit:
@@ -125,11 +127,11 @@ def test_split_until_divisible_splits_the_largest_batches() -> None:
         split_until_divisible(np.array([0, 1, 2, 3]), 2)
 
 
-@pytest.mark.parametrize("max_tokens", [1, 7, 40, 211, 4096])
+@pytest.mark.parametrize("max_tokens", [1, 7, 40, 211, 4096, 100_003])
 def test_cut_sorted_makes_the_cuts_of_pack_batches(max_tokens: int) -> None:
     rng = np.random.default_rng(max_tokens)
     for n in (1, 2, 17, 400):
-        widths = np.sort(rng.integers(1, 60, n))
+        widths = np.sort(rng.integers(1, 60, n)).astype(np.uint16)  # the sampler's compact lengths
         for ordered in (widths, widths[::-1].copy()):  # narrowest first (training), widest first (evaluation)
             bounds = cut_sorted(ordered, max_tokens)
             expected = pack_batches(range(n), ordered.tolist(), ordered.tolist(), max_tokens)
@@ -289,6 +291,42 @@ def _check_same_batches_as_before(split: EncodedSplit, max_tokens: int, epochs: 
 @pytest.mark.parametrize("max_tokens", [37, 300, 4096])
 def test_the_batches_are_the_ones_made_before_numpy(max_tokens: int) -> None:
     _check_same_batches_as_before(_split(n=997, seed=max_tokens, max_len=45), max_tokens, epochs=(0, 1, 5))
+
+
+def test_lengths_that_do_not_fit_two_bytes_give_the_same_batches() -> None:
+    """Lengths over 65,535, and one that overflows uint16 when EOS is added, are planned as the reference does."""
+    rng = np.random.default_rng(5)
+    src, tgt = rng.integers(1, 40, 300), rng.integers(1, 40, 300)
+    src[7], tgt[200] = 65_535, 70_000  # sources stay uint16, targets do not
+    for shuffle in (True, False):
+        expected = reference_epoch_batches(src, tgt, 200_000, shuffle=shuffle, seed=2, epoch=1, world_size=1)
+        assert _epoch(TokenBucketSampler(src, tgt, 200_000, shuffle=shuffle, seed=2), 1) == expected
+    ids = RaggedIds.from_rows([[4] * 65_535, [5]])
+    assert lengths_with_eos(ids.lengths).tolist() == [65_536, 2]
+
+
+def test_the_sampler_holds_two_bytes_a_length_and_four_an_index() -> None:
+    sampler = TokenBucketSampler.from_split(_split(n=997), 300, shuffle=True, seed=1)
+    order, _ = sampler._rank_plan()
+    assert sampler.src_lengths.dtype == sampler.tgt_lengths.dtype == np.uint16 and order.dtype == np.int32
+
+
+def test_a_mixture_epoch_is_the_one_planned_with_int64_lengths_and_indices() -> None:
+    """Weighted sources (whole and fractional weights), 1 and 3 ranks: the hash of the batches the sampler made
+    before it held compact arrays."""
+    rng = np.random.default_rng(7)
+    src = rng.integers(1, 60, 2000)
+    tgt = np.clip(src + rng.integers(-6, 7, 2000), 1, None)
+    parts = [SplitPart("a", 700, 2.0), SplitPart("b", 900, 0.37), SplitPart("c", 400, 1.5)]
+    digest = hashlib.sha256()
+    for world_size in (1, 3):
+        for rank in range(world_size):
+            sampler = TokenBucketSampler(src, tgt, 300, shuffle=True, seed=5, rank=rank, world_size=world_size,
+                                         parts=parts)
+            for epoch in (0, 1, 4):
+                for batch in _epoch(sampler, epoch):
+                    digest.update(repr(batch).encode())
+    assert digest.hexdigest() == "540443462a6a6ee707cbed39698ca3c1560b3895cf83c31d941a13ca490ad042"
 
 
 @pytest.mark.slow

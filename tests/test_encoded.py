@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nmt.data import EncodedSplit, RaggedIds
+from nmt.data import EncodedSplit, RaggedIds, encoded
 from nmt.data.encoded import SplitWriter, manifest_path, open_split, token_dtype
 
 ROWS = [[5, 6, 7], [], [8], [9, 10, 11, 12, 13]]
@@ -58,6 +58,18 @@ def test_written_split_maps_back_the_same_in_any_chunking(tmp_path: Path, chunks
     assert names == ["train.k.json", "train.k.src.offsets.npy", "train.k.src.tokens.npy",
                      "train.k.tgt.offsets.npy", "train.k.tgt.tokens.npy"]  # no temporary file left
     assert np.load(tmp_path / "enc" / "train.k.tgt.tokens.npy").tolist() == [4, 21, 22, 23, 24, 25]  # plain .npy
+
+
+def test_lengths_take_two_bytes_a_row_and_are_read_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(encoded, "_LENGTH_ROWS", 3)  # chunks of 3 rows: 4 rows cross a chunk boundary
+    _write(tmp_path / "train.k", 3)
+    src, tgt, _ = open_split(tmp_path / "train.k")
+    assert src.paths is not None  # read from the file, not through the mapping
+    for mapped, rows in ((src, ROWS), (tgt, TGT_ROWS)):
+        assert mapped.lengths.dtype == np.uint16 and mapped.lengths.tolist() == [len(row) for row in rows]
+        assert RaggedIds.from_rows(rows).lengths.tolist() == [len(row) for row in rows]
+    long_rows = RaggedIds.from_rows([[4], [5] * 70_000, [], [6, 7]])  # a row longer than uint16 counts
+    assert long_rows.lengths.dtype == np.int32 and long_rows.lengths.tolist() == [1, 70_000, 0, 2]
 
 
 def test_a_mapped_split_pickles_as_its_paths(tmp_path: Path) -> None:

@@ -52,6 +52,30 @@ def test_prepare_is_measured_cold_then_cached_in_child_processes(mirror_dir: Pat
         assert report["sampler_epoch_seconds"] > 0 and "tokenizer" in report["stages_seconds"]
 
 
+@pytest.mark.slow
+def test_setup_memory_is_measured_per_size_with_the_batches_hashed(mirror_dir: Path, tmp_path: Path) -> None:
+    args = _args(tmp_path, mirror_dir, "--synthetic-pairs", "1500", "3000", "--setup-memory", "--repeats", "2",
+                 "--vocab-size", "500")
+    report, device = scale.benchmark_scale(args)
+    small, large = report["setup_memory"]
+    assert device.type == "cpu" and [small["requested_pairs"], large["requested_pairs"]] == [1500, 3000]
+    for size in (small, large):
+        assert len(size["runs"]) == 2 and all(run["encoded_cache_hits"] == 3 for run in size["runs"])
+        assert len({run["batches_sha256"] for run in size["runs"]}) == 1  # the same batches every process
+        assert size["peak_rss_mb"] >= size["rss_mb"] > 50 and size["batches"] > 0
+    cost = (large["peak_rss_mb"] - small["peak_rss_mb"]) * scale.MIB / (large["pairs"] - small["pairs"])
+    assert report["bytes_per_pair"] == {f"{small['pairs']}-{large['pairs']}": cost}
+
+
+def test_several_sizes_without_setup_memory_are_one_line_and_exit_2(
+    mirror_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stop:
+        scale.benchmark_scale(_args(tmp_path, mirror_dir, "--synthetic-pairs", "1000", "2000"))
+    assert stop.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []  # refused before any corpus is written
+
+
 # A stand-in for train.py: a launcher with two "ranks" (children whose command line names train.py)
 # that writes a log line per "step", as the trainer's rank 0 does.
 FAKE_LAUNCHER = """

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import logging
 import shlex
+import shutil
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from nmt.common.disk import (
     EXIT_WRITE_STOPPED,
@@ -23,10 +28,11 @@ from nmt.common.disk import (
     is_write_error,
     write_stopped_message,
 )
-from nmt.common.settings import check_command_line_keys, unknown_group_option
+from nmt.common.settings import check_command_line_keys, config_groups, unknown_group_option
 
 # Where Hydra writes before the job starts: a bad one is a NotADirectoryError inside Hydra unless checked first.
 HYDRA_DIRS = ("hydra.run.dir", "hydra.sweep.dir")
+_MADE_RUN_DIRS: dict[Path, Path] = {}  # run dir -> the first of the folders Hydra made for it in this process
 
 
 def fail(program: str, error: Exception | str, status: int = 2) -> NoReturn:
@@ -36,10 +42,37 @@ def fail(program: str, error: Exception | str, status: int = 2) -> NoReturn:
     raise SystemExit(status)
 
 
-def check_keys_or_exit(program: str, config_dir: Path, args: Sequence[str], schema: type) -> None:
-    """Exit with one line when a command-line key is not in ``schema`` (naming the nearest), before Hydra starts."""
-    if problem := unknown_group_option(config_dir, args) or check_command_line_keys(config_dir, args, schema):
+def check_keys_or_exit(program: str, config_dir: Path, config_name: str, args: Sequence[str], schema: type) -> None:
+    """Exit with one line when a command-line key is not in ``schema`` (naming the nearest), or names a config group
+    that ``config_name`` does not take or an option it lacks, before Hydra starts."""
+    groups = config_groups(config_dir, config_name)
+    if problem := (unknown_group_option(config_dir, args, groups)
+                   or check_command_line_keys(config_dir, args, schema, groups)):
         fail(program, problem)
+
+
+def exit_with_help_if_asked(program: str, config_dir: Path, config_name: str, args: Sequence[str], about: str) -> None:
+    """With ``--help`` or ``-h`` in ``args``: print ``about`` (the entry point's docstring), the config groups it
+    takes with their options, and its settings as composed with the other overrides; then exit 0. Hydra's own help
+    would list every folder of ``config_dir``, the groups of the other entry points too.
+    """
+    if not any(arg in ("--help", "-h") for arg in args):
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    overrides = [arg for arg in args if "=" in arg and not arg.startswith("-")]
+    try:
+        with initialize_config_dir(config_dir=str(config_dir.absolute()), version_base="1.3"):
+            settings = OmegaConf.to_yaml(compose(config_name, overrides=overrides))
+    except HydraException as error:
+        fail(program, error)
+    groups = [f"  {group}: {', '.join(sorted(p.stem for p in (config_dir / group).glob('*.yaml')))}"
+              for group in config_groups(config_dir, config_name)]
+    print(about.strip(), "", "== Config groups (GROUP=OPTION) ==", *(groups or ["  none: settings only"]), "",
+          "== Settings (key=value), as composed ==", settings.rstrip(), "",
+          "Hydra's own options: --hydra-help", sep="\n")
+    raise SystemExit(0)
 
 
 def check_outputs_or_exit(program: str, args: Sequence[str], folders: Sequence[str] = (),
@@ -81,7 +114,6 @@ def check_run_dir_or_exit(program: str, config_dir: Path, config_name: str, args
     experiment or the config: ``outputs/${now:...}``) is checked up to its first interpolation.
     """
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
     key = "hydra.sweep.dir" if any(arg in ("-m", "--multirun") for arg in args) else "hydra.run.dir"
     # Only these can change the pattern's fixed part; the others (a sweep's a=1,2 among them) need not compose.
@@ -101,6 +133,56 @@ def check_run_dir_or_exit(program: str, config_dir: Path, config_name: str, args
     except PathNotWritable as error:
         reason = str(error).removeprefix(f"{key}={folder} ")
         fail(program, f"{key}={pattern} cannot be made: {folder} {reason} (pass {key}=DIR)")
+
+
+class RunDirOwner(Callback):
+    """A Hydra callback (``hydra.callbacks`` in configs/train.yaml) that notes, before Hydra makes the run dir, the
+    folders it is about to make: a run refused before it starts takes them away again
+    (``refused_run_leaves_no_folder``), and never a folder that was there, such as a resumed or an earlier run's.
+    """
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:  # the same ${now:...} as Hydra's: resolvers' results are cached in the config
+            run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir"))).absolute()
+        except OmegaConfBaseException:
+            return  # an interpolation only the job resolves: nothing will be taken away
+        first_made = run_dir
+        while not first_made.parent.exists():
+            first_made = first_made.parent
+        if not run_dir.exists():
+            _MADE_RUN_DIRS[run_dir] = first_made
+
+
+@contextmanager
+def refused_run_leaves_no_folder(job_files: Collection[str]) -> Iterator[None]:
+    """When the job inside the block exits with status 2 (a refused setting, corpus or checkpoint: ``fail``), take
+    away the run dir Hydra made for it in this process, and the empty folders made above it, while the run dir holds
+    nothing but ``job_files`` (``.hydra``, the job's log, ``.lock``): a later ``compare_runs.py outputs/*/`` must not
+    trip over it.
+    """
+    try:
+        yield
+    except SystemExit as stop:
+        if stop.code == 2:
+            _remove_made_run_dir(set(job_files))
+        raise
+
+
+def _remove_made_run_dir(job_files: set[str]) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir).absolute()
+    first_made = _MADE_RUN_DIRS.get(run_dir)
+    if first_made is None or not {path.name for path in run_dir.iterdir()} <= job_files:
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    for folder in run_dir.parents:  # nearest first, up to the first folder made
+        if folder != first_made and first_made not in folder.parents:
+            break
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: something else lives there now
+            break
 
 
 @contextmanager

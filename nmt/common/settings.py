@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +62,24 @@ def to_plain_dict(cfg: DictConfig) -> dict[str, Any]:
     return plain
 
 
-def check_command_line_keys(config_dir: str | Path, args: Sequence[str], schema: type) -> str | None:
+def config_groups(config_dir: str | Path, config_name: str) -> list[str]:
+    """The config groups that ``config_name``'s defaults list names (``GROUP=OPTION`` on the command line), in its
+    order; Hydra's own (``hydra/...``) left out. An entry point takes these and no other folder of ``config_dir``.
+    """
+    defaults = OmegaConf.load(Path(config_dir) / f"{config_name}.yaml").get("defaults") or []
+    names = [key.split()[-1].split("@")[0] for entry in defaults if isinstance(entry, Mapping) for key in entry]
+    return [name for name in names if not name.startswith("hydra/")]  # "optional experiment" -> experiment
+
+
+def check_command_line_keys(config_dir: str | Path, args: Sequence[str], schema: type,
+                            groups: Collection[str] | None = None) -> str | None:
     """A one-line error for a command-line key the entry point does not have, naming the nearest; None if all fit.
 
     Each ``key=value`` of ``args`` is walked through ``schema`` (the entry point's settings dataclass;
     ``trainer.lrr`` -> ``did you mean trainer.lr?``) before Hydra composes anything, and its value checked
-    against the schema's type. Group choices, ``+key``/``~key``, ``hydra.*`` and syntax errors are left to Hydra.
+    against the schema's type. ``groups``: the config groups the entry point takes (``config_groups``; None: every
+    folder of ``config_dir``); another folder's name is a key like any other, and refused as one. Their choices,
+    ``+key``/``~key``, ``hydra.*`` and syntax errors are left to Hydra.
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -76,11 +88,14 @@ def check_command_line_keys(config_dir: str | Path, args: Sequence[str], schema:
         overrides = OverridesParser.create().parse_overrides([a for a in args if "=" in a and not a.startswith("-")])
     except HydraException:
         return None  # a syntax error: Hydra's own message is the right one
-    groups = {path.name for path in Path(config_dir).iterdir() if path.is_dir()}
+    folders = {path.name for path in Path(config_dir).iterdir() if path.is_dir()}
+    groups = folders if groups is None else set(groups)
     for override in overrides:
         key = override.key_or_group
-        if override.is_add() or override.is_delete() or key.startswith("hydra.") or key in groups:
+        if key in groups or key.startswith("hydra."):
             continue
+        if (override.is_add() or override.is_delete()) and key not in folders:
+            continue  # +key, ~key: Hydra's to check; a folder that is not this entry point's group is refused below
         if problem := first_unknown_key(_nested(key, None), schema):
             return problem
         if override.is_sweep_override():
@@ -92,10 +107,12 @@ def check_command_line_keys(config_dir: str | Path, args: Sequence[str], schema:
     return None
 
 
-def unknown_group_option(config_dir: str | Path, args: Sequence[str]) -> str | None:
+def unknown_group_option(config_dir: str | Path, args: Sequence[str], groups: Collection[str] | None = None
+                         ) -> str | None:
     """A one-line error for ``GROUP=NAME`` when no ``GROUP/NAME.yaml`` exists (Hydra would print its search path and
     exit 1), naming the valid options; None if all exist. Sweeps are checked option by option; ``null`` is valid
-    for any group; ``--config-dir`` folders count as Hydra counts them.
+    for any group; ``--config-dir`` folders count as Hydra counts them. ``groups``: the groups checked (None: every
+    folder of ``config_dir``).
     """
     # Hydra's search path: config_dir and the folders of --config-dir=DIR, --config-dir DIR or -cd DIR
     extra = [arg.split("=", 1)[1] for arg in args if arg.startswith("--config-dir=")]
@@ -106,6 +123,8 @@ def unknown_group_option(config_dir: str | Path, args: Sequence[str]) -> str | N
         key = key.lstrip("+")
         if not sep or "." in key or key.startswith(("~", "-", "hydra")) or not (Path(config_dir) / key).is_dir():
             continue
+        if groups is not None and key not in groups:
+            continue  # not a group of this entry point: check_command_line_keys refuses it as a key
         valid = sorted({p.stem for root in roots for p in (root / key).glob("*.yaml")})
         for option in (o.strip() for o in value.split(",")):
             if option and option != "null" and option not in valid:

@@ -67,7 +67,7 @@ def cut_sorted(widths: np.ndarray, max_tokens: int) -> np.ndarray:
     # starts at `start` ends before position start + max_tokens // w (and holds at least one pair).
     first = np.flatnonzero(np.r_[True, widths[1:] != widths[:-1]])
     run_start, run_end = first.tolist(), [*first[1:].tolist(), n]
-    run_cap = (max_tokens // widths[first]).tolist()
+    run_cap = (max_tokens // widths[first].astype(np.int64)).tolist()  # a budget over 65,535 / uint16 widths
     run = 0
     while start < n:
         while run_end[run] <= start:
@@ -113,14 +113,15 @@ def weighted_pairs(parts: Sequence[SplitPart], widths: np.ndarray, generator: to
     batches: the learning-rate schedule and resume count on it.
     """
     chosen, start = [], 0
+    dtype = _index_dtype(sum(part.pairs for part in parts))
     for part in parts:
-        indices = np.arange(start, start + part.pairs, dtype=np.int64)
+        indices = np.arange(start, start + part.pairs, dtype=dtype)
         whole, fraction = divmod(part.weight, 1.0)
         chosen += [indices] * int(whole)
         if fraction > 1e-9:
             chosen.append(_stratified_draw(indices, widths[indices], fraction, generator))
         start += part.pairs
-    return np.concatenate(chosen) if chosen else np.zeros(0, np.int64)
+    return np.concatenate(chosen) if chosen else np.zeros(0, dtype)
 
 
 def _stratified_draw(indices: np.ndarray, widths: np.ndarray, fraction: float,
@@ -138,6 +139,37 @@ def _stratified_draw(indices: np.ndarray, widths: np.ndarray, fraction: float,
     return indices[shuffled[rank < np.repeat(quota, counts)]]
 
 
+def compact_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
+    """``lengths`` ``[N]`` as uint16 when every one fits (2 bytes a pair, against int64's 8), else int64."""
+    array = np.asarray(lengths)
+    fits = array.size == 0 or (int(array.min()) >= 0 and int(array.max()) <= np.iinfo(np.uint16).max)
+    return array.astype(np.uint16 if fits else np.int64, copy=False)
+
+
+def lengths_with_eos(lengths: np.ndarray) -> np.ndarray:
+    """``lengths + 1``, the EOS (or BOS) a collated row adds, widened only where uint16 would overflow."""
+    if lengths.size and int(lengths.max()) >= np.iinfo(lengths.dtype).max:
+        lengths = lengths.astype(np.int64)
+    return lengths + 1
+
+
+def _sort_key(src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray:
+    """``[N]`` keys that order pairs by ``max(S, T)``, then S, then T: int32 (4 bytes a pair) where they fit."""
+    widths = np.maximum(src_lengths, tgt_lengths)
+    width = int(widths.max()) + 1
+    key = widths.astype(np.int32 if width**3 <= np.iinfo(np.int32).max else np.int64)
+    key *= width
+    key += src_lengths
+    key *= width
+    key += tgt_lengths
+    return key
+
+
+def _index_dtype(count: int) -> np.dtype:
+    """int32 for indices below ``count`` where they fit (4 bytes a pair), else int64."""
+    return np.dtype(np.int32 if count <= np.iinfo(np.int32).max else np.int64)
+
+
 def _epoch_generator(seed: int, epoch: int, purpose: str = "batches") -> torch.Generator:
     # A hash of (seed, epoch), so neighbouring seeds don't give related permutations.
     digest = hashlib.sha256(f"nmt-{purpose}:{seed}:{epoch}".encode()).digest()
@@ -148,7 +180,8 @@ class TokenBucketSampler(Sampler[list[int]]):
     """Yields this rank's batches (lists of pair indices) of one epoch under a token budget.
 
     The batch count is the same every epoch (only which equal-length pairs share a batch, and the batch order,
-    change). An epoch's plan is numpy arrays, ready in about a second for millions of pairs.
+    change). An epoch's plan is numpy arrays, ready in about a second for millions of pairs. No Python object per
+    pair: it holds 2 bytes per length (uint16 where they fit) and 4 per index of the epoch's order (int32).
 
     Args:
         src_lengths: ``[N]`` source lengths incl. EOS; tgt_lengths: ``[N]`` target lengths incl. BOS/EOS.
@@ -172,8 +205,7 @@ class TokenBucketSampler(Sampler[list[int]]):
             raise DataError(f"max_tokens={max_tokens} must be a positive number of tokens.")
         if world_size < 1 or not 0 <= rank < world_size:
             raise DataError(f"rank={rank} must be in [0, world_size={world_size}).")
-        self.src_lengths = np.asarray(src_lengths, dtype=np.int64)
-        self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64)
+        self.src_lengths, self.tgt_lengths = compact_lengths(src_lengths), compact_lengths(tgt_lengths)
         self.max_tokens, self.seed = int(max_tokens), int(seed)
         self.shuffle, self.rank, self.world_size, self.name = shuffle, rank, world_size, name
         # One source seen once is the plain epoch; anything else is planned by weighted_pairs.
@@ -184,15 +216,15 @@ class TokenBucketSampler(Sampler[list[int]]):
     @classmethod
     def from_split(cls, split: EncodedSplit, max_tokens: int, **kwargs: Any) -> TokenBucketSampler:
         """A sampler over ``split``'s pairs (lengths counted with EOS / BOS, as collated)."""
-        return cls(split.src_ids.lengths + 1, split.tgt_ids.lengths + 1, max_tokens, name=split.name,
-                   parts=split.parts, **kwargs)
+        return cls(lengths_with_eos(split.src_ids.lengths), lengths_with_eos(split.tgt_ids.lengths), max_tokens,
+                   name=split.name, parts=split.parts, **kwargs)
 
     def epoch_plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """All ranks' batches of ``epoch``: ``(order [M], spans [num_batches, 2])``, M = N unless weighted.
 
         Batch ``k`` is ``order[spans[k, 0]:spans[k, 1]]``; rank ``r`` takes batches ``r::world_size``.
         """
-        src, tgt = self.src_lengths, self.tgt_lengths
+        src, tgt = self.src_lengths, self.tgt_lengths  # [N] uint16 (int64 if a length does not fit)
         pairs = None  # every pair once; else the indices a weighted epoch sees
         if self.parts and self.shuffle:
             pairs = weighted_pairs(self.parts, np.maximum(src, tgt), _epoch_generator(self.seed, epoch, "mixture"))
@@ -200,21 +232,19 @@ class TokenBucketSampler(Sampler[list[int]]):
         # Sort by max(S, T), the quantity the budget charges, then by S, then by T: on Multi30k this
         # pads 4.5% of the slots at 4096 tokens, against 7% when sorting by S then T (the batches that
         # straddle two source lengths mix short and long targets) and 54% in random order.
-        widths = np.maximum(src, tgt)  # [N]
-        width = int(widths.max()) + 1
-        key = (widths * width + src) * width + tgt  # [N]
         generator = _epoch_generator(self.seed, epoch) if self.shuffle else None
         if generator is not None:
             # Shuffle first, then a stable sort: pairs of equal lengths land in a new order (and
-            # so in new batches) every epoch.
-            perm = torch.randperm(len(key), generator=generator).numpy()
-            order = perm[np.argsort(key[perm], kind="stable")]
+            # so in new batches) every epoch. int32 indices draw the same permutation as int64.
+            index_dtype = torch.int32 if _index_dtype(len(src)) == np.int32 else torch.int64
+            perm = torch.randperm(len(src), generator=generator, dtype=index_dtype).numpy()  # [N]
+            order = perm[np.argsort(_sort_key(src[perm], tgt[perm]), kind="stable")]
         else:
-            order = np.argsort(-key, kind="stable")
+            order = np.argsort(-_sort_key(src, tgt), kind="stable")
         if pairs is not None:
             order = pairs[order]  # positions in this epoch's pairs -> pair indices in the split
-            widths = np.maximum(self.src_lengths, self.tgt_lengths)
-        bounds = split_until_divisible(cut_sorted(widths[order], self.max_tokens), self.world_size, self.name)
+        widths = np.maximum(self.src_lengths[order], self.tgt_lengths[order])  # [M] in batching order
+        bounds = split_until_divisible(cut_sorted(widths, self.max_tokens), self.world_size, self.name)
         spans = np.stack([bounds[:-1], bounds[1:]], axis=1)  # [num_batches, 2]
         if generator is not None:
             spans = spans[torch.randperm(len(spans), generator=generator).numpy()]
