@@ -78,7 +78,7 @@ def check_same_study(chain: Chain, record: bool) -> None:
     if key == "recipe":
         what = f"recipe={recorded}'s runs, not recipe={given}'s"
     elif key.startswith("data."):
-        what = f"runs made with data.{key[5:]}={recorded if recorded is not None else '(not given)'}, not {given}"
+        what = f"runs made with {key[5:]}={recorded if recorded is not None else '(not given)'}, not {given}"
     else:
         what = f"runs made with the recipe's {key.removeprefix('settings.')}={recorded}, not {given}"
     raise ChainError(f"workdir {chain.workdir} holds {what} (recorded in {path}): give another workdir=, or the "
