@@ -217,3 +217,25 @@ def test_a_partial_kept_run_is_one_line_naming_the_file(damage, named: str, fake
     with pytest.raises(ChainError, match=f"stage 'none de-en seed42': .*{named}.*delete its results.json") as raised:
         command.main(args, fake_repo)
     assert "\n" not in str(raised.value) and calls(workdir) == []
+
+
+def test_a_real_run_is_whole_until_its_test_output_is_cut(tmp_path: Path) -> None:
+    from nmt.chain.workdir import partial_run
+    from nmt.train.trainer import train
+    from tests.test_training import tiny_config
+
+    run = tmp_path / "run"
+    train(tiny_config(tmp_path, ["trainer.max_steps=4", "trainer.validate_every=4"]), run_dir=run)
+    assert partial_run(run) is None  # what train.py writes is whole: results.json and every test split's lines
+    output = next((run / "translations").iterdir())
+    output.write_text("".join(output.read_text().splitlines(keepends=True)[:-1]))
+    assert partial_run(run).startswith(f"{output} holds ")
+
+
+def test_the_gpu_study_on_a_cpu_points_to_its_cpu_recipe(fake_repo: Path, tmp_path: Path,  # noqa: F811
+                                                         capsys: pytest.CaptureFixture) -> None:
+    command.main(["recipe=attention_study", f"workdir={tmp_path}", "device=cpu", "dry_run=true"], fake_repo)
+    eta = capsys.readouterr().out.splitlines()[-1]
+    assert eta.startswith("reproduce.py: ETA ") and "on a CPU, recipe=attention_study_cpu runs the same study" in eta
+    command.main(["recipe=attention_study_cpu", f"workdir={tmp_path}", "device=cpu", "dry_run=true"], fake_repo)
+    assert "recipe=attention_study_cpu runs" not in capsys.readouterr().out

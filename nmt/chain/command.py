@@ -72,21 +72,29 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
     use_mps, mps_reason = choose_mps(settings["mps"], str(device), parallel, card)
     mps_reason = f"; {mps_reason}" if mps_reason else ""
     clock = Clock(state_dir(workdir) / "times.json", dict(recipe.eta_minutes[str(device)]))
-    if device == "cpu" and recipe.get("cpu_recipe"):
-        say(f"recipe={chain.recipe_name} is sized for a GPU; on this CPU recipe={recipe.cpu_recipe} runs the same "
-            "study in a fraction of the time (its report is its own)")
+    hint = cpu_hint(chain, str(device))
     check_budget(budget, stages, clock)
     check_checkpoints(stages)
     check_kept_runs(stages)
     if settings["dry_run"]:
         show_plan(stages, clock, parallel, budget, f"{device}, parallel={parallel}, {chosen}{mps_reason}",
-                  eta_sources(stages, clock, recipe, str(device)))
+                  eta_sources(stages, clock, recipe, str(device)) + (f"; {hint}" if hint else ""))
         return None
+    if hint:
+        say(hint)
     with workdir_lock(workdir):
         check_same_study(chain, record=True)
         stop_left_running(workdir, STOP_GRACE_S, say)
         return run_chain(chain, stages, parallel, clock, budget, f"parallel={parallel} ({chosen}){mps_reason}",
                          use_mps, go_on_command(args, workdir))
+
+
+def cpu_hint(chain: Chain, device: str) -> str:
+    """On a CPU, the recipe's ``cpu_recipe`` (the same study sized for one), if it names one."""
+    if device != "cpu" or not chain.recipe.get("cpu_recipe"):
+        return ""
+    return (f"recipe={chain.recipe_name} is sized for a GPU; on a CPU, recipe={chain.recipe.cpu_recipe} runs the "
+            "same study in a fraction of the time (its report is its own)")
 
 
 def show_plan(stages: list[Stage], clock: Clock, parallel: int, budget: Budget | None, how: str,
