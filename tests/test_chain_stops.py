@@ -82,12 +82,14 @@ def finished_once(workdir: Path) -> None:
 
 
 @pytest.mark.slow
-def test_sigterm_stops_every_stage_and_the_printed_command_goes_on(fake_repo: Path, tmp_path: Path) -> None:  # noqa: F811
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_every_stage_and_the_printed_command_goes_on(how: signal.Signals, fake_repo: Path,  # noqa: F811
+                                                                     tmp_path: Path) -> None:
     workdir = tmp_path / "work"
-    chain, out = stop_mid_stage(fake_repo, workdir, signal.SIGTERM)
-    assert chain.returncode == 128 + signal.SIGTERM, out
-    assert f"reproduce.py: stop  {HUNG}: stopped by SIGTERM (SIGTERM: a training saves" in out
-    assert "stopped by SIGTERM: 1 of 37 stages complete, 36 left" in out
+    chain, out = stop_mid_stage(fake_repo, workdir, how)
+    assert chain.returncode == 128 + how, out
+    assert f"reproduce.py: stop  {HUNG}: stopped by {how.name} (SIGTERM: a training saves" in out
+    assert f"stopped by {how.name}: 1 of 37 stages complete, 36 left" in out
     assert (workdir / RUN / "checkpoints" / "last.pt").read_text() == "saved at SIGTERM"
     assert not any(alive(int(pid)) for pid in (workdir / "pids").read_text().split())  # nothing left running
     go_on = shlex.split(next(line for line in out.splitlines() if "go on with: " in line)
@@ -239,3 +241,31 @@ def test_the_gpu_study_on_a_cpu_points_to_its_cpu_recipe(fake_repo: Path, tmp_pa
     assert eta.startswith("reproduce.py: ETA ") and "on a CPU, recipe=attention_study_cpu runs the same study" in eta
     command.main(["recipe=attention_study_cpu", f"workdir={tmp_path}", "device=cpu", "dry_run=true"], fake_repo)
     assert "recipe=attention_study_cpu runs" not in capsys.readouterr().out
+
+
+SAVER = r'''
+import signal, sys, time
+from pathlib import Path
+def saved(*_):
+    Path("saved").write_text("at SIGTERM")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, saved)
+Path("ready").touch()
+time.sleep(60)
+'''
+
+
+def test_a_stage_an_earlier_call_left_running_saves_before_the_next_call_takes_over(tmp_path: Path) -> None:
+    from nmt.chain.workdir import note_running, stop_left_running
+
+    stage = subprocess.Popen([sys.executable, "-c", SAVER], cwd=tmp_path, start_new_session=True)
+    wait_for((tmp_path / "ready").exists)
+    note_running(tmp_path, {"bt de-en seed1": (None, stage, 0.0)})  # as the killed call left it
+    said: list[str] = []
+    stop_left_running(tmp_path, 30.0, said.append)
+    assert stage.wait(timeout=10) == 0 and (tmp_path / "saved").read_text() == "at SIGTERM"
+    assert said == [f"wait  bt de-en seed1: left running by an earlier call (pid {stage.pid}); SIGTERM, then it "
+                    "saves and exits"]
+    assert not (tmp_path / "runs" / ".reproduce" / "running.json").exists()
+    stop_left_running(tmp_path, 30.0, said.append)  # nothing left: nothing to say
+    assert len(said) == 1
