@@ -222,4 +222,3 @@ def seed_by_seed(chain: Chain, trainings: list[Stage]) -> list[Stage]:
         return pairs.index(run_dir.parent.name.rsplit("_", 1)[1]), seeds.index(int(run_dir.name.removeprefix("seed")))
 
     return sorted(trainings, key=position)  # stable: within a seed the recipe's order of trainings
-

@@ -19,7 +19,6 @@ DEADLINE_FORMS = "HH:MM or HH:MM:SS (the next time the clock reads it) or an ISO
 AS_WRITTEN = ("budget", "deadline")  # read as text: OmegaConf would turn deadline=14:30 into 870 (YAML's base 60)
 
 
-
 class ChainError(ValueError):
     """A chain that cannot run as asked: a bad setting, recipe or workdir, or a stage that failed (one line)."""
 
@@ -102,4 +101,3 @@ def load_recipe(recipes: Path, name: str) -> DictConfig:
     recipe = OmegaConf.load(path)
     parents = recipe.pop("defaults", [])
     return OmegaConf.merge(*[load_recipe(recipes, str(parent)) for parent in parents], recipe)  # parents first
-

@@ -62,4 +62,3 @@ def study_files(workdir: Path) -> list[str]:
     """The study's report files (relative to ``workdir``), the most useful first, each once."""
     found = [path for pattern in STUDY_FILES for path in sorted((workdir / "runs").glob(pattern))]
     return [str(path.relative_to(workdir)) for path in dict.fromkeys(found)]
-

@@ -32,4 +32,3 @@ def machine_info(project_dir: Path) -> dict[str, Any]:
             "pytorch": versions["torch"], "cuda": versions["cuda"], "cudnn": versions["cudnn"],
             "python": versions["python"], "commit": git_commit(project_dir),
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
-

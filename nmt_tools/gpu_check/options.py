@@ -91,4 +91,3 @@ def parse_args(argv: list[str] | None, project_dir: Path) -> argparse.Namespace:
     seconds = None if args.budget_seconds is None else args.budget_seconds - PACK_SECONDS  # packing comes after
     args.budget = Budget.seconds_from_now(seconds, f"the {args.budget_seconds or 0:.0f} s budget")
     return args
-

@@ -85,4 +85,3 @@ def readme(args: argparse.Namespace, report: dict[str, Any], argv: list[str], fi
     if left_out:
         lines += ["", "Left out of the tarball (too large): " + ", ".join(left_out)]
     return "\n".join(lines) + "\n"
-

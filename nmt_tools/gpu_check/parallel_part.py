@@ -90,4 +90,3 @@ def parallel_round(args: argparse.Namespace, way: str, n: int, env: dict[str, st
             "tokens_per_s_each": speeds, "target_tokens": tokens, "wall_seconds": took["wall_seconds"],
             "tokens_per_s_over_wall": tokens / took["wall_seconds"],
             "train_seconds_longest": max(r["train_seconds"] for r in results)}
-

@@ -82,4 +82,3 @@ def trained_run(args: argparse.Namespace) -> Path:
         raise SystemExit("gpu_check.py: the translate and search parts need a trained run: add --parts recipe or "
                          "precision")
     return run
-

@@ -110,4 +110,3 @@ def search_backtranslate(args: argparse.Namespace, model: Path, path: str) -> di
         run_timed(command, folder / f"backtranslate_{path}.log", args.project_dir, args.budget.timeout())
     row = json.loads(report.with_suffix(".json").read_text(encoding="utf-8"))["results"][0]
     return {key: row.get(key) for key in ("lines", "translated", "seconds", "sentences_per_s", "options")}
-

@@ -113,4 +113,3 @@ def recipe_run(args: argparse.Namespace, path: str) -> dict[str, Any]:
             "target_val_bleu": args.target_bleu, "minutes_to_target": minutes,
             "step_at_target": reached and reached["step"], "best_val_bleu": results.get("best_val_bleu_greedy"),
             "process_minutes": seconds and seconds / 60, **run_summary(run)}
-
