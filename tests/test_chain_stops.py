@@ -66,6 +66,7 @@ def stop_mid_stage(repo: Path, workdir: Path, how: signal.Signals) -> tuple[subp
     hang_and_note_pids(repo)
     chain = start_chain(repo, study_args(workdir), FAKE_HANG=HUNG)
     wait_for((workdir / "hung").exists)
+    time.sleep(2.0)  # a stretch of its time that the resumed stage must add to its own
     chain.send_signal(how)
     out, err = chain.communicate(timeout=120)
     return chain, out + err
@@ -92,6 +93,8 @@ def test_a_signal_stops_every_stage_and_the_printed_command_goes_on(how: signal.
     assert f"stopped by {how.name}: 1 of 37 stages complete, 36 left" in out
     assert (workdir / RUN / "checkpoints" / "last.pt").read_text() == "saved at SIGTERM"
     assert not any(alive(int(pid)) for pid in (workdir / "pids").read_text().split())  # nothing left running
+    state = workdir / "runs" / ".reproduce"
+    ran_before = json.loads((state / "spent.json").read_text())[HUNG]  # the stopped stage's time is kept
     go_on = shlex.split(next(line for line in out.splitlines() if "go on with: " in line)
                         .split("go on with: ")[1].split("  (elsewhere")[0])
     assert go_on[:2] == ["python", "reproduce.py"]
@@ -99,6 +102,9 @@ def test_a_signal_stops_every_stage_and_the_printed_command_goes_on(how: signal.
     out, err = again.communicate(timeout=300)
     assert again.returncode == 0, err
     finished_once(workdir)
+    additive = json.loads((state / "times.json").read_text())["additive"]  # six runs: one per seed and direction
+    assert len(additive) == 6 and ran_before >= 2.0 and json.loads((state / "spent.json").read_text()) == {}
+    assert [t > ran_before for t in additive].count(True) == 1  # the stopped one: both calls' time, summed
 
 
 @pytest.mark.slow
