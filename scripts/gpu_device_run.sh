@@ -8,6 +8,8 @@
 #   OUT=gpu_out bash scripts/gpu_device_run.sh                                    # 540 s, every part
 #   OUT=gpu_out bash scripts/gpu_device_run.sh --parts study --budget-seconds 480  # gpu_check.py options pass through
 # The commit it records: NMT_GIT_COMMIT, else the first line of .gpu-site/commit, else git describe.
+# Without a CUDA device it says so in one line (exit status 2) before any work. A SIGTERM or Ctrl-C (a timeout
+# around it) stops the running command once it saved, keeps the parts done and exits 143 or 130.
 # Writes its runs under $GPU_CHECK_WORK (default /tmp/gpu_check), then packs them into $OUT.
 set -euo pipefail
 : "${OUT:?set OUT to the folder whose files come back}"

@@ -9,7 +9,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nmt"
 
 # Lowest first (docs/architecture.md). A subpackage may import its own layer's modules and lower layers;
 # subpackages on the same layer do not import each other.
-LAYERS = {"common": 0, "data": 1, "model": 2, "inference": 3, "export": 4, "serve": 4, "train": 4, "analysis": 5}
+LAYERS = {"common": 0, "data": 1, "model": 2, "inference": 3, "export": 4, "serve": 4, "train": 4, "analysis": 5,
+          "chain": 6}
 
 
 def module_name(path: Path) -> str:

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import nmt.common.files
-from nmt.analysis import reproduce
+from nmt.chain import command as reproduce
 from nmt.common.disk import EXIT_WRITE_STOPPED, PathNotWritable, WriteStopped, check_writable
 from nmt.common.files import write_durably
 from nmt.model.checkpoint import load_checkpoint

@@ -40,3 +40,20 @@ def test_a_second_process_is_refused_in_one_line_naming_the_holder(tmp_path: Pat
         holder.communicate("", timeout=30)
     with folder_lock(tmp_path, "me", "wait"):  # released when its holder ended
         assert (tmp_path / ".lock").read_text() == "me\n"
+
+
+def test_a_lock_its_holder_never_let_go_is_taken_over_with_one_line(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    with folder_lock(tmp_path, "me", "wait"):
+        pass
+    with folder_lock(tmp_path, "me again", "wait"):  # let go on the way out: nothing to say
+        pass
+    assert capsys.readouterr().err == ""
+    code = ("import os, signal, sys; from nmt.common.files import folder_lock\n"
+            "with folder_lock(sys.argv[1], 'train.py (pid 7)', 'wait'):\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)")
+    assert subprocess.run([sys.executable, "-c", code, str(tmp_path)]).returncode == -9
+    with folder_lock(tmp_path, "me", "wait"):
+        assert (tmp_path / ".lock").read_text() == "me\n"
+    taken = capsys.readouterr().err.splitlines()
+    assert taken == [f"{tmp_path}: taking over the lock of train.py (pid 7), which ended without letting it go"]

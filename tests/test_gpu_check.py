@@ -1,10 +1,11 @@
-"""scripts/gpu_check.py (nmt_tools.gpu_check): the parts driven with stand-ins for train.py, benchmark.py,
+"""scripts/gpu_check.py (nmt_tools.gpu_check/): the parts driven with stand-ins for train.py, benchmark.py,
 reproduce.py, pytest and nvidia-cuda-mps-control, their figures computed from what those write, a stopped check
 continued without rerunning, the time budget, and the packing into at most 8 files."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tarfile
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from nmt_tools import gpu_check
+from nmt_tools.gpu_check import training_parts
 
 # train.py's stand-in: the losses of a bf16 run sit 0.01 above fp32's, a graphs run's 0.02 above eager's, and a
 # graphs run is 3x as fast; validations at steps 10 and 20 reach greedy
@@ -282,12 +284,12 @@ def test_mps_is_stopped_when_its_trainings_or_its_start_fail(fake_project: Path,
 def test_the_tests_part_counts_what_pytest_printed(fake_project: Path, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     def fake_pytest(command: list[str], log: Path, cwd: Path, timeout: float | None = None,
-                    env: dict | None = None) -> tuple[int, float]:
+                    env: dict | None = None, grace: float = 0.0) -> tuple[int, float]:
         assert command[1:] == ["-m", "pytest", "-q", "-m", "gpu", "tests/"] and cwd == fake_project
         log.write_text("....F.s\nFAILED tests/test_x.py::test_y\n3 passed, 1 failed, 2 skipped, 37 deselected in 9s\n")
         return 1, 9.0
 
-    monkeypatch.setattr(gpu_check, "run_logged", fake_pytest)
+    monkeypatch.setattr(training_parts, "run_logged", fake_pytest)
     report = gpu_check.main(["--out", str(tmp_path / "check"), "--parts", "tests"], fake_project)["tests"]
     assert (report["passed"], report["failed"], report["skipped"], report["deselected"]) == (3, 1, 2, 37)
     assert report["exit_status"] == 1 and report["errors"] == 0 and report["log"] == "tests.txt"
@@ -295,8 +297,9 @@ def test_the_tests_part_counts_what_pytest_printed(fake_project: Path, tmp_path:
 
 def test_the_budget_skips_what_does_not_fit_and_stops_what_overruns(fake_project: Path, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gpu_check, "SECONDS", {**gpu_check.SECONDS, "tests": 10_000.0, "train_fixed": 0.0,
-                                               "eager_step": 0.0, "graphs_step": 0.0, "study": 10_000.0})
+    for key, seconds in {"tests": 10_000.0, "train_fixed": 0.0, "eager_step": 0.0, "graphs_step": 0.0,
+                         "study": 10_000.0}.items():
+        monkeypatch.setitem(gpu_check.SECONDS, key, seconds)
     report = gpu_check.main(["--out", str(tmp_path / "check"), "--parts", "tests", "graphs", "study",
                              "--graph-steps", "20", "--budget-seconds", "600"], fake_project)
     assert "tests" in report and report["tests"]["skipped"].startswith("the CUDA tests: needs about 10000 s")
@@ -333,7 +336,7 @@ def test_packing_brings_back_at_most_8_files(fake_project: Path, tmp_path: Path,
     gpu_check.main(["--out", str(out), "--parts", "recipe", "parallel", "study", "--recipe-paths", "graphs",
                     "--parallel-counts", "1", "--pack", str(dest)], fake_project)
     files = sorted(p.name for p in dest.iterdir())
-    assert len(files) == gpu_check.MAX_FILES
+    assert len(files) == gpu_check.DEVICE_RUN["max_files"] == 8
     assert {"gpu_check.json", "README.md", "measured_parallel.json", "gpu_check_files.tar.gz",
             "attention_study_test_2016_flickr.md", "attention_study_test_2016_flickr.json",
             "attention_study_test_2016_flickr_groups.png", "attention_study_test_2016_flickr.png"} == set(files)
@@ -360,7 +363,7 @@ def test_the_device_run_profile_and_what_overrides_it(tmp_path: Path) -> None:
     assert args.recipe_paths == ["graphs"] and args.parallel_counts == [1, 2, 4]
     assert args.graph_precisions == ["bf16"]
     plain = gpu_check.parse_args(["--out", str(tmp_path)], tmp_path)
-    assert plain.budget_seconds is None and not plain.keep_going and plain.budget.left() is None
+    assert plain.budget_seconds is None and not plain.keep_going and math.isinf(plain.budget.left())
 
 
 def test_the_machine_names_card_versions_and_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""reproduce.py's chain (nmt.analysis.reproduce): the plan from the real recipe and experiment configs, and a
+"""reproduce.py's chain (nmt.chain): the plan from the real recipe and experiment configs, and a
 resume after a kill in every stage, driven with stand-ins for train.py, backtranslate.py and tune_decoding.py."""
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from nmt.analysis import card as sharing
-from nmt.analysis import reproduce
-from nmt.analysis.card import CardError
-from nmt.analysis.reproduce import ChainError
+from nmt.chain import card as sharing
+from nmt.chain import clock as chain_clock
+from nmt.chain import command, schedule
+from nmt.chain import plan as chain_plan
+from nmt.chain import settings as chain_settings
+from nmt.chain.card import CardError
+from nmt.chain.settings import ChainError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = {"train": ["t"], "backtranslate": ["b"], "tune": ["d"], "compare": ["c"]}
@@ -99,10 +102,10 @@ def calls(workdir: Path) -> list[tuple[str, list[str]]]:
 
 
 def test_the_plan_follows_the_recipe_and_the_experiment_configs(fake_repo: Path, tmp_path: Path) -> None:
-    chain = reproduce.Chain(tmp_path, PROGRAMS,
-                            reproduce.load_recipe(REPO_ROOT / "configs" / "recipe", "bt_best"), "bt_best", [],
+    chain = chain_plan.Chain(tmp_path, PROGRAMS,
+                            chain_settings.load_recipe(REPO_ROOT / "configs" / "recipe", "bt_best"), "bt_best", [],
                             REPO_ROOT / "configs")
-    stages = {s.name: s for s in reproduce.plan(chain)}
+    stages = {s.name: s for s in chain_plan.plan(chain)}
     assert len(stages) == 2 + 1 + 4 + 1 + 4 + 2 + 2 + 10
     # the captions of each direction are back-translated by the run its experiment names, once
     assert stages["backtranslate bt_en"].after == ["base en-de seed42"]
@@ -122,8 +125,8 @@ def test_the_chain_resumes_after_a_kill_in_every_stage(fake_repo: Path, tmp_path
     workdir.mkdir()
     args = ["recipe=bt_best", f"workdir={workdir}", "device=cpu", "data.mirror=/corpora",
             "data.test_splits=[test_2016_flickr,test_2017_flickr]"]
-    names = [s.name for s in reproduce.plan(reproduce.Chain(
-        workdir, PROGRAMS, reproduce.load_recipe(REPO_ROOT / "configs" / "recipe", "bt_best"), "bt_best",
+    names = [s.name for s in chain_plan.plan(chain_plan.Chain(
+        workdir, PROGRAMS, chain_settings.load_recipe(REPO_ROOT / "configs" / "recipe", "bt_best"), "bt_best",
         args[-2:], REPO_ROOT / "configs"))]
     killed = None
     for name in names:
@@ -131,7 +134,7 @@ def test_the_chain_resumes_after_a_kill_in_every_stage(fake_repo: Path, tmp_path
         seen = len(calls(workdir))
         with pytest.raises(ChainError, match=f"stage '{name}' failed \\(exit -9\\); its log: .*run the same command "
                                              "again to resume") as raised:
-            reproduce.main(args, fake_repo)
+            command.main(args, fake_repo)
         assert "\n" not in str(raised.value)
         ran = [stage for stage, _ in calls(workdir)[seen:]]
         assert ran == ([killed] if killed else []) + [name]  # what was complete was skipped
@@ -139,7 +142,7 @@ def test_the_chain_resumes_after_a_kill_in_every_stage(fake_repo: Path, tmp_path
             assert calls(workdir)[seen][1] == [f"trainer.resume={workdir / 'runs'}/" + run_folder(killed)]
         killed = name
     monkeypatch.delenv("FAKE_KILL")
-    report = reproduce.main(args, fake_repo)
+    report = command.main(args, fake_repo)
     assert [stage for stage, _ in calls(workdir)].count(names[-1]) == 2 and len(report["systems"]) == 10
     first = calls(workdir)[0][1]  # train.py's data overrides reach every training, and the mirror every job
     assert "data.mirror=/corpora" in first and "data.test_splits=[test_2016_flickr,test_2017_flickr]" in first
@@ -155,7 +158,7 @@ def test_the_chain_resumes_after_a_kill_in_every_stage(fake_repo: Path, tmp_path
     assert score.endswith("--rerank-length-weights 0.5") and "--beam-sizes 5 --length-penalties 1.0" in score
     assert report["student_chosen_on_val"] == {p: f"{p} student_nobt reranked" for p in ("de-en", "en-de")}
     assert "Student chosen on val for en-de: en-de student_nobt reranked." in table
-    assert reproduce.main(args, fake_repo) is not None and len(calls(workdir)) == len(names) * 2  # all skipped
+    assert command.main(args, fake_repo) is not None and len(calls(workdir)) == len(names) * 2  # all skipped
 
 
 def run_folder(stage: str) -> str:
@@ -173,7 +176,7 @@ def test_stages_that_do_not_wait_for_each_other_run_at_once(fake_repo: Path, tmp
         "mine = Path('running', str(os.getpid()))\nmine.touch()\n"
         "open('overlap.log', 'a').write(f\"{len(os.listdir('running'))}\\n\")\ntime.sleep(0.5)\n"
         + (fake_repo / "train.py").read_text() + "\nmine.unlink()\n")
-    reproduce.main(["recipe=bt_best", f"workdir={workdir}", "device=cpu", "parallel=4"], fake_repo)
+    command.main(["recipe=bt_best", f"workdir={workdir}", "device=cpu", "parallel=4"], fake_repo)
     times = json.loads((workdir / "runs" / ".reproduce" / "times.json").read_text())
     assert len(times["bt"]) == 8 and len(times["base"]) == 2 and len(times["tune"]) == 10
     assert max(int(n) for n in (workdir / "overlap.log").read_text().split()) > 1
@@ -209,7 +212,7 @@ def test_a_dry_run_shows_every_stage_and_runs_nothing(fake_repo: Path, tmp_path:
     workdir = tmp_path / "work"
     workdir.mkdir()
     args = ["recipe=tiny", f"workdir={workdir}", "dry_run=true", "data.test_splits=[test_2016_flickr,test_2017]"]
-    assert reproduce.main(args, fake_repo) is None and calls(workdir) == []
+    assert command.main(args, fake_repo) is None and calls(workdir) == []
     shown = capsys.readouterr().out.splitlines()
     assert len(shown) == 26 + 10 + 1 and all(line.startswith("reproduce.py: to run ") for line in shown[:-1])
     # the tiny recipe's guesses, one at a time (parallel=auto on a CPU)
@@ -219,16 +222,16 @@ def test_a_dry_run_shows_every_stage_and_runs_nothing(fake_repo: Path, tmp_path:
 
 
 def test_the_eta_schedules_the_rest_as_the_runner_would(tmp_path: Path) -> None:
-    def stage(name: str, kind: str, after: list[str]) -> reproduce.Stage:
-        return reproduce.Stage(name, kind, [], [], lambda: [], lambda: False, after)
+    def stage(name: str, kind: str, after: list[str]) -> chain_plan.Stage:
+        return chain_plan.Stage(name, kind, [], [], lambda: [], lambda: False, after)
 
-    clock = reproduce.Clock(tmp_path / "times.json", {"train": 60, "tune": 10})
+    clock = chain_clock.Clock(tmp_path / "times.json", {"train": 60, "tune": 10})
     stages = [stage("a", "train", []), stage("b", "train", []), stage("c", "tune", ["a", "b"])]
-    assert reproduce.eta(stages, set(), {}, clock, 1) == "2h10m"  # one at a time: 60 + 60 + 10 minutes
-    assert reproduce.eta(stages, set(), {}, clock, 2) == "1h10m"  # a and b at once, then c
-    assert reproduce.eta(stages, {"a"}, {}, clock, 2) == "1h10m"  # b, then c
+    assert schedule.eta(stages, set(), {}, clock, 1) == "2h10m"  # one at a time: 60 + 60 + 10 minutes
+    assert schedule.eta(stages, set(), {}, clock, 2) == "1h10m"  # a and b at once, then c
+    assert schedule.eta(stages, {"a"}, {}, clock, 2) == "1h10m"  # b, then c
     clock.record("train", 600.0)  # this workdir's own time replaces the recipe's guess
-    assert reproduce.eta(stages, set(), {}, clock, 2) == "20m00s"
+    assert schedule.eta(stages, set(), {}, clock, 2) == "20m00s"
 
 
 @pytest.mark.parametrize(("recipe", "experiment", "runs"), [
@@ -236,9 +239,9 @@ def test_the_eta_schedules_the_rest_as_the_runner_would(tmp_path: Path) -> None:
 def test_the_attention_study_is_36_trainings_and_a_report_per_test_split(recipe: str, experiment: str, runs: str,
                                                                          tmp_path: Path) -> None:
     data = ["data.test_splits=[test_2016_flickr,test_2017_flickr]"]
-    chain = reproduce.Chain(tmp_path, PROGRAMS, reproduce.load_recipe(REPO_ROOT / "configs" / "recipe", recipe),
+    chain = chain_plan.Chain(tmp_path, PROGRAMS, chain_settings.load_recipe(REPO_ROOT / "configs" / "recipe", recipe),
                             recipe, data, REPO_ROOT / "configs")
-    stages = reproduce.plan(chain)
+    stages = chain_plan.plan(chain)
     trainings = [s for s in stages if s.kind != "report"]
     types = ("none", "additive", "dot", "scaled_dot", "general", "multihead")
     expected = {f"{t} {p} seed{s}": (t, p, s) for p in ("de-en", "en-de") for s in (42, 1, 2) for t in types}
@@ -267,11 +270,11 @@ def test_a_stopped_study_resumes_where_it_stopped(fake_repo: Path, tmp_path: Pat
     args = ["recipe=attention_study", f"workdir={workdir}", "device=cpu", "parallel=3"]
     monkeypatch.setenv("FAKE_KILL", "dot en-de seed1")
     with pytest.raises(ChainError, match="stage 'dot en-de seed1' failed"):
-        reproduce.main(args, fake_repo)
+        command.main(args, fake_repo)
     first = [stage for stage, _ in calls(workdir)]
     assert "report test_2016_flickr" not in first  # the report waits for every training
     monkeypatch.delenv("FAKE_KILL")
-    report = reproduce.main(args, fake_repo)
+    report = command.main(args, fake_repo)
     second = calls(workdir)[len(first):]
     finished = {stage for stage in first if stage != "dot en-de seed1"}
     assert not finished & {stage for stage, _ in second}  # what was complete is skipped
@@ -286,16 +289,16 @@ def test_stages_are_packed_up_to_the_limit_after_what_they_wait_for(tmp_path: Pa
     # each stand-in logs when it starts and ends; eight independent stages and one that waits for two of them
     script = ("import sys, time; log = open('events.log', 'a'); log.write(f'start {sys.argv[1]} {time.time()}\\n'); "
               "log.flush(); time.sleep(0.3); log.write(f'end {sys.argv[1]} {time.time()}\\n')")
-    chain = reproduce.Chain(tmp_path, PROGRAMS, reproduce.load_recipe(REPO_ROOT / "configs" / "recipe", "tiny"),
+    chain = chain_plan.Chain(tmp_path, PROGRAMS, chain_settings.load_recipe(REPO_ROOT / "configs" / "recipe", "tiny"),
                             "tiny", [], REPO_ROOT / "configs")
 
-    def stage(name: str, after: list[str]) -> reproduce.Stage:
-        return reproduce.Stage(name, "train", [], [], lambda: [sys.executable, "-c", script, name],
+    def stage(name: str, after: list[str]) -> chain_plan.Stage:
+        return chain_plan.Stage(name, "train", [], [], lambda: [sys.executable, "-c", script, name],
                                lambda: (tmp_path / "events.log").is_file()
                                and f"end {name} " in (tmp_path / "events.log").read_text(), after)
 
     stages = [stage("late", ["s0", "s7"]), *(stage(f"s{i}", []) for i in range(8))]
-    reproduce.run_stages(chain, stages, 3, reproduce.Clock(tmp_path / "times.json", {}))
+    schedule.run_stages(chain, stages, 3, chain_clock.Clock(tmp_path / "times.json", {}))
     events = sorted(((float(t), what, name) for what, name, t in
                      map(str.split, (tmp_path / "events.log").read_text().splitlines())))
     running, most, ended = 0, 0, {}
@@ -330,8 +333,8 @@ def test_parallel_auto_follows_what_the_card_measured(device: str, card: tuple[s
     measured = tmp_path / "measured_parallel.json"
     measured.write_text(json.dumps({"about": "a test's", "cards": {CARD: MEASURED}}))
     monkeypatch.setattr(sharing, "MEASURED_PARALLEL", measured)
-    monkeypatch.setattr(reproduce, "cuda_card", lambda: card)
-    reproduce.main(["recipe=attention_study", f"workdir={tmp_path}", f"device={device}", "dry_run=true"], fake_repo)
+    monkeypatch.setattr(command, "cuda_card", lambda: card)
+    command.main(["recipe=attention_study", f"workdir={tmp_path}", f"device={device}", "dry_run=true"], fake_repo)
     last = capsys.readouterr().out.splitlines()[-1]
     mps = "; no MPS: not measured faster on this card" if device == "cuda" else ""
     assert f"({device}, parallel={parallel}, {how}{mps}); " in last
@@ -350,13 +353,13 @@ def test_the_packaged_measured_parallel_file_is_read_as_is(monkeypatch: pytest.M
 
 def test_parallel_beyond_the_card_memory_is_refused_before_any_work(fake_repo: Path, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(reproduce, "cuda_card", lambda: ("Other GPU", 10000.0))
+    monkeypatch.setattr(command, "cuda_card", lambda: ("Other GPU", 10000.0))
     with pytest.raises(CardError) as raised:
-        reproduce.main(["recipe=attention_study", f"workdir={tmp_path}", "device=cuda", "parallel=5"], fake_repo)
+        command.main(["recipe=attention_study", f"workdir={tmp_path}", "device=cuda", "parallel=5"], fake_repo)
     assert str(raised.value) == ("parallel=5 is more than this card's memory holds: 10,000 MiB free on Other GPU, "
                                  "about 4,096 MiB per training (an estimate); parallel=2 would fit")
     assert calls(tmp_path) == []
-    reproduce.main(["recipe=attention_study", f"workdir={tmp_path}", "device=cuda", "parallel=2", "dry_run=true"],
+    command.main(["recipe=attention_study", f"workdir={tmp_path}", "device=cuda", "parallel=2", "dry_run=true"],
                    fake_repo)  # what fits is taken as given
 
 
@@ -370,9 +373,9 @@ def test_stages_share_the_card_under_mps_when_this_card_measured_it_faster(fake_
     measured = tmp_path / "measured_parallel.json"
     measured.write_text(json.dumps({"about": "a test's", "cards": {CARD: {**MEASURED, "mps": True}}}))
     monkeypatch.setattr(sharing, "MEASURED_PARALLEL", measured)
-    monkeypatch.setattr(reproduce, "cuda_card", lambda: (CARD, 80000.0))
+    monkeypatch.setattr(command, "cuda_card", lambda: (CARD, 80000.0))
     workdir = tmp_path / "work"
-    reproduce.main(["recipe=tiny", f"workdir={workdir}", "device=cuda", "parallel=2"], fake_repo)
+    command.main(["recipe=tiny", f"workdir={workdir}", "device=cuda", "parallel=2"], fake_repo)
     trainings = [stage for stage, _ in calls(workdir) if stage.startswith(("base", "kd"))]
     assert trainings and set(trainings) <= set((workdir / "mps_clients.log").read_text().splitlines())
     started, stopped = mps_log.read_text().splitlines()
@@ -388,17 +391,17 @@ def test_stages_share_the_card_under_mps_when_this_card_measured_it_faster(fake_
 
 def test_mps_that_cannot_serve_is_one_line(fake_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(CardError, match=r"^mps=true needs a CUDA GPU .*; use mps=auto$"):
-        reproduce.main(["recipe=tiny", f"workdir={tmp_path}", "device=cpu", "mps=true"], fake_repo)
+        command.main(["recipe=tiny", f"workdir={tmp_path}", "device=cpu", "mps=true"], fake_repo)
     mps_log = write_fake_mps_failing(tmp_path / "bin")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
-    monkeypatch.setattr(reproduce, "cuda_card", lambda: ("Other GPU", 80000.0))
+    monkeypatch.setattr(command, "cuda_card", lambda: ("Other GPU", 80000.0))
     with pytest.raises(CardError, match=r"nvidia-cuda-mps-control -d failed with exit status 3: .*; run with "
                                          r"mps=false$"):
-        reproduce.main(["recipe=tiny", f"workdir={tmp_path / 'w'}", "device=cuda", "mps=true"], fake_repo)
+        command.main(["recipe=tiny", f"workdir={tmp_path / 'w'}", "device=cuda", "mps=true"], fake_repo)
     assert [line.split()[0] for line in mps_log.read_text().splitlines()] == ["start", "quit"]  # stopped all the same
     assert calls(tmp_path / "w") == []
     with pytest.raises(ChainError, match=r"mps='often' must be auto"):
-        reproduce.main(["recipe=tiny", f"workdir={tmp_path}", "mps=often"], fake_repo)
+        command.main(["recipe=tiny", f"workdir={tmp_path}", "mps=often"], fake_repo)
 
 
 def write_fake_mps_failing(folder: Path) -> Path:
@@ -416,7 +419,7 @@ def test_help_lists_the_recipes_the_settings_and_an_example(flag: str) -> None:
     assert [line.split()[0] for line in listed] == recipes
     settings = done.stdout.split("settings [default]:\n")[1].split("\n\n")[0]
     named = [line.split("=")[0].strip() for line in settings.splitlines() if not line.startswith(" " * 3)]
-    assert named == [*reproduce.DEFAULTS, "data.KEY"]
+    assert named == [*chain_settings.DEFAULTS, "data.KEY"]
     assert "budget=TIME" in settings and "90s, 45m, 1h30m" in settings and "[auto]" in settings
     assert "python reproduce.py recipe=attention_study workdir=study budget=8m" in done.stdout
 
@@ -443,13 +446,13 @@ class FakeClock:
 @pytest.fixture
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     clock = FakeClock()
-    monkeypatch.setattr(reproduce, "monotonic", clock)
-    monkeypatch.setattr(reproduce.Clock, "estimate", lambda self, kind: LENGTHS.get(kind, 600.0))
+    monkeypatch.setattr(chain_clock, "monotonic", clock)
+    monkeypatch.setattr(chain_clock.Clock, "estimate", lambda self, kind: LENGTHS.get(kind, 600.0))
 
-    def record(self: reproduce.Clock, kind: str, seconds: float) -> None:
+    def record(self: chain_clock.Clock, kind: str, seconds: float) -> None:
         clock.now += LENGTHS.get(kind, 600.0)
 
-    monkeypatch.setattr(reproduce.Clock, "record", record)
+    monkeypatch.setattr(chain_clock.Clock, "record", record)
     return clock
 
 
@@ -462,16 +465,16 @@ def test_a_budget_starts_only_what_fits_and_says_how_to_go_on(fake_repo: Path, t
                                                               capsys: pytest.CaptureFixture) -> None:
     workdir = tmp_path / "work"
     args = study(workdir, "budget=35m")  # 2100 s: three 600 s trainings, not a fourth
-    reproduce.main([*args, "dry_run=true"], fake_repo)
+    command.main([*args, "dry_run=true"], fake_repo)
     said = capsys.readouterr().out.splitlines()
     assert said[-1] == "reproduce.py: budget=35m: 3 of the 37 stages left would run in it"
-    assert reproduce.main(args, fake_repo) is None
+    assert command.main(args, fake_repo) is None
     assert [stage for stage, _ in calls(workdir)] == ["none de-en seed42", "additive de-en seed42", "dot de-en seed42"]
     said = capsys.readouterr().out.splitlines()
     assert said[-2].startswith("reproduce.py: stopped at budget=35m: 3 of 37 stages complete, 34 left (about ")
     assert said[-1] == ("reproduce.py: go on with: python reproduce.py recipe=attention_study device=cpu parallel=1 "
                         f"budget=35m workdir={workdir}  (elsewhere: copy the workdir there first)")
-    reproduce.main(args, fake_repo)  # the command it printed: the next three
+    command.main(args, fake_repo)  # the command it printed: the next three
     assert [stage for stage, _ in calls(workdir)][3:] == ["scaled_dot de-en seed42", "general de-en seed42",
                                                           "multihead de-en seed42"]
 
@@ -483,14 +486,14 @@ def test_the_budget_stops_a_running_training_so_that_it_resumes(fake_repo: Path,
     fake_clock.workdirs.append(workdir)
     args = study(workdir, "budget=35m")
     monkeypatch.setenv("FAKE_HANG", "additive de-en seed42")
-    assert reproduce.main(args, fake_repo) is None  # not an error: the budget ended it
+    assert command.main(args, fake_repo) is None  # not an error: the budget ended it
     said = capsys.readouterr().out
     assert "reproduce.py: stop  additive de-en seed42: budget=35m is spent (SIGTERM" in said
     assert "stopped at budget=35m: 1 of 37 stages complete, 36 left" in said
     run = workdir / "runs" / "study_additive_de-en" / "seed42"
     assert (run / "checkpoints" / "last.pt").read_text() == "saved at SIGTERM" and not (run / "results.json").exists()
     monkeypatch.delenv("FAKE_HANG")
-    reproduce.main(args, fake_repo)
+    command.main(args, fake_repo)
     assert calls(workdir)[2] == ("additive de-en seed42", [f"trainer.resume={run}"])
 
 
@@ -502,16 +505,16 @@ def without_checkpoints_of_finished_runs(folder: str, names: list[str]) -> list[
 def test_a_study_goes_on_elsewhere_from_results_and_test_outputs_only(fake_repo: Path, tmp_path: Path,
                                                                      fake_clock: FakeClock,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    at_once = reproduce.main(study(tmp_path / "at_once"), fake_repo)  # the whole study in one call, for comparison
+    at_once = command.main(study(tmp_path / "at_once"), fake_repo)  # the whole study in one call, for comparison
     first, second = tmp_path / "first", tmp_path / "second"
     fake_clock.workdirs.append(first)
     monkeypatch.setenv("FAKE_HANG", "dot de-en seed42")
-    assert reproduce.main(study(first, "budget=35m"), fake_repo) is None  # none and additive done, dot stopped
+    assert command.main(study(first, "budget=35m"), fake_repo) is None  # none and additive done, dot stopped
     monkeypatch.delenv("FAKE_HANG")
     shutil.copytree(first, second, ignore=without_checkpoints_of_finished_runs)
     finished = [second / "runs" / f"study_{t}_de-en" / "seed42" for t in ("none", "additive")]
     assert all((r / "results.json").is_file() and not (r / "checkpoints").exists() for r in finished)
-    sliced = reproduce.main(study(second), fake_repo)
+    sliced = command.main(study(second), fake_repo)
     ran = calls(second)[len(calls(first)):]
     assert ran[0] == ("dot de-en seed42", [f"trainer.resume={second / 'runs' / 'study_dot_de-en' / 'seed42'}"])
     assert not {"none de-en seed42", "additive de-en seed42"} & {stage for stage, _ in ran}  # none trained again
@@ -537,4 +540,4 @@ def test_a_finished_run_without_checkpoints_is_refused_where_a_later_stage_reads
                r"results.json but no checkpoints/best.pt or last.pt: copy its checkpoints/ into the workdir, or delete "
                r"its results.json")
     with pytest.raises(ChainError, match=refused):
-        reproduce.main(["recipe=bt_best", f"workdir={tmp_path}", "device=cpu", "dry_run=true"], fake_repo)
+        command.main(["recipe=bt_best", f"workdir={tmp_path}", "device=cpu", "dry_run=true"], fake_repo)

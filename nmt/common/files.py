@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -121,20 +122,27 @@ class BackgroundWrites:
 def folder_lock(folder: str | Path, owner: str, advice: str) -> Iterator[None]:
     """Hold ``folder/.lock`` (an flock the OS releases however the process ends, SIGKILL included); the folder is
     created if missing. ``owner`` (``train.py (pid 12)``) is quoted to a second process, and ``advice`` ends its
-    one-line refusal.
+    one-line refusal. A lock whose holder died without letting it go (its name still in the file) is taken over
+    with one line on stderr.
 
     Raises:
         FolderInUse: another process holds the lock.
     """
     Path(folder).mkdir(parents=True, exist_ok=True)
     with open(Path(folder) / ".lock", "a+") as handle:
+        handle.seek(0)
+        holder = handle.read().strip()
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            raise FolderInUse(f"{folder} is in use by {holder}: {advice}") from None
+            raise FolderInUse(f"{folder} is in use by {holder or 'another process'}: {advice}") from None
+        if holder:  # its flock went with it: it was killed (SIGKILL, power cut) before it let go
+            print(f"{folder}: taking over the lock of {holder}, which ended without letting it go", file=sys.stderr,
+                  flush=True)
         handle.truncate(0)
         handle.write(f"{owner}\n")
         handle.flush()
-        yield
+        try:
+            yield
+        finally:
+            handle.truncate(0)  # let go: the next holder finds no name

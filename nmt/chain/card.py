@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from nmt.analysis.mps import CONTROL as MPS_CONTROL
-from nmt.analysis.mps import MpsError, mps_available, mps_daemon
+from nmt.chain.mps import CONTROL as MPS_CONTROL
+from nmt.chain.mps import MpsError, mps_available, mps_daemon
 
 # parallel=auto on a GPU without a measured figure (MEASURED_PARALLEL has none for it): four trainings of the recipe
 # shared one H200 at 3.5x the throughput of one (98% utilisation; issue 48's measurement); on a CPU, stages at
@@ -25,7 +25,7 @@ from nmt.analysis.mps import MpsError, mps_available, mps_daemon
 PARALLEL_ON_CUDA = 4
 # What each card measured (scripts/gpu_check.py --parts parallel writes it): "cards" maps
 # torch.cuda.get_device_name() to {"trainings_at_once", "tokens_per_s_together", "over_one_alone", "measured"}.
-MEASURED_PARALLEL = resources.files("nmt.analysis").joinpath("measured_parallel.json")  # package data
+MEASURED_PARALLEL = resources.files("nmt.chain").joinpath("measured_parallel.json")  # package data
 # An estimate of one training's card memory, used to check parallel= against the free memory when no measured
 # figure (a card's "mib_per_training") exists: one multi30k_best training alone peaked at 2,975 MiB of card memory
 # (nvidia-smi, one H100 at efb7581), rounded up for the CUDA context and a longer batch.

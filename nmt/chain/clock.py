@@ -1,0 +1,54 @@
+"""How long each kind of stage takes: this workdir's own times (``runs/.reproduce/times.json``) when it has any,
+else the recipe's guess; a stage stopped part way keeps the time it ran, so its total counts once it finishes."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from nmt.common.files import write_json_durably
+
+
+def monotonic() -> float:
+    """The chain's one clock for budgets and durations (a test replaces it)."""
+    return time.monotonic()
+
+
+class Clock:
+    """The estimates, the finished stages' times by kind, and the seconds stopped stages have run so far.
+
+    ``times.json`` maps a kind to the seconds each finished stage of it took; ``spent.json`` beside it maps a stage
+    stopped part way (by a budget or a signal) to the seconds its calls ran it, added to its time when it finishes.
+    """
+
+    def __init__(self, path: Path, guesses: dict[str, float]) -> None:
+        self.path, self.guesses = path, guesses
+        self.spent_path = path.with_name("spent.json")
+        self.times: dict[str, list[float]] = json.loads(path.read_text()) if path.is_file() else {}
+        self.spent: dict[str, float] = json.loads(self.spent_path.read_text()) if self.spent_path.is_file() else {}
+
+    def estimate(self, kind: str) -> float:
+        seen = self.times.get(kind)
+        return sum(seen) / len(seen) if seen else 60.0 * float(self.guesses.get(kind, 0))
+
+    def remaining(self, name: str, kind: str) -> float:
+        """What stage ``name`` still needs: its kind's estimate less what earlier calls ran it."""
+        return max(0.0, self.estimate(kind) - self.spent.get(name, 0.0))
+
+    def record(self, kind: str, seconds: float) -> None:
+        self.times.setdefault(kind, []).append(seconds)
+        write_json_durably(self.path, self.times)
+
+    def stopped(self, name: str, seconds: float) -> None:
+        """Stage ``name`` ran ``seconds`` and was stopped before it finished: kept for its total."""
+        self.spent[name] = self.spent.get(name, 0.0) + seconds
+        write_json_durably(self.spent_path, self.spent)
+
+    def finished(self, name: str, kind: str, seconds: float) -> float:
+        """Stage ``name`` finished after ``seconds`` in this call: its total over every call recorded; returned."""
+        total = seconds + self.spent.pop(name, 0.0)
+        if self.spent_path.is_file():
+            write_json_durably(self.spent_path, self.spent)
+        self.record(kind, total)
+        return total

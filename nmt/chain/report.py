@@ -1,0 +1,65 @@
+"""The chain's report: each run's val and test BLEU and minutes, each system's choice on val and its test scores,
+as JSON and a markdown table."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from nmt.analysis.decoding import setting_label
+from nmt.chain.plan import Chain, Stage
+from nmt.common.provenance import provenance
+
+
+def summary(chain: Chain, stages: list[Stage]) -> dict[str, Any]:
+    """Each run's val and test BLEU and minutes (results.json), each system's choice on val and test score."""
+    split = str(chain.recipe.test_split)
+    runs, systems, reports = [], [], []
+    for stage in stages:
+        output = stage.outputs[0]
+        if stage.kind == "report":
+            reports.append(str(output.with_suffix(".md")))
+        elif stage.name.startswith("tune "):
+            report = json.loads(output.read_text(encoding="utf-8"))
+            chosen = next(iter(report["test"].values()))
+            systems.append({"system": stage.name.removeprefix("tune "), "choice": setting_label(report["best"]),
+                            "val_bleu": report["best"]["bleu"], "test_bleu": chosen["bleu"], "report": str(output),
+                            "more_tests": {}})
+        elif stage.name.startswith("score "):
+            system, extra_split = stage.name.removeprefix("score ").rsplit(" ", 1)
+            chosen = next(iter(json.loads(output.read_text(encoding="utf-8"))["test"].values()))
+            next(s for s in systems if s["system"] == system)["more_tests"][extra_split] = chosen["bleu"]
+        elif (output / "results.json").is_file():
+            results = json.loads((output / "results.json").read_text(encoding="utf-8"))
+            runs.append({"run": stage.name, "dir": str(output), "val_bleu": results["valid"]["bleu"],
+                         "test_bleu": (results["test"].get(split) or {}).get("bleu"),
+                         "minutes": results.get("wall_seconds", 0) / 60})
+    students = {}  # per pair, the student system val prefers (the recipe may train several)
+    for pair in chain.recipe.pairs:
+        if mine := [s for s in systems if s["system"].startswith(f"{pair} student")]:
+            students[pair] = max(mine, key=lambda s: s["val_bleu"])["system"]
+    return {"recipe": chain.recipe_name, "test_split": split, "runs": runs, "systems": systems,
+            "student_chosen_on_val": students, "reports": reports, **provenance("reproduce.py")}
+
+
+def render(report: dict[str, Any]) -> str:
+    """The runs' table and the systems' (when the recipe has systems), in markdown."""
+    split = report["test_split"]
+    lines = [f"# recipe={report['recipe']}: {report['date']}", "", f"| run | val BLEU | {split} BLEU | minutes |",
+             "| --- | ---: | ---: | ---: |"]
+    lines += [f"| {r['run']} | {r['val_bleu']:.2f} | {fmt(r['test_bleu'])} | {r['minutes']:.1f} |"
+              for r in report["runs"]]
+    more = list(dict.fromkeys(k for s in report["systems"] for k in s["more_tests"]))
+    if report["systems"]:
+        lines += ["", f"| system | chosen on val | val BLEU | {' | '.join([split, *more])} BLEU (once) |",
+                  "| --- | --- | ---: |" + " ---: |" * (1 + len(more))]
+    lines += [f"| {s['system']} | {s['choice']} | {s['val_bleu']:.2f} | {s['test_bleu']:.2f} |"
+              + "".join(f" {fmt(s['more_tests'].get(k))} |" for k in more) for s in report["systems"]]
+    chosen = report["student_chosen_on_val"]
+    lines += ["", *(f"Student chosen on val for {pair}: {name}." for pair, name in chosen.items())]
+    lines += [f"The study's report: {path}" for path in report.get("reports", [])]
+    return "\n".join([*lines, ""])
+
+
+def fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"

@@ -1,0 +1,174 @@
+"""A chain's workdir as a call finds it: whose study it holds (the recipe and the settings that define its runs,
+recorded by the first call), whether its kept runs are whole, the stages an earlier call left running, and the
+lock that keeps two calls out of one workdir."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from nmt.chain.plan import Chain, Stage
+from nmt.chain.settings import ChainError
+from nmt.common.files import folder_lock, write_json_durably
+from nmt.model.checkpoint import CheckpointError, resolve_checkpoint
+
+PLACES = ("data.mirror", "data.cache_dir")  # where the data is read from, not what it is: a study may move
+NOT_DEFINING = ("eta_minutes", "eta_measured", "cpu_recipe")  # a recipe's estimates and hints, not its runs
+
+
+def state_dir(workdir: Path) -> Path:
+    return workdir / "runs" / ".reproduce"
+
+
+def log_path(workdir: Path, stage: str) -> Path:
+    return state_dir(workdir) / "logs" / (stage.replace(" ", "_") + ".log")
+
+
+@contextmanager
+def workdir_lock(workdir: Path) -> Iterator[None]:
+    """One call at a time in a workdir (FolderInUse names the other); the lock of a call that died is taken over."""
+    with folder_lock(state_dir(workdir), f"reproduce.py (pid {os.getpid()})",
+                     "wait for it to end (Ctrl-C stops it and prints the command that goes on), or give another "
+                     "workdir="):
+        yield
+
+
+def defining_settings(chain: Chain) -> dict[str, Any]:
+    """What defines a workdir's runs: the recipe's name and settings (its estimates and hints left out) and the data
+    overrides (the places data is read from left out)."""
+    recipe = OmegaConf.to_container(chain.recipe, resolve=True)
+    data = dict(arg.split("=", 1) for arg in chain.data_overrides if arg.split("=", 1)[0] not in PLACES)
+    return {"recipe": chain.recipe_name, "settings": {k: v for k, v in recipe.items() if k not in NOT_DEFINING},
+            "data": data}
+
+
+def first_difference(recorded: Any, given: Any, key: str = "") -> tuple[str, Any, Any] | None:
+    """The first key (dotted) whose value differs between two JSON-like values, with both values; None if none."""
+    if isinstance(recorded, dict) and isinstance(given, dict):
+        for name in dict.fromkeys([*recorded, *given]):
+            found = first_difference(recorded.get(name), given.get(name), f"{key}.{name}" if key else name)
+            if found:
+                return found
+        return None
+    return None if recorded == given else (key, recorded, given)
+
+
+def check_same_study(chain: Chain, record: bool) -> None:
+    """A ChainError naming the first difference when the workdir's recorded recipe or settings are not this
+    call's; with ``record``, the first call's are written (``runs/.reproduce/chain.json``; a workdir made before
+    the record existed gets it now)."""
+    path = state_dir(chain.workdir) / "chain.json"
+    mine = defining_settings(chain)
+    if not path.is_file():
+        if record:
+            write_json_durably(path, mine)
+        return
+    found = first_difference(json.loads(path.read_text(encoding="utf-8")), mine)
+    if found is None:
+        return
+    key, recorded, given = found
+    if key == "recipe":
+        what = f"recipe={recorded}'s runs, not recipe={given}'s"
+    elif key.startswith("data."):
+        what = f"runs made with {key[5:]}={recorded if recorded is not None else '(not given)'}, not {given}"
+    else:
+        what = f"runs made with the recipe's {key.removeprefix('settings.')}={recorded}, not {given}"
+    raise ChainError(f"workdir {chain.workdir} holds {what} (recorded in {path}): give another workdir=, or the "
+                     "settings it was made with; one report never mixes two studies' runs")
+
+
+def check_kept_runs(stages: list[Stage]) -> None:
+    """A ChainError naming the file where a kept run (its results.json written) is not whole: results.json that is
+    not JSON, or a test split's translations missing or shorter than the split (a report is never built on part of a
+    run)."""
+    for stage in stages:
+        run = stage.outputs[0] if stage.outputs else None
+        if run is None or not (run / "results.json").is_file():
+            continue
+        if problem := partial_run(run):
+            raise ChainError(f"stage '{stage.name}': {problem}; copy the whole run into the workdir, or delete its "
+                             "results.json to train it again")
+
+
+def partial_run(run: Path) -> str | None:
+    """What is missing from a kept run, in words naming the file; None when it is whole."""
+    path = run / "results.json"
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return f"{path} is not whole (not JSON)"
+    for split, scores in (results.get("test") or {}).items():
+        found = sorted((run / "translations").glob(f"{split}.{results.get('tgt_lang') or '*'}"))
+        if not found:
+            return f"{run / 'translations' / split}.{results.get('tgt_lang') or '<language>'} is missing"
+        expected = test_sentences(scores)
+        lines = found[0].read_bytes().count(b"\n")
+        if expected is not None and lines != expected:
+            return f"{found[0]} holds {lines} of the split's {expected} lines"
+    return None
+
+
+def test_sentences(scores: dict[str, Any]) -> int | None:
+    """A test split's size as results.json records it: its sentences per second times the decoding's seconds."""
+    if scores.get("sentences") is not None:
+        return int(scores["sentences"])
+    if scores.get("sentences_per_s") is None or scores.get("decode_seconds") is None:
+        return None
+    return round(scores["sentences_per_s"] * max(scores["decode_seconds"], 1e-9))
+
+
+def check_checkpoints(stages: list[Stage]) -> None:
+    """A ChainError naming the stage and run where a stage left to run reads a finished run's checkpoints and they
+    were not copied (the report reads results.json and translations/ only)."""
+    for stage in stages:
+        if stage.kind == "report" or stage.done():
+            continue
+        for need in stage.needs:
+            if (need / "results.json").is_file():
+                try:
+                    resolve_checkpoint(need)
+                except CheckpointError:
+                    raise ChainError(f"stage '{stage.name}' reads the checkpoint of {need}, which holds results.json "
+                                     "but no checkpoints/best.pt or last.pt: copy its checkpoints/ into the workdir, "
+                                     "or delete its results.json to train it again") from None
+
+
+def note_running(workdir: Path, running: dict[str, Any]) -> None:
+    """``runs/.reproduce/running.json``: each running stage's pid and command, for a call after a SIGKILL."""
+    write_json_durably(state_dir(workdir) / "running.json", {
+        name: {"pid": process.pid, "command": process.args} for name, (_, process, _) in running.items()})
+
+
+def stop_left_running(workdir: Path, grace: float, say: Any) -> None:
+    """Stages an earlier call left running (it was SIGKILLed: they got SIGTERM as it died) are given ``grace``
+    seconds to save and exit, then SIGKILLed, so that this call can take their run folders over."""
+    path = state_dir(workdir) / "running.json"
+    left = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    for name, entry in left.items():
+        if not same_process(entry["pid"], entry["command"]):
+            continue
+        say(f"wait  {name}: left running by an earlier call (pid {entry['pid']}); SIGTERM, then it saves and exits")
+        os.kill(entry["pid"], signal.SIGTERM)
+        ends = time.monotonic() + grace
+        while same_process(entry["pid"], entry["command"]) and time.monotonic() < ends:
+            time.sleep(0.1)
+        if same_process(entry["pid"], entry["command"]):
+            os.killpg(entry["pid"], signal.SIGKILL)
+    path.unlink(missing_ok=True)
+
+
+def same_process(pid: int, command: list[str]) -> bool:
+    """Whether ``pid`` is alive and still runs ``command`` (not a later process given the same pid)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+    except OSError:
+        return False
+    return [part.decode(errors="replace") for part in cmdline] == [str(c) for c in command]
