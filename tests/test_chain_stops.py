@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from nmt.chain import clock as chain_clock
 from nmt.chain import command
 from nmt.chain.clock import Clock
 from nmt.chain.settings import ChainError
@@ -172,6 +173,18 @@ def test_a_stage_time_is_summed_over_the_calls_that_ran_it(tmp_path: Path) -> No
     again = Clock(tmp_path / "times.json", {})
     assert again.times == {"additive": [373.0]} and again.spent == {}
     assert again.remaining("additive de-en seed42", "additive") == 373.0
+
+
+def test_time_the_chain_was_stopped_is_no_stage_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the run loop looks every 0.05 s; between 0.1 and 900.1 the chain's process group was SIGSTOPped
+    moments = iter([0.0, 0.05, 0.1, 900.1, 900.15, 900.2])
+    monkeypatch.setattr(chain_clock, "monotonic", lambda: next(moments))
+    clock = Clock(tmp_path / "times.json", {})
+    began = clock.now()
+    for _ in range(3):
+        clock.now()
+    assert clock.finished("none de-en seed42", "none", clock.now() - began) == pytest.approx(0.15)
+    assert chain_clock.monotonic() == 900.2  # budgets and deadlines stay on the wall clock: a pause spends them
 
 
 def test_another_study_or_other_settings_in_a_workdir_are_one_line(fake_repo: Path, tmp_path: Path) -> None:  # noqa: F811

@@ -9,6 +9,10 @@ from pathlib import Path
 
 from nmt.common.files import write_json_durably
 
+# The chain looks at the clock every 0.05 s while stages run; a look this much later than the one before means the
+# chain was stopped (SIGSTOP to its process group, as job control or a batch system pauses a job) and its stages with it.
+STOPPED_GAP_S = 5.0
+
 
 def monotonic() -> float:
     """The chain's one clock for budgets and durations (a test replaces it)."""
@@ -27,6 +31,18 @@ class Clock:
         self.spent_path = path.with_name("spent.json")
         self.times: dict[str, list[float]] = json.loads(path.read_text()) if path.is_file() else {}
         self.spent: dict[str, float] = json.loads(self.spent_path.read_text()) if self.spent_path.is_file() else {}
+        self.last_look: float | None = None
+        self.stopped_seconds = 0.0
+
+    def now(self) -> float:
+        """The clock stage durations are measured on: ``monotonic()`` less the gaps in which the chain was stopped
+        (longer than ``STOPPED_GAP_S`` between two looks), so a paused study does not teach the ETA a stage took
+        the pause too. Budgets and deadlines stay on ``monotonic()``: a pause spends them."""
+        moment = monotonic()
+        if self.last_look is not None and moment - self.last_look > STOPPED_GAP_S:
+            self.stopped_seconds += moment - self.last_look
+        self.last_look = moment
+        return moment - self.stopped_seconds
 
     def estimate(self, kind: str) -> float:
         seen = self.times.get(kind)

@@ -71,6 +71,7 @@ def run_stages(chain: Chain, stages: list[Stage], parallel: int, clock: Clock, b
             if not running:
                 break
             time.sleep(0.05)  # stages take minutes; polling costs nothing
+            clock.now()  # a look after each sleep: a longer gap is a stop, not stage time
             if budget is not None and stopping is None and budget.left() <= 0:
                 stopping, outcome.stopped_by = chain_clock.monotonic(), budget.label
                 stop_running(running, f"{budget.label} is spent")
@@ -104,7 +105,7 @@ def start_ready(chain: Chain, stages: list[Stage], finished: set[str], running: 
             held.add(stage.name)
             continue
         held.discard(stage.name)
-        running[stage.name] = (stage, start_stage(chain, stage), chain_clock.monotonic())
+        running[stage.name] = (stage, start_stage(chain, stage), clock.now())
         note_running(chain.workdir, running)
         left = eta(stages, finished, running, clock, parallel)
         say(f"start {stage.name} ({len(finished) + len(running)}/{len(stages)}): about "
@@ -139,7 +140,7 @@ def book_ended(chain: Chain, running: Running, clock: Clock, finished: set[str],
         del running[name]
         kill_group(process)  # what the stage left behind
         note_running(chain.workdir, running)
-        seconds = chain_clock.monotonic() - began
+        seconds = clock.now() - began
         if process.returncode == 0 and stage.done():
             finished.add(name)
             say(f"done  {name} in {format_duration(clock.finished(name, stage.kind, seconds))}")
@@ -172,7 +173,7 @@ def schedule(stages: list[Stage], finished: set[str], running: dict[str, Any], c
              within: float | None = None) -> dict[str, float]:
     """When each stage left would end (seconds from now), scheduled as the runner would, by the times left; with
     ``within``, only those that end inside it."""
-    now = chain_clock.monotonic()
+    now = clock.now()
     ends = {stage.name: max(0.0, clock.remaining(stage.name, stage.kind) - (now - began))
             for stage, _, began in running.values()}
     slots = sorted([*ends.values(), *[0.0] * max(0, parallel - len(ends))])  # when each slot is free
