@@ -10,7 +10,7 @@ from pathlib import Path
 from nmt.common.files import write_json_durably
 
 # The chain looks at the clock every 0.05 s while stages run; a look this much later than the one before means the
-# chain was stopped (SIGSTOP to its process group, as job control or a batch system pauses a job) and its stages with it.
+# chain was stopped (SIGSTOP to its process group, as job control or a batch system pauses a job), its stages too.
 STOPPED_GAP_S = 5.0
 
 
