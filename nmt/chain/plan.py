@@ -164,14 +164,17 @@ def tune_command(chain: Chain, members: list[Path], rerank: list[Path], out: Pat
 
 def report_stage(chain: Chain, runs: list[Path], split: str) -> Stage:
     """scripts/compare_runs.py over the chain's training runs on one test split, grouped as the recipe's ``report``
-    says (``group_by``: e.g. attention, each group against ``baseline`` over the seeds, in each direction), with
-    beam search timed on this machine (the stage runs after every training, alone)."""
+    says (``group_by``: e.g. attention, each group against ``baseline`` over the seeds, in each direction). Its
+    speed columns come from ``runs/<recipe>_speed.json`` when the workdir holds one (``benchmark.py study-speed``,
+    timed back to back on an idle machine); without it they read 'not measured'."""
     out = chain.path(f"runs/{chain.recipe_name}_{split}")
+    speed = chain.path(f"runs/{chain.recipe_name}_speed.json")
     command = [*chain.programs["compare"], *map(str, runs), "--split", split,
                "--group-by", str(chain.recipe.report.group_by), "--baseline", str(chain.recipe.report.baseline),
                "--time-decoding", "--out", str(out)]
     result = Path(f"{out}.json")
-    return Stage(f"report {split}", "report", [result], list(runs), lambda: command, result.is_file)
+    return Stage(f"report {split}", "report", [result], list(runs),
+                 lambda: command + (["--speed", str(speed)] if speed.is_file() else []), result.is_file)
 
 
 def extra_test_splits(chain: Chain) -> list[str]:
