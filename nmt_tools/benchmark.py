@@ -47,6 +47,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -283,7 +284,9 @@ def benchmark_translation(args: argparse.Namespace) -> tuple[dict[str, Any], tor
               "bf16_autocast": uses_bf16(args.precision, device), "model": train_cfg.get("model"),
               "attention": train_cfg.get("attention"),
               "direction": f"{data.get('src_lang', '?')}-{data.get('tgt_lang', '?')}"}
-    return {"device": {"type": device.type, "name": device_name(device)}, "config": config, "results": rows}, device
+    graphs = translator.graphs  # the graph search's figures: captures, replays, the canary's checks and their cost
+    return {"device": {"type": device.type, "name": device_name(device)}, "config": config, "results": rows,
+            "cuda_graphs": asdict(graphs.stats) if graphs is not None else None}, device
 
 
 if __name__ == "__main__":  # python -m nmt_tools.benchmark, from a plain install too

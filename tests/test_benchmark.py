@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from conftest import SRC, save_tiny_checkpoint
 from omegaconf import OmegaConf
 
 from nmt.analysis import compare
+from nmt.common.cuda_graphs import GraphStats
 from nmt.common.settings import to_plain_dict
 from nmt.data import prepare_data
 from nmt.inference.engine import Translator
@@ -260,6 +262,7 @@ class FakeTranslator:
         self.device = torch.device("cpu")
         self.configs = [{"data": {"src_lang": "de", "tgt_lang": "en"}}]
         self.options: list[dict[str, Any]] = []
+        self.graphs = SimpleNamespace(stats=GraphStats(replays=3, checks=1, check_seconds=0.25))  # a graph search's
 
     def translate(self, sentences: list[str], **options: Any) -> list[Any]:
         self.options.append(options)
@@ -283,6 +286,7 @@ def test_translate_mode_hands_graphs_and_batch_budget_to_the_engine(tmp_path: Pa
     for mode in ("greedy", "beam5"):  # the translations go to files, not into the report
         assert (tmp_path / "hyps" / f"{mode}.txt").read_text() == "c b a\ne d\nf\n"
     assert all("translations" not in row for row in report["results"])
+    assert report["cuda_graphs"]["checks"] == 1 and report["cuda_graphs"]["check_seconds"] == 0.25  # the canary's cost
 
     loaded.clear()  # without the option, the engine's own default: no cuda_graphs keyword at all
     benchmark.main(["translate", "--checkpoint", "RUN", "--input", str(src), "--reps", "1", "--beam-sizes", "1",

@@ -66,7 +66,8 @@ else:
         folder.mkdir(parents=True, exist_ok=True)
         for row in rows:
             (folder / (row["mode"] + ".txt")).write_text("a\nb\n" + ("c2" if graphs else "c") + "\n")
-Path(option("--out") + ".json").write_text(json.dumps({"results": rows}))
+canary = {"checks": 2, "check_seconds": 0.5, "mismatches": [], "fallback": None, "replays": 9} if graphs else None
+Path(option("--out") + ".json").write_text(json.dumps({"results": rows, "cuda_graphs": canary}))
 '''
 # reproduce.py's stand-in: the study writes one finished training and its report files.
 FAKE_REPRODUCE = r'''
@@ -185,7 +186,8 @@ def test_search_compares_graph_and_eager_outputs_and_back_translation(fake_proje
                              "--bt-model-steps", "40"], fake_project)["search"]
     assert report["checkpoint"] == "recipe_graphs"
     translate = report["translate"]
-    assert translate["eager"]["greedy"]["sentences_per_s"] == 900.0
+    assert translate["eager"]["greedy"]["sentences_per_s"] == 900.0 and "canary" not in translate["eager"]
+    assert translate["graphs"]["canary"] == {"checks": 2, "check_seconds": 0.5, "mismatches": [], "fallback": None}
     greedy = translate["graphs_against_eager"]["greedy"]
     assert greedy["graphs_over_eager"] == pytest.approx(2.0) and greedy["lines"] == 3
     assert greedy["differing_lines"] == 1 and greedy["same_translations"] is False

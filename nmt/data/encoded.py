@@ -69,7 +69,7 @@ class RaggedIds(Sequence[list[int]]):
         """The rows' lengths, ``_LENGTH_ROWS`` rows at a time. A mapped split's offsets (8 bytes a row) are read
         from their file, not through the mapping: pages touched in a mapping would stay in this process's memory.
         """
-        if self.paths is None:
+        if self.paths is None or not os.path.exists(self.paths[1]):  # in memory, or a cache deleted under its mapping
             for start in range(0, len(self), _LENGTH_ROWS):
                 yield np.diff(self.offsets[start : start + _LENGTH_ROWS + 1])
             return

@@ -67,9 +67,12 @@ def search_translate(args: argparse.Namespace, run: Path, name: str, precision: 
                    "--precision", precision, "--save-translations", str((folder / f"{name}_translations").resolve()),
                    "--out", str(report.resolve())]
         run_timed(command, folder / f"translate_{name}.log", args.project_dir, args.budget.timeout())
-    rows = json.loads(report.with_suffix(".json").read_text(encoding="utf-8"))["results"]
-    return {row["mode"]: {"sentences_per_s": row["sentences_per_s"], "seconds_median": row.get("seconds_median"),
-                          "sentences": row.get("sentences"), "bleu": row.get("bleu")} for row in rows}
+    measured = json.loads(report.with_suffix(".json").read_text(encoding="utf-8"))
+    modes = {row["mode"]: {"sentences_per_s": row["sentences_per_s"], "seconds_median": row.get("seconds_median"),
+                           "sentences": row.get("sentences"), "bleu": row.get("bleu")} for row in measured["results"]}
+    graphs = measured.get("cuda_graphs") or {}  # the canary: checks run, their seconds, buckets that disagreed
+    canary = {key: graphs[key] for key in ("checks", "check_seconds", "mismatches", "fallback") if key in graphs}
+    return {**modes, "canary": canary} if canary else modes
 
 
 def compare_outputs(folder: Path, mode: str, eager_run: tuple[str, dict[str, Any]],
