@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +23,8 @@ from nmt.model.attention import build_attention
 from nmt.model.seq2seq import Seq2Seq
 from nmt.train.fast_step import StepResult, StepWindow, TrainingSteps, _Graph, train_step
 from tests.test_model import TYPES
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 SRC_V, TGT_V = 23, 29
 
@@ -400,3 +404,14 @@ def test_a_replayed_step_never_synchronises_with_the_host() -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert steps.stats.replays == 4
+
+
+def test_an_eager_training_and_a_cpu_translator_load_and_build_no_graph_machinery() -> None:
+    code = ("import sys; import nmt.train.trainer, nmt.inference.engine; "
+            "print(sorted(m for m in sys.modules if m == 'nmt.model.graph_search'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
+    assert done.stdout.strip() == "[]"  # the graph search is imported where it serves only
+    model = tiny_model("additive")
+    optimizer = torch.optim.AdamW(model.parameters())
+    steps = TrainingSteps(model, model, optimizer, torch.device("cpu"), graphs=False, check=True)
+    assert steps.cache is None and steps.stats is None

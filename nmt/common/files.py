@@ -9,7 +9,6 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
@@ -99,23 +98,6 @@ def write_text_durably(path: str | Path, text: str) -> Path:
 
 def write_json_durably(path: str | Path, data: Any, indent: int = 2) -> Path:
     return write_text_durably(path, json.dumps(data, indent=indent, ensure_ascii=False) + "\n")
-
-
-class BackgroundWrites:
-    """Writes run in order by one thread while the caller goes on; ``wait`` returns once all are done, raising the
-    first error one of them met (a full disk among them), so nothing is reported written before it is."""
-
-    def __init__(self) -> None:
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-writes")
-        self._pending: list[Future[Any]] = []
-
-    def submit(self, write: Callable[[], Any]) -> None:
-        self._pending.append(self._thread.submit(write))
-
-    def wait(self) -> None:
-        pending, self._pending = self._pending, []
-        for future in pending:
-            future.result()
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from omegaconf import MISSING, OmegaConf
@@ -34,12 +34,14 @@ from nmt.inference.alignment import pharaoh_alignment
 from nmt.inference.words import merge_subword_attention
 from nmt.model.checkpoint import CheckpointError, load_for_inference, resolve_checkpoint
 from nmt.model.ensemble import Ensemble
-from nmt.model.graph_search import SearchGraphs
 from nmt.model.hub_folder import CONFIG_FILE, WEIGHTS_FILE
 from nmt.model.search import Hypothesis, Search, SearchSpec, sample_search
 from nmt.model.seq2seq import SearchModel, Seq2Seq, count_parameters
 
 log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from nmt.model.graph_search import SearchGraphs
 
 
 class TranslationError(ValueError):
@@ -265,9 +267,14 @@ class Translator:
             graphs = resolve_cuda_graphs(cuda_graphs, self.device).search
         except CudaGraphError as error:
             raise TranslationError(str(error)) from None
-        # the searcher, chosen once: the rows compacted (plain), or kept in captured buckets (graphs)
-        self.searcher = (SearchGraphs(self.model, self.device, self.precision, cuda_graphs_check) if graphs
-                         else Search(self.model))
+        # the searcher, chosen once: the rows compacted (plain), or kept in captured buckets (graphs); the graph
+        # search is imported only where it serves (a CPU's Translator loads none of it)
+        self.graph_search: SearchGraphs | None = None
+        if graphs:
+            from nmt.model.graph_search import SearchGraphs
+
+            self.graph_search = SearchGraphs(self.model, self.device, self.precision, cuda_graphs_check)
+        self.searcher: Search = self.graph_search or Search(self.model)
         self.tokenizer = tokenizer
         self.max_input_words = max_input_words
         self.configs = list(configs)
@@ -350,7 +357,7 @@ class Translator:
     @property
     def graphs(self) -> SearchGraphs | None:
         """The graph search, when it is the searcher (its ``stats`` say what it did)."""
-        return self.searcher if isinstance(self.searcher, SearchGraphs) else None
+        return self.graph_search
 
     @property
     def has_attention(self) -> bool:

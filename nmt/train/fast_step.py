@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from nmt.common.cuda_graphs import GraphCache, capture_graph
+from nmt.common.cuda_graphs import GraphCache, GraphStats, capture_graph
 from nmt.common.device import autocast, uses_bf16
 from nmt.data import Batch
 from nmt.model.loss import sequence_loss
@@ -87,10 +87,12 @@ class TrainingSteps:
                  device: torch.device, graphs: bool, check: bool, **step_options: Any) -> None:
         self.model, self.forward_model, self.optimizer, self.device = model, forward_model, optimizer, device
         self.graphs, self.step_options = graphs, step_options
-        self.cache = GraphCache(device, key="trainer.cuda_graphs", step_name="the step", plain_name="the eager step",
-                                plain_after="training goes on eagerly", check=check)
-        self.stats = self.cache.stats
+        self.cache: GraphCache | None = None  # an eager run (any CPU run) builds no graph machinery
+        self.stats: GraphStats | None = None
         if graphs:
+            self.cache = GraphCache(device, key="trainer.cuda_graphs", step_name="the step",
+                                    plain_name="the eager step", plain_after="training goes on eagerly", check=check)
+            self.stats = self.cache.stats
             self.lr = torch.zeros((), device=device)  # the learning rate a graph reads at replay
             self.skip = torch.zeros((), device=device)  # 1.0: the replay skips its update (the canary's replay)
 
