@@ -105,8 +105,7 @@ class Trainer:
         self.device = distributed.choose_device(self.tcfg.device, info)
         self.graph_use = resolve_cuda_graphs(self.tcfg.cuda_graphs, self.device, info.world_size, "trainer.cuda_graphs")
         self.use_graphs = self.graph_use.step
-        self.precision = self.tcfg.precision
-        self.use_bf16 = uses_bf16(self.precision, self.device)
+        self.precision, self.use_bf16 = self.tcfg.precision, uses_bf16(self.tcfg.precision, self.device)
         configure_matmul(self.precision, self.device)
         if info.is_main and (warning := slow_bf16_warning(self.precision, self.device)):
             log.warning("trainer.%s", warning)
