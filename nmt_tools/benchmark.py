@@ -44,9 +44,7 @@ nothing. Details: docs/development/benchmarking.md.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -57,7 +55,6 @@ from nmt.analysis.cli import one_line_errors, write_report
 from nmt.common.device import INFERENCE_PRECISIONS, uses_bf16
 from nmt.common.entry_point import check_options_or_exit, fail
 from nmt.common.files import write_text_durably
-from nmt.common.metrics import corpus_scores
 from nmt.common.provenance import device_name, provenance
 from nmt.common.settings import to_plain_dict
 from nmt.inference.engine import SearchOptions, Translator
@@ -66,8 +63,8 @@ from nmt.model.seq2seq import count_parameters
 from nmt.train.gpu_monitor import GpuMonitor
 from nmt.train.trainer import DistInfo, Trainer
 from nmt_tools import backtranslation_speed, load, overload, padding, scale, study_speed, training_profile
-from nmt_tools.cli import add_project_dir, device_slug, mirror_file, parser, sync
-from nmt_tools.timing import compose_config, measure_training
+from nmt_tools.cli import add_project_dir, device_slug, mirror_file, parser
+from nmt_tools.timing import compose_config, measure_training, measure_translation
 
 CUDA_GRAPHS = ("auto", "true", "false")
 MEANINGLESS_BLEU_NOTE = (
@@ -192,38 +189,6 @@ def report_folder(args: argparse.Namespace) -> Path | None:
              "report into")
     check_options_or_exit("benchmark.py", folders={"--out": checkpoint})  # the default: into the run dir
     return Path(checkpoint)
-
-
-def measure_translation(translator: Translator, lines: list[str], refs: list[str] | None, args: argparse.Namespace,
-                        length_penalty: float = 1.0, keep: bool = False) -> list[dict[str, Any]]:
-    """Sentences/s per beam size in ``args.beam_sizes``: the median of ``args.reps`` timed translations of
-    ``lines`` (encode, batch, search, detokenize) after one untimed warm-up; BLEU/chrF when ``refs`` is given;
-    ``keep``: the last run's translations too, as the row's ``translations``."""
-    rows = []
-    for beam in args.beam_sizes:
-        options = {"beam_size": beam, "length_penalty": length_penalty, "batch_tokens": args.batch_tokens}
-        translator.translate(lines[:64], **options)  # warm-up: allocator, kernels, caches
-        times, hyps = [], []
-        for _ in range(args.reps):
-            sync(translator.device)
-            start = time.perf_counter()
-            hyps = [result.text for result in translator.translate(lines, **options)]
-            sync(translator.device)
-            times.append(time.perf_counter() - start)
-        median = statistics.median(times)
-        row: dict[str, Any] = {"mode": "greedy" if beam == 1 else f"beam{beam}", "beam_size": beam,
-                               "sentences": len(lines), "sentences_per_s": len(lines) / median,
-                               "seconds_median": median, "seconds_all": times}
-        if keep:
-            row["translations"] = hyps
-        if refs is not None:
-            scores = corpus_scores(hyps, refs)
-            row.update(bleu=scores["bleu"], chrf=scores["chrf"], bleu_signature=scores["bleu_signature"])
-        rows.append(row)
-        quality = f", BLEU {row['bleu']:.2f}" if "bleu" in row else ""
-        print(f"{row['mode']:>8}: {row['sentences_per_s']:8.1f} sentences/s "
-              f"(median of {args.reps}: {median:.2f} s for {len(lines)} sentences{quality})", flush=True)
-    return rows
 
 
 def benchmark_training(args: argparse.Namespace) -> tuple[dict[str, Any], torch.device]:

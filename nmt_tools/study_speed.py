@@ -21,7 +21,7 @@ from nmt.common.provenance import device_name
 from nmt.inference.engine import Translator
 from nmt.model.checkpoint import CheckpointError, resolve_checkpoint
 from nmt.train.trainer import DistInfo, Trainer
-from nmt_tools.timing import measure_training
+from nmt_tools.timing import measure_training, measure_translation
 
 
 def add_arguments(arguments: argparse.ArgumentParser) -> None:
@@ -37,8 +37,6 @@ def add_arguments(arguments: argparse.ArgumentParser) -> None:
 
 def benchmark_study_speed(args: argparse.Namespace) -> tuple[dict[str, Any], torch.device]:
     """The ``study-speed`` mode: each run's training tokens/s and beam sentences/s, one run after another."""
-    from nmt_tools.benchmark import measure_translation  # the translate mode's timer (benchmark imports this module)
-
     rows, device = [], torch.device("cpu")
     for run_dir in args.run_dirs:
         cfg = OmegaConf.load(run_dir / "config.yaml")

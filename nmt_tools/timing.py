@@ -1,12 +1,14 @@
-"""The tools' one training timer: real optimizer steps of a ``Trainer`` over its real batches, timed.
+"""The tools' timers: real optimizer steps of a ``Trainer`` over its real batches, and a ``Translator`` on a file.
 
 ``compose_config`` builds the training config the way ``train.py`` does, ``endless_batches`` yields the
 trainer's batches in ``train.py``'s order, and ``measure_training`` times ``Trainer.train_step`` on them.
-``benchmark.py train``, ``benchmark.py profile`` and the peer comparison all time training here.
+``benchmark.py train``, ``benchmark.py profile`` and the peer comparison all time training here;
+``measure_translation`` times translation per beam size for ``benchmark.py``'s modes.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Iterator
@@ -17,7 +19,9 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from nmt.common.metrics import corpus_scores
 from nmt.data import Batch
+from nmt.inference.engine import Translator
 from nmt.model.seq2seq import count_parameters
 from nmt.train.gpu_monitor import GpuMonitor
 from nmt.train.schema import validate_config
@@ -88,3 +92,35 @@ def measure_training(trainer: Trainer, steps: int | None, warmup_steps: int) -> 
         "cuda_peak_memory_allocated_mib": (torch.cuda.max_memory_allocated(device) / 2**20
                                            if device.type == "cuda" else None),
     }
+
+
+def measure_translation(translator: Translator, lines: list[str], refs: list[str] | None, args: argparse.Namespace,
+                        length_penalty: float = 1.0, keep: bool = False) -> list[dict[str, Any]]:
+    """Sentences/s per beam size in ``args.beam_sizes``: the median of ``args.reps`` timed translations of
+    ``lines`` (encode, batch, search, detokenize) after one untimed warm-up; BLEU/chrF when ``refs`` is given;
+    ``keep``: the last run's translations too, as the row's ``translations``."""
+    rows = []
+    for beam in args.beam_sizes:
+        options = {"beam_size": beam, "length_penalty": length_penalty, "batch_tokens": args.batch_tokens}
+        translator.translate(lines[:64], **options)  # warm-up: allocator, kernels, caches
+        times, hyps = [], []
+        for _ in range(args.reps):
+            sync(translator.device)
+            start = time.perf_counter()
+            hyps = [result.text for result in translator.translate(lines, **options)]
+            sync(translator.device)
+            times.append(time.perf_counter() - start)
+        median = statistics.median(times)
+        row: dict[str, Any] = {"mode": "greedy" if beam == 1 else f"beam{beam}", "beam_size": beam,
+                               "sentences": len(lines), "sentences_per_s": len(lines) / median,
+                               "seconds_median": median, "seconds_all": times}
+        if keep:
+            row["translations"] = hyps
+        if refs is not None:
+            scores = corpus_scores(hyps, refs)
+            row.update(bleu=scores["bleu"], chrf=scores["chrf"], bleu_signature=scores["bleu_signature"])
+        rows.append(row)
+        quality = f", BLEU {row['bleu']:.2f}" if "bleu" in row else ""
+        print(f"{row['mode']:>8}: {row['sentences_per_s']:8.1f} sentences/s "
+              f"(median of {args.reps}: {median:.2f} s for {len(lines)} sentences{quality})", flush=True)
+    return rows
