@@ -45,7 +45,7 @@ def train_command(tmp_path: Path, run: str, seed: int, stand_in: bool, *extra: s
     files = ", ".join(f"{split}: {{src: '{sides.src}', tgt: '{sides.tgt}'}}" for split, sides in cfg.data.files.items())
     args = ["data=files", f"data.files={{{files}}}", f"data.cache_dir={tmp_path}/{cache}", "model.emb_size=32",
             "model.enc_hidden_size=32", "model.dec_hidden_size=64", "data.tokenizer.vocab_size=20",
-            "data.tokenizer.model_type=bpe", "trainer.max_steps=30", "trainer.validate_every=15",
+            "data.tokenizer.model_type=bpe", "trainer.max_steps=20", "trainer.validate_every=10",
             "trainer.log_every=1", "trainer.test_beam_size=2", f"trainer.seed={seed}", "trainer.cuda_graphs=true",
             f"hydra.run.dir={tmp_path}/{run}", *extra]
     program = ["-c", STAND_IN_GRAPHS] if stand_in else [str(REPO_ROOT / "train.py")]
@@ -73,16 +73,16 @@ def scores(run_dir: Path) -> tuple[list[float], float]:
 
 def side_by_side(tmp_path: Path, stand_in: bool) -> subprocess.Popen:
     """Seeds 1 and 2 alone, one after the other; then both at once, preparing one fresh data cache together, beside
-    a third run of 120 steps, killed midway, after its first validation wrote checkpoints. Returns the killed
+    a third run of 80 steps, killed midway, after its first validation wrote checkpoints. Returns the killed
     run's process."""
     for seed in (1, 2):
         finished(start(train_command(tmp_path, f"alone{seed}", seed, stand_in)))
     together = [start(train_command(tmp_path, f"together{seed}", seed, stand_in, cache="shared")) for seed in (1, 2)]
-    victim = start(train_command(tmp_path, "killed", 3, stand_in, "trainer.max_steps=120", cache="shared"))
+    victim = start(train_command(tmp_path, "killed", 3, stand_in, "trainer.max_steps=80", cache="shared"))
     log = tmp_path / "killed" / "train_log.jsonl"
     deadline = time.monotonic() + 300
-    while not (log.is_file() and log.read_text().count("\n") >= 20) and time.monotonic() < deadline:
-        time.sleep(0.05)  # killed past its step-15 validation, while its siblings train
+    while not (log.is_file() and log.read_text().count("\n") >= 13) and time.monotonic() < deadline:
+        time.sleep(0.05)  # killed past its step-10 validation, while its siblings train
     victim.send_signal(signal.SIGKILL)
     victim.communicate(timeout=60)
     for process in together:
@@ -95,15 +95,15 @@ def test_runs_side_by_side_give_the_losses_they_give_alone_and_a_failed_one_stop
     victim = side_by_side(tmp_path, stand_in=True)
     for seed in (1, 2):
         alone, together = tmp_path / f"alone{seed}", tmp_path / f"together{seed}"
-        assert losses(together) == losses(alone) and len(losses(alone)) == 30
+        assert losses(together) == losses(alone) and len(losses(alone)) == 20
         assert scores(together) == scores(alone)
         graphs = json.loads((together / "results.json").read_text())["cuda_graphs"]
-        assert graphs["replays"] == 30 and graphs["plain_runs"] == 0  # the stand-in graph path ran
+        assert graphs["replays"] == 20 and graphs["plain_runs"] == 0  # the stand-in graph path ran
     assert losses(tmp_path / "alone1") != losses(tmp_path / "alone2")  # each its own seed
-    # killed midway (not ended on its own: a 120-step run writes results.json when it ends), past a validation that
+    # killed midway (not ended on its own: an 80-step run writes results.json when it ends), past a validation that
     # saved checkpoints: a validation leaves no results.json, which a chain would take for a finished run
     killed = tmp_path / "killed"
-    assert victim.returncode == -signal.SIGKILL and 20 <= len(losses(killed)) < 120
+    assert victim.returncode == -signal.SIGKILL and 13 <= len(losses(killed)) < 80
     assert (killed / "checkpoints" / "last.pt").is_file() and not (killed / "results.json").exists()
 
 
