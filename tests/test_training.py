@@ -542,6 +542,22 @@ def test_resume_from_the_command_line_writes_only_into_its_run(tmp_path: Path) -
                      r"elapsed \d+s \| ETA \d+s", log_text), log_text
 
 
+def test_a_run_from_before_a_trainer_setting_existed_resumes_with_its_default(tmp_path: Path) -> None:
+    """A checkpoint written before ``trainer.cuda_graphs_check`` existed (a study's run stopped under an earlier
+    version) resumes under this one, the new setting at its default."""
+    cfg = tiny_config(tmp_path, ["trainer.max_steps=8", "trainer.validate_every=4", "trainer.log_every=2"])
+    run = tmp_path / "run"
+    with interrupted_at(4):
+        train(cfg, run_dir=run)
+    last = run / "checkpoints" / "last.pt"
+    state = torch.load(last, weights_only=False)
+    del state["config"]["trainer"]["cuda_graphs_check"]
+    torch.save(state, last)
+    proc = run_train_py(tmp_path / "cwd", f"trainer.resume={run}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((run / "results.json").read_text())["steps"] == 8
+
+
 def test_attention_sizes_that_do_not_fit_are_a_config_error(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path, ["attention=multihead", "attention.heads=7"])
     with pytest.raises(ConfigError, match="hidden_size 64 is not divisible by heads 7"):

@@ -53,11 +53,16 @@ def resume_paths(resume: str | Path) -> tuple[Path, Path]:
 
 def resume_config(cfg: DictConfig, state: dict[str, Any]) -> DictConfig:
     """The checkpoint's config with this invocation's ``trainer`` keys on top: under Hydra only the overrides typed
-    on the command line, so a run started with ``experiment=smoke`` keeps its settings on a bare resume.
+    on the command line, so a run started with ``experiment=smoke`` keeps its settings on a bare resume, and the
+    trainer settings added since the checkpoint was written.
     """
     from hydra.core.hydra_config import HydraConfig
 
     saved = OmegaConf.create(upgrade_saved_config(state["config"]))
+    # A trainer setting added since the checkpoint was written takes this version's value: how to train on, not what
+    # the run is (a model or data key added since keeps what earlier runs were, ``upgrade_saved_config``).
+    added = {k: v for k, v in OmegaConf.to_container(cfg.trainer).items() if k not in (saved.get("trainer") or {})}
+    saved = OmegaConf.merge(saved, {"trainer": added})
     try:
         typed = HydraConfig.get().overrides.task
     except ValueError:  # not running under Hydra (tests, notebooks): take this config's trainer section
