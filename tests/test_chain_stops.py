@@ -91,7 +91,7 @@ def test_a_signal_stops_every_stage_and_the_printed_command_goes_on(how: signal.
     chain, out = stop_mid_stage(fake_repo, workdir, how)
     assert chain.returncode == 128 + how, out
     assert f"reproduce.py: stop  {HUNG}: stopped by {how.name} (SIGTERM: a training saves" in out
-    assert f"stopped by {how.name}: 1 of 37 stages complete, 36 left" in out
+    assert f"reproduce.py: stopped by {how.name}: 1 of 37 stages complete, 36 left" in out
     assert (workdir / RUN / "checkpoints" / "last.pt").read_text() == "saved at SIGTERM"
     assert not any(alive(int(pid)) for pid in (workdir / "pids").read_text().split())  # nothing left running
     state = workdir / "runs" / ".reproduce"

@@ -132,8 +132,8 @@ def run_chain(chain: Chain, stages: list[Stage], parallel: int, clock: Clock, bu
             outcome = run_stages(chain, stages, parallel, clock, budget)
     if outcome.left:
         rest = eta(stages, {s.name for s in stages if s.name not in outcome.left}, {}, clock, parallel)
-        by = f"by {outcome.stopped_by}" if outcome.signal else f"at {budget.label if budget else 'the budget'}"
-        say(f"stopped {by}: {len(stages) - len(outcome.left)} of {len(stages)} stages complete, "
+        why = outcome.stopped_by if outcome.signal else f"stopped at {budget.label if budget else 'the budget'}"
+        say(f"{why}: {len(stages) - len(outcome.left)} of {len(stages)} stages complete, "
             f"{len(outcome.left)} left (about {rest} at parallel={parallel}); a stopped training resumes from its "
             "checkpoints/last.pt")
         say(f"go on with: {go_on}  (elsewhere: copy the workdir there first)")
