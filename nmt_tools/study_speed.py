@@ -9,6 +9,7 @@ in one process with nothing else running, times ``--train-steps`` real optimizer
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ def benchmark_study_speed(args: argparse.Namespace) -> tuple[dict[str, Any], tor
     rows, device = [], torch.device("cpu")
     for run_dir in args.run_dirs:
         cfg = OmegaConf.load(run_dir / "config.yaml")
-        results = OmegaConf.to_container(OmegaConf.load(run_dir / "results.json"))
+        results = json.loads((run_dir / "results.json").read_text(encoding="utf-8"))
         try:
             checkpoint = resolve_checkpoint(run_dir)
         except CheckpointError:
@@ -58,8 +59,7 @@ def benchmark_study_speed(args: argparse.Namespace) -> tuple[dict[str, Any], tor
         decode = argparse.Namespace(beam_sizes=[int(cfg.trainer.test_beam_size)], batch_tokens="auto", reps=args.reps)
         decoding = measure_translation(translator, list(text.src_text), list(text.tgt_text), decode,
                                        float(cfg.trainer.length_penalty))[0]
-        group = (results[args.group_by] if args.group_by in results
-                 else OmegaConf.select(cfg, args.group_by))
+        group = results[args.group_by] if args.group_by in results else OmegaConf.select(cfg, args.group_by)
         rows.append({"run_dir": str(run_dir), "group": group,
                      "direction": f"{cfg.data.src_lang}-{cfg.data.tgt_lang}",
                      "train_tokens_per_s": training["target_tokens_per_s_median"],
