@@ -54,6 +54,14 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def process_state(pid: int) -> str:
+    """The state letter of /proc/PID/stat: R, S, T (stopped), Z; '' when gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return ""
+
+
 def hang_and_note_pids(repo: Path) -> None:
     """The training stand-in writes its pid to ./pids first (the tests look for orphans)."""
     train = repo / "train.py"
@@ -106,6 +114,25 @@ def test_a_signal_stops_every_stage_and_the_printed_command_goes_on(how: signal.
     additive = json.loads((state / "times.json").read_text())["additive"]  # six runs: one per seed and direction
     assert len(additive) == 6 and ran_before >= 2.0 and json.loads((state / "spent.json").read_text()) == {}
     assert [t > ran_before for t in additive].count(True) == 1  # the stopped one: both calls' time, summed
+
+
+def test_ctrl_z_pauses_the_stage_with_the_chain_and_fg_continues_both(fake_repo: Path,  # noqa: F811
+                                                                      tmp_path: Path) -> None:
+    # The stage runs in a process group of its own, which job control's SIGTSTP and SIGCONT do not reach.
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    hang_and_note_pids(fake_repo)
+    chain = start_chain(fake_repo, study_args(workdir), FAKE_HANG=HUNG)
+    wait_for((workdir / "hung").exists)
+    stage = int((workdir / "pids").read_text().split()[-1])
+    chain.send_signal(signal.SIGTSTP)
+    wait_for(lambda: process_state(chain.pid) == "T" and process_state(stage) == "T", 10)
+    chain.send_signal(signal.SIGCONT)
+    wait_for(lambda: process_state(chain.pid) in ("R", "S") and process_state(stage) in ("R", "S"), 10)
+    chain.send_signal(signal.SIGTERM)
+    out, err = chain.communicate(timeout=60)
+    assert chain.returncode == 128 + signal.SIGTERM and f"stop  {HUNG}: stopped by SIGTERM" in out, out + err
+    assert (workdir / RUN / "checkpoints" / "last.pt").read_text() == "saved at SIGTERM"
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from pathlib import Path
 from nmt.common.files import write_json_durably
 
 # The chain looks at the clock every 0.05 s while stages run; a look this much later than the one before means the
-# chain was stopped (SIGSTOP to its process group, as job control or a batch system pauses a job), its stages too.
+# chain was paused with its stages (SIGTSTP or Ctrl-Z, which it passes on; or a batch system stopping the whole job).
 STOPPED_GAP_S = 5.0
 
 

@@ -1,6 +1,6 @@
 """The one way the chain and the measuring tools run a command: in its own process group, its output appended to a
-log, told to stop if its caller dies, and stopped (SIGTERM, then SIGKILL after a grace) at a budget's end or when a
-SIGTERM or SIGINT reaches the caller."""
+log, told to stop if its caller dies, stopped (SIGTERM, then SIGKILL after a grace) at a budget's end or when a
+SIGTERM or SIGINT reaches the caller, and paused and continued with the caller by SIGTSTP and SIGCONT."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from typing import Any
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a child gets when the thread that started it ends
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_STARTED: list[subprocess.Popen] = []  # the commands ``start`` began, for job control to pause and continue
 
 
 class Interrupted(BaseException):
@@ -38,15 +39,37 @@ class BudgetSpent(Exception):
     """A command stopped at the end of the budget; the message names it and its log."""
 
 
+def _signal_commands(signum: int) -> None:
+    """``signum`` to the process group of each command still running."""
+    for process in _STARTED:
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _pause(_signum: int, _frame: Any) -> None:
+    """SIGTSTP (Ctrl-Z, or ``kill -TSTP``): the commands stop, then this process; a SIGCONT (``fg``, ``kill -CONT``)
+    goes on here and continues them. The commands run in groups of their own, so job control reaches them only
+    through this."""
+    _signal_commands(signal.SIGSTOP)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    _signal_commands(signal.SIGCONT)
+
+
 @contextmanager
 def signals_interrupt() -> Iterator[None]:
     """Inside, SIGTERM and SIGINT raise Interrupted in the main thread (each time: a second one while the first
-    stop waits hurries it); the previous handlers come back on the way out."""
+    stop waits hurries it), SIGTSTP pauses the commands with this process and SIGCONT continues them; the previous
+    handlers come back on the way out."""
 
     def interrupt(signum: int, _frame: Any) -> None:
         raise Interrupted(signum)
 
     previous = {sig: signal.signal(sig, interrupt) for sig in STOP_SIGNALS}
+    previous[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, _pause)
+    previous[signal.SIGCONT] = signal.signal(signal.SIGCONT, lambda *_: _signal_commands(signal.SIGCONT))
     try:
         yield
     finally:
@@ -73,8 +96,10 @@ def start(command: Sequence[str], log: Path, cwd: Path, env: dict[str, str] | No
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a", encoding="utf-8") as sink:
         print(f"$ {shlex.join(command)}", file=sink, flush=True)
-        return subprocess.Popen(list(command), cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=_stop_with_parent(os.getpid()))
+        process = subprocess.Popen(list(command), cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                   start_new_session=True, preexec_fn=_stop_with_parent(os.getpid()))
+    _STARTED[:] = [p for p in _STARTED if p.poll() is None] + [process]
+    return process
 
 
 def ask_to_stop(process: subprocess.Popen) -> None:
