@@ -34,7 +34,7 @@ preparation time (cold, then cached) and batch padding at the token budget (``nm
 (``nmt_tools.scale``). ``profile``: FLOPs per target token, achieved against peak FLOP/s, time per op group
 (``nmt_tools.training_profile``). ``study-speed``: one trained run per group and direction, back to back in one
 sitting: training tokens/s of its config and beam sentences/s of its checkpoint, the speed columns of
-``compare_runs.py --group-by KEY --speed FILE`` (``nmt_tools.study_speed``).
+``compare_runs.py --group-by KEY --speed FILE...`` (``nmt_tools.study_speed``).
 
 Writes ``<out>.json`` with the provenance block; ``<out>`` defaults to ``benchmark_<mode>_<device>`` in
 the checkpoint's run dir; without a run dir, ``--out`` is required. A benchmark, not a test: it asserts

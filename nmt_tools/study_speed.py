@@ -1,4 +1,4 @@
-"""The speed columns of a grouped report (``compare_runs.py --group-by KEY --speed FILE``), measured back to back.
+"""The speed columns of a grouped report (``compare_runs.py --group-by KEY --speed FILE...``), measured back to back.
 
 Trainings that share a machine with other work measure their neighbours as much as themselves, so a study's own
 tokens/s cannot compare its groups. This mode takes one trained run per group and direction and, one after another
@@ -21,8 +21,9 @@ from nmt.analysis.cli import RunError
 from nmt.common.provenance import device_name
 from nmt.inference.engine import Translator
 from nmt.model.checkpoint import CheckpointError, resolve_checkpoint
+from nmt.train.resume import with_added_trainer_settings
 from nmt.train.trainer import DistInfo, Trainer
-from nmt_tools.timing import measure_training, measure_translation
+from nmt_tools.timing import compose_config, measure_training, measure_translation
 
 
 def add_arguments(arguments: argparse.ArgumentParser) -> None:
@@ -39,8 +40,10 @@ def add_arguments(arguments: argparse.ArgumentParser) -> None:
 def benchmark_study_speed(args: argparse.Namespace) -> tuple[dict[str, Any], torch.device]:
     """The ``study-speed`` mode: each run's training tokens/s and beam sentences/s, one run after another."""
     rows, device = [], torch.device("cpu")
+    defaults = compose_config([], args.project_dir)
     for run_dir in args.run_dirs:
-        cfg = OmegaConf.load(run_dir / "config.yaml")
+        # A run trained by an earlier version lacks the trainer settings added since: today's defaults fill them.
+        cfg = with_added_trainer_settings(OmegaConf.load(run_dir / "config.yaml"), defaults.trainer)
         results = json.loads((run_dir / "results.json").read_text(encoding="utf-8"))
         try:
             checkpoint = resolve_checkpoint(run_dir)

@@ -261,10 +261,12 @@ def test_the_attention_study_is_36_trainings_and_a_report_per_test_split(recipe:
         split = report.name.split()[1]
         assert command[37:] == ["--split", split, "--group-by", "attention", "--baseline", "additive",
                                 "--time-decoding", "--out", str(tmp_path / "runs" / f"{recipe}_{split}")]
-    speed = tmp_path / "runs" / f"{recipe}_speed.json"  # benchmark.py study-speed's figures, once the workdir has them
-    speed.parent.mkdir(parents=True, exist_ok=True)
-    speed.write_text("{}")
-    assert reports[0].command()[-2:] == ["--speed", str(speed)]
+    # benchmark.py study-speed's figures, once the workdir has them: one report per direction, both passed
+    speeds = [tmp_path / "runs" / f"{recipe}_speed_{pair}.json" for pair in ("en-de", "de-en")]
+    speeds[0].parent.mkdir(parents=True, exist_ok=True)
+    for speed in speeds:
+        speed.write_text("{}")
+    assert reports[0].command()[-3:] == ["--speed", *map(str, sorted(speeds))]
 
 
 def test_a_stopped_study_resumes_where_it_stopped(fake_repo: Path, tmp_path: Path,

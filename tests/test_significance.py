@@ -147,12 +147,12 @@ def test_runs_it_cannot_use_are_refused_naming_them(seeds: tuple[Path, list[Path
                                                             f"for test: no {bare}/translations/test.en"), done.stderr
 
 
-def speed_report(path: Path, group_by: str = "attention") -> Path:
-    """A study-speed report as benchmark.py writes it: additive in de-en timed, dot not."""
+def speed_report(path: Path, group_by: str = "attention", group: str = "additive", direction: str = "de-en") -> Path:
+    """A study-speed report as benchmark.py writes it: ``group`` in ``direction`` timed, nothing else."""
     path.write_text(json.dumps({
         "benchmark": "study-speed", "date": "2026-11-27", "device": {"type": "cpu", "name": "Test CPU"},
         "group_by": group_by, "train_steps": 100,
-        "runs": [{"run_dir": "x", "group": "additive", "direction": "de-en", "train_tokens_per_s": 1234.4,
+        "runs": [{"run_dir": "x", "group": group, "direction": direction, "train_tokens_per_s": 1234.4,
                   "beam_sentences_per_s": 56.78}]}))
     return path
 
@@ -174,8 +174,16 @@ def test_speed_columns_come_from_the_back_to_back_benchmark_only(seeds: tuple[Pa
     assert rows["additive"]["train_tokens_per_s"] == 1234.4 and rows["additive"]["beam_sentences_per_s"] == 56.78
     assert rows["dot"]["train_tokens_per_s"] is None  # not in the benchmark: never filled from the runs
     markdown = Path(f"{tmp_path / 't'}.md").read_text()
-    assert "| 1,234 | 56.8 |" in markdown and "Test CPU, 2026-11-27; `speed.json`" in markdown
-    assert report["speed"]["device"] == "Test CPU"
+    assert "| 1,234 | 56.8 |" in markdown
+    assert "de-en: 100 training steps, Test CPU, 2026-11-27, `speed.json`" in markdown
+    assert [source["device"] for source in report["speed"]] == ["Test CPU"]
+
+    # One report per direction, each timed while its checkpoints were there: they join.
+    other = speed_report(tmp_path / "dot.json", group="dot")
+    report = compare.main([*args, "--speed", str(tmp_path / "speed.json"), str(other), "--out", str(tmp_path / "u")])
+    rows = {row["group"]: row for row in report["groups"]}
+    assert rows["additive"]["train_tokens_per_s"] == rows["dot"]["train_tokens_per_s"] == 1234.4
+    assert [source["file"] for source in report["speed"]] == ["speed.json", "dot.json"]
 
 
 def test_a_speed_report_of_another_key_or_kind_is_refused(seeds: tuple[Path, list[Path], dict], tmp_path: Path) -> None:
@@ -188,3 +196,6 @@ def test_a_speed_report_of_another_key_or_kind_is_refused(seeds: tuple[Path, lis
         compare.main([*args, "--speed", str(tmp_path / "other.json")])
     with pytest.raises(RunError, match="cannot read it"):
         compare.main([*args, "--speed", str(tmp_path / "missing.json")])
+    twice = [str(speed_report(tmp_path / name)) for name in ("a.json", "b.json")]
+    with pytest.raises(RunError, match=r"--speed .*b\.json times additive de-en again: pass one report per group"):
+        compare.main([*args, "--speed", *twice])

@@ -61,9 +61,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--time-decoding", action="store_true", help="beam sentences/s per run: as train.py recorded "
                    "its final test decoding in results.json, else the split translated once more with the run's "
                    "checkpoint and test beam, timed on this machine")
-    p.add_argument("--speed", type=Path, metavar="SPEED_JSON", help="with --group-by: the groups' training tokens/s "
-                   "and beam sentences/s from `benchmark.py study-speed` (runs timed back to back on an idle "
-                   "machine); without it those columns read 'not measured'")
+    p.add_argument("--speed", type=Path, nargs="+", metavar="SPEED_JSON", help="with --group-by: the groups' "
+                   "training tokens/s and beam sentences/s from `benchmark.py study-speed` (runs timed back to back "
+                   "on an idle machine; one report or several, e.g. one per direction); without it those columns "
+                   "read 'not measured'")
     args = p.parse_args(argv)
     if args.speed is not None and args.group_by is None:
         p.error("--speed needs --group-by")
@@ -341,26 +342,37 @@ def label_runs(runs: list[dict[str, Any]]) -> None:
         run["label"] = run["attention"] if len(twins) == 1 else f"{run['attention']} ({where}{folder})"
 
 
-def load_speeds(path: Path, group_by: str) -> dict[str, Any]:
-    """``--speed``: a ``benchmark.py study-speed`` report's figures by (direction, group), with where they come from.
+def load_speeds(paths: list[Path], group_by: str) -> dict[str, Any]:
+    """``--speed``: the figures of ``benchmark.py study-speed`` reports by (direction, group), with where each report
+    comes from. Several reports join: e.g. one per direction, each timed while that direction's checkpoints were
+    there (a kept workdir keeps none).
 
     Raises:
-        RunError: no such file, not such a report, or one that grouped by another key.
+        RunError: no such file, not such a report, one that grouped by another key, or a group timed twice.
     """
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise RunError(f"--speed {path}: cannot read it ({error}); pass the .json of benchmark.py "
-                       "study-speed") from None
-    if report.get("benchmark") != "study-speed":
-        raise RunError(f"--speed {path}: not a benchmark.py study-speed report; make one with "
-                       "python scripts/benchmark.py study-speed RUN_DIR... --out PATH")
-    if report["group_by"] != group_by:
-        raise RunError(f"--speed {path} timed groups of {report['group_by']}, not of --group-by {group_by}")
-    by_group = {(row["direction"], str(row["group"])): row for row in report["runs"]}
-    source = {"file": path.name, "device": report["device"]["name"], "date": report.get("date"),
-              "train_steps": report["train_steps"]}
-    return {"by_group": by_group, "source": source}
+    by_group: dict[tuple[str, str], Any] = {}
+    sources = []
+    for path in paths:
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise RunError(f"--speed {path}: cannot read it ({error}); pass the .json of benchmark.py "
+                           "study-speed") from None
+        if report.get("benchmark") != "study-speed":
+            raise RunError(f"--speed {path}: not a benchmark.py study-speed report; make one with "
+                           "python scripts/benchmark.py study-speed RUN_DIR... --out PATH")
+        if report["group_by"] != group_by:
+            raise RunError(f"--speed {path} timed groups of {report['group_by']}, not of --group-by {group_by}")
+        for row in report["runs"]:
+            key = (row["direction"], str(row["group"]))
+            if key in by_group:
+                raise RunError(f"--speed {path} times {key[1]} {key[0]} again: pass one report per group and "
+                               "direction")
+            by_group[key] = row
+        sources.append({"file": path.name, "device": report["device"]["name"], "date": report.get("date"),
+                        "train_steps": report["train_steps"],
+                        "directions": sorted({row["direction"] for row in report["runs"]})})
+    return {"by_group": by_group, "source": sources}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

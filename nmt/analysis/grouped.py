@@ -63,10 +63,11 @@ def speed_note(speeds: dict[str, Any] | None) -> list[str]:
               "whatever else shared the machine: they do not compare the groups' speed.")
     if speeds is None:
         return [f"Speeds: not measured (`benchmark.py study-speed` on an idle machine, passed as `--speed`). {as_run}"]
-    source = speeds["source"]
-    return [f"Speeds: {source['train_steps']} training steps (target tokens/s, median of steps) and the test split's "
-            f"beam decoding (sentences/s, median of the reps) per group, timed back to back on one idle machine "
-            f"({source['device']}, {source['date']}; `{source['file']}`). {as_run}"]
+    sittings = "; ".join(f"{', '.join(s['directions'])}: {s['train_steps']} training steps, {s['device']}, "
+                         f"{s['date']}, `{s['file']}`" for s in speeds["source"])
+    return [f"Speeds: training steps (target tokens/s, median of steps) and the test split's beam decoding "
+            f"(sentences/s, median of the reps) per group, timed back to back on an idle machine, one sitting per "
+            f"report ({sittings}). {as_run}"]
 
 
 def pair_table(rows: list[dict[str, Any]], key: str) -> list[str]:

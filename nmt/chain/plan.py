@@ -165,16 +165,22 @@ def tune_command(chain: Chain, members: list[Path], rerank: list[Path], out: Pat
 def report_stage(chain: Chain, runs: list[Path], split: str) -> Stage:
     """scripts/compare_runs.py over the chain's training runs on one test split, grouped as the recipe's ``report``
     says (``group_by``: e.g. attention, each group against ``baseline`` over the seeds, in each direction). Its
-    speed columns come from ``runs/<recipe>_speed.json`` when the workdir holds one (``benchmark.py study-speed``,
-    timed back to back on an idle machine); without it they read 'not measured'."""
+    speed columns come from ``runs/<recipe>_speed*.json`` when the workdir holds them (``benchmark.py study-speed``,
+    timed back to back on an idle machine, e.g. one per direction); without them they read 'not measured'."""
     out = chain.path(f"runs/{chain.recipe_name}_{split}")
-    speed = chain.path(f"runs/{chain.recipe_name}_speed.json")
+    runs_dir = chain.path("runs")
     command = [*chain.programs["compare"], *map(str, runs), "--split", split,
                "--group-by", str(chain.recipe.report.group_by), "--baseline", str(chain.recipe.report.baseline),
                "--time-decoding", "--out", str(out)]
     result = Path(f"{out}.json")
     return Stage(f"report {split}", "report", [result], list(runs),
-                 lambda: command + (["--speed", str(speed)] if speed.is_file() else []), result.is_file)
+                 lambda: command + speed_option(runs_dir, chain.recipe_name), result.is_file)
+
+
+def speed_option(runs_dir: Path, recipe_name: str) -> list[str]:
+    """``--speed`` with the workdir's study-speed reports, found when the report stage starts; none: no option."""
+    reports = sorted(runs_dir.glob(f"{recipe_name}_speed*.json"))
+    return ["--speed", *map(str, reports)] if reports else []
 
 
 def extra_test_splits(chain: Chain) -> list[str]:

@@ -51,6 +51,16 @@ def resume_paths(resume: str | Path) -> tuple[Path, Path]:
     return (resume / CHECKPOINT_DIR / "last.pt", resume) if resume.is_dir() else (resume, resume.parent.parent)
 
 
+def with_added_trainer_settings(saved: dict[str, Any] | DictConfig, trainer: DictConfig) -> DictConfig:
+    """A run's saved config as this version reads it: renamed keys brought up to date, and each trainer setting
+    added since it was written taken from ``trainer``. Those say how to train on, not what the run is (a model or
+    data key added since keeps what earlier runs were, ``upgrade_saved_config``)."""
+    container = OmegaConf.to_container(saved) if isinstance(saved, DictConfig) else saved
+    saved = OmegaConf.create(upgrade_saved_config(container))
+    added = {k: v for k, v in OmegaConf.to_container(trainer).items() if k not in (saved.get("trainer") or {})}
+    return OmegaConf.merge(saved, {"trainer": added})
+
+
 def resume_config(cfg: DictConfig, state: dict[str, Any]) -> DictConfig:
     """The checkpoint's config with this invocation's ``trainer`` keys on top: under Hydra only the overrides typed
     on the command line, so a run started with ``experiment=smoke`` keeps its settings on a bare resume, and the
@@ -58,11 +68,7 @@ def resume_config(cfg: DictConfig, state: dict[str, Any]) -> DictConfig:
     """
     from hydra.core.hydra_config import HydraConfig
 
-    saved = OmegaConf.create(upgrade_saved_config(state["config"]))
-    # A trainer setting added since the checkpoint was written takes this version's value: how to train on, not what
-    # the run is (a model or data key added since keeps what earlier runs were, ``upgrade_saved_config``).
-    added = {k: v for k, v in OmegaConf.to_container(cfg.trainer).items() if k not in (saved.get("trainer") or {})}
-    saved = OmegaConf.merge(saved, {"trainer": added})
+    saved = with_added_trainer_settings(state["config"], cfg.trainer)
     try:
         typed = HydraConfig.get().overrides.task
     except ValueError:  # not running under Hydra (tests, notebooks): take this config's trainer section
