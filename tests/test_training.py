@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import random
 import re
@@ -425,6 +426,19 @@ def test_resuming_a_run_saved_with_the_old_amp_key(tmp_path: Path) -> None:
     merged = resume_config(cfg, {"config": legacy})
     validate_config(merged)
     assert merged.trainer.precision == "auto" and "amp" not in merged.trainer
+
+
+def test_resuming_names_each_key_the_checkpoint_keeps(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from nmt.train.resume import resume_config
+
+    cfg = tiny_config(tmp_path, [])
+    saved = OmegaConf.to_container(cfg, resolve=True)
+    saved["data"]["max_tokens"] = cfg.data.max_tokens + 1
+    with caplog.at_level(logging.WARNING, logger="nmt.train.resume"):
+        merged = resume_config(cfg, {"config": saved})
+    assert merged.data.max_tokens == cfg.data.max_tokens + 1
+    assert caplog.messages == [f"resuming with the checkpoint's data.max_tokens={cfg.data.max_tokens + 1} (here "
+                               f"{cfg.data.max_tokens}), not this invocation's"]
 
 
 def test_resuming_a_checkpoint_with_the_old_single_rng_state(tmp_path: Path) -> None:

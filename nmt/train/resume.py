@@ -78,9 +78,13 @@ def resume_config(cfg: DictConfig, state: dict[str, Any]) -> DictConfig:
         merged = OmegaConf.merge(saved, OmegaConf.from_dotlist(overrides))
         refuse_changed_run(saved, merged, overrides)
     for group in ("data", "model", "attention"):
-        if OmegaConf.select(cfg, group) is not None and OmegaConf.to_container(cfg[group], resolve=True) != \
-                OmegaConf.to_container(merged[group], resolve=True):
-            log.warning("resuming: using the checkpoint's %s config, not this invocation's", group)
+        if OmegaConf.select(cfg, group) is None:
+            continue
+        now, then = (OmegaConf.to_container(c[group], resolve=True) for c in (cfg, merged))
+        differ = [f"{group}.{key}={then.get(key)!r} (here {now.get(key)!r})" for key in sorted(set(now) | set(then))
+                  if now.get(key) != then.get(key)]
+        if differ:
+            log.warning("resuming with the checkpoint's %s, not this invocation's", ", ".join(differ))
     return merged
 
 
