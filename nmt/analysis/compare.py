@@ -343,9 +343,8 @@ def label_runs(runs: list[dict[str, Any]]) -> None:
 
 
 def load_speeds(paths: list[Path], group_by: str) -> dict[str, Any]:
-    """``--speed``: the figures of ``benchmark.py study-speed`` reports by (direction, group), with where each report
-    comes from. Several reports join: e.g. one per direction, each timed while that direction's checkpoints were
-    there (a kept workdir keeps none).
+    """``--speed``: ``benchmark.py study-speed`` reports (e.g. one per direction) joined by (direction, group),
+    with where each comes from.
 
     Raises:
         RunError: no such file, not such a report, one that grouped by another key, or a group timed twice.

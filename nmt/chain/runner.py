@@ -50,12 +50,10 @@ def _signal_commands(signum: int) -> None:
 
 
 def _pause(_signum: int, _frame: Any) -> None:
-    """SIGTSTP (Ctrl-Z, or ``kill -TSTP``): the commands stop, then this process; a SIGCONT (``fg``, ``kill -CONT``)
-    goes on here and continues them. The commands run in groups of their own, so job control reaches them only
-    through this."""
+    """SIGTSTP: the commands stop (job control cannot reach their groups), then this process; SIGCONT's handler
+    continues them."""
     _signal_commands(signal.SIGSTOP)
     os.kill(os.getpid(), signal.SIGSTOP)
-    _signal_commands(signal.SIGCONT)
 
 
 @contextmanager

@@ -52,9 +52,8 @@ def resume_paths(resume: str | Path) -> tuple[Path, Path]:
 
 
 def with_added_trainer_settings(saved: dict[str, Any] | DictConfig, trainer: DictConfig) -> DictConfig:
-    """A run's saved config as this version reads it: renamed keys brought up to date, and each trainer setting
-    added since it was written taken from ``trainer``. Those say how to train on, not what the run is (a model or
-    data key added since keeps what earlier runs were, ``upgrade_saved_config``)."""
+    """A saved run config as this version reads it: renamed keys updated, trainer settings added since taken from
+    ``trainer`` (how to train on, not what the run is)."""
     container = OmegaConf.to_container(saved) if isinstance(saved, DictConfig) else saved
     saved = OmegaConf.create(upgrade_saved_config(container))
     added = {k: v for k, v in OmegaConf.to_container(trainer).items() if k not in (saved.get("trainer") or {})}
