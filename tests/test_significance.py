@@ -116,6 +116,20 @@ def test_grouped_by_attention_over_seeds(seeds: tuple[Path, list[Path], dict], t
         assert Path(f"{out}{png}").read_bytes()[:8] == PNG_SIGNATURE
 
 
+def test_a_report_names_runs_under_the_working_directory_by_relative_paths(
+        seeds: tuple[Path, list[Path], dict], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report built in a checkout's workdir names no machine's folders, so a fresh clone rebuilds the same JSON."""
+    root, runs, _ = seeds
+    monkeypatch.chdir(root.parent)
+    relative = [str(run.relative_to(root.parent)) for run in runs]
+    report = compare.main([*relative[:3], "--out", "first"])
+    assert sorted(run["run_dir"] for run in report["runs"]) == sorted(relative[:3])
+    assert str(root.parent) not in Path("first.json").read_text()
+    again = compare.main([*relative[:2], "--from-report", "first.json", "--out", "second"])  # runs analysed now win
+    assert sorted(run["run_dir"] for run in again["runs"]) == sorted(relative[:3])
+    assert [run.get("from_report") for run in again["runs"]].count(None) == 2
+
+
 def test_runs_it_cannot_use_are_refused_naming_them(seeds: tuple[Path, list[Path], dict], tmp_path: Path) -> None:
     root, runs, texts = seeds
     cfg = OmegaConf.load(runs[0] / "config.yaml")

@@ -92,6 +92,12 @@ def find_run_dirs(run_dirs: Sequence[Path], sweep_dir: Path | None) -> list[Path
     return unique
 
 
+def shown(run_dir: Path) -> str:
+    """``run_dir`` as a report records it: relative to the working directory when under it, so a report built in a
+    checkout names no machine's paths and rebuilds the same on a fresh clone."""
+    return str(run_dir.relative_to(Path.cwd())) if run_dir.is_relative_to(Path.cwd()) else str(run_dir)
+
+
 def load_report_runs(report_paths: Sequence[Path], buckets: Sequence[int]) -> list[dict[str, Any]]:
     """The runs recorded in earlier reports, once checked to fit this comparison, each marked with the report it came
     from (a mark it already had is kept, so a row carried through several reports names the one it was measured for)."""
@@ -166,7 +172,7 @@ def analyse_run(run_dir: Path, split: str | None, buckets: Sequence[int], device
         raise RunError(f"{run_dir}: {len(hyps)} translations of {split} but {len(refs)} references; delete "
                        f"{run_dir / 'translations'} to translate the split again")
     run = {
-        "run_dir": str(run_dir), "attention": results["attention"], "split": split, "hypotheses": source,
+        "run_dir": shown(run_dir), "attention": results["attention"], "split": split, "hypotheses": source,
         "sentences": len(refs), "test": corpus_scores(hyps, refs), "test_in_results_json": results["test"].get(split),
         "tutorial_bleu": tutorial_bleu(hyps, refs), "by_length": bleu_by_length(srcs, hyps, refs, buckets),
         "attention_sharpness": sharpness(results, split, loaded, text),
@@ -389,7 +395,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                for run_dir in run_dirs]
     runs = [output.run for output in outputs]
     recorded = {r["run_dir"]: r for r in load_report_runs(args.from_report, args.buckets)}  # a later report wins
-    runs += [r for run_dir, r in recorded.items() if run_dir not in {str(d) for d in run_dirs}]  # analysed now wins
+    runs += [r for run_dir, r in recorded.items() if run_dir not in {shown(d) for d in run_dirs}]  # analysed now wins
     check_one_split(runs, args.split)
     label_runs(runs)
     speeds = load_speeds(args.speed, args.group_by) if args.speed else None
