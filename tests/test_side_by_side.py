@@ -72,13 +72,17 @@ def scores(run_dir: Path) -> tuple[list[float], float]:
 
 
 def side_by_side(tmp_path: Path, stand_in: bool) -> subprocess.Popen:
-    """Seeds 1 and 2 alone, one after the other; then both at once, preparing one fresh data cache together, beside
-    a third run of 80 steps, killed midway, after its first validation wrote checkpoints. Returns the killed
-    run's process."""
-    for seed in (1, 2):
-        finished(start(train_command(tmp_path, f"alone{seed}", seed, stand_in)))
-    together = [start(train_command(tmp_path, f"together{seed}", seed, stand_in, cache="shared")) for seed in (1, 2)]
-    victim = start(train_command(tmp_path, "killed", 3, stand_in, "trainer.max_steps=80", cache="shared"))
+    """Seeds 1 and 2 alone, each with a data cache of its own; then both again, preparing one fresh data cache
+    together, beside a third run of 80 steps, killed midway, after its first validation wrote checkpoints. Returns
+    the killed run's process."""
+    # every command first: each writes the corpus again, which must not happen under a running training
+    alone = [train_command(tmp_path, f"alone{seed}", seed, stand_in, cache=f"alone{seed}_cache") for seed in (1, 2)]
+    together = [train_command(tmp_path, f"together{seed}", seed, stand_in, cache="shared") for seed in (1, 2)]
+    killed = train_command(tmp_path, "killed", 3, stand_in, "trainer.max_steps=80", cache="shared")
+    for process in [start(command) for command in alone]:  # at once: nothing shared, and the losses are the
+        finished(process)  # process's own, whatever runs beside it
+    together = [start(command) for command in together]
+    victim = start(killed)
     log = tmp_path / "killed" / "train_log.jsonl"
     deadline = time.monotonic() + 300
     while not (log.is_file() and log.read_text().count("\n") >= 13) and time.monotonic() < deadline:
