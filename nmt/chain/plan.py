@@ -4,6 +4,7 @@ report), each with its command, the paths it makes and reads, and the stages it 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -166,21 +167,22 @@ def report_stage(chain: Chain, runs: list[Path], split: str) -> Stage:
     """scripts/compare_runs.py over the chain's training runs on one test split, grouped as the recipe's ``report``
     says (``group_by``: e.g. attention, each group against ``baseline`` over the seeds, in each direction). Its
     speed columns come from ``runs/<recipe>_speed*.json`` when the workdir holds them (``benchmark.py study-speed``,
-    timed back to back on an idle machine, e.g. one per direction); without them they read 'not measured'."""
+    timed back to back on an idle machine, e.g. one per direction); without them they read 'not measured'. It runs
+    in the workdir with paths from there, so the report it writes names no machine's folders."""
     out = chain.path(f"runs/{chain.recipe_name}_{split}")
-    runs_dir = chain.path("runs")
-    command = [*chain.programs["compare"], *map(str, runs), "--split", split,
+    shown = partial(os.path.relpath, start=chain.path("."))
+    command = [*chain.programs["compare"], *map(shown, runs), "--split", split,
                "--group-by", str(chain.recipe.report.group_by), "--baseline", str(chain.recipe.report.baseline),
-               "--time-decoding", "--out", str(out)]
+               "--time-decoding", "--out", shown(out)]
     result = Path(f"{out}.json")
     return Stage(f"report {split}", "report", [result], list(runs),
-                 lambda: command + speed_option(runs_dir, chain.recipe_name), result.is_file)
+                 lambda: command + speed_option(chain, shown), result.is_file)
 
 
-def speed_option(runs_dir: Path, recipe_name: str) -> list[str]:
+def speed_option(chain: Chain, shown: Callable[[Path], str]) -> list[str]:
     """``--speed`` with the workdir's study-speed reports, found when the report stage starts; none: no option."""
-    reports = sorted(runs_dir.glob(f"{recipe_name}_speed*.json"))
-    return ["--speed", *map(str, reports)] if reports else []
+    reports = sorted(chain.path("runs").glob(f"{chain.recipe_name}_speed*.json"))
+    return ["--speed", *map(shown, reports)] if reports else []
 
 
 def extra_test_splits(chain: Chain) -> list[str]:
