@@ -93,9 +93,9 @@ def find_run_dirs(run_dirs: Sequence[Path], sweep_dir: Path | None) -> list[Path
 
 
 def shown(run_dir: Path) -> str:
-    """``run_dir`` as a report records it: relative to the working directory when under it, so a report built in a
-    checkout names no machine's paths and rebuilds the same on a fresh clone."""
-    return str(run_dir.relative_to(Path.cwd())) if run_dir.is_relative_to(Path.cwd()) else str(run_dir)
+    """``run_dir`` from the working directory when under it: a report names no machine's folders."""
+    cwd = Path.cwd()
+    return str(run_dir.relative_to(cwd)) if run_dir.is_relative_to(cwd) else str(run_dir)
 
 
 def load_report_runs(report_paths: Sequence[Path], buckets: Sequence[int]) -> list[dict[str, Any]]:

@@ -67,8 +67,7 @@ def compose_training(chain: Chain, experiment: str, pair: str, *more: str) -> Di
 
 @cache
 def _composed(configs: str, overrides: tuple[str, ...]) -> DictConfig:
-    """Composed once per process: about 0.2 s each, and a caller that plans again (a test; a chain told to go on)
-    would compose every training again. ``configs`` keys the cache: Hydra composes from the initialized folder."""
+    """Once per process (about 0.2 s each), for a caller that plans again; ``configs``: the initialized folder."""
     from hydra import compose
     from hydra.errors import HydraException
 
@@ -175,8 +174,8 @@ def report_stage(chain: Chain, runs: list[Path], split: str) -> Stage:
     """scripts/compare_runs.py over the chain's training runs on one test split, grouped as the recipe's ``report``
     says (``group_by``: e.g. attention, each group against ``baseline`` over the seeds, in each direction). Its
     speed columns come from ``runs/<recipe>_speed*.json`` when the workdir holds them (``benchmark.py study-speed``,
-    timed back to back on an idle machine, e.g. one per direction); without them they read 'not measured'. It runs
-    in the workdir with paths from there, so the report it writes names no machine's folders."""
+    timed back to back on an idle machine, e.g. one per direction); without them they read 'not measured'. Its
+    paths are from the workdir, where it runs."""
     out = chain.path(f"runs/{chain.recipe_name}_{split}")
     shown = partial(os.path.relpath, start=chain.path("."))
     command = [*chain.programs["compare"], *map(shown, runs), "--split", split,
