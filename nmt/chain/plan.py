@@ -52,6 +52,10 @@ class Chain:
     def path(self, value: str | Path) -> Path:
         return (self.workdir / str(value)).resolve()
 
+    def relative(self, path: Path) -> str:
+        """``path`` as seen from the workdir: what the report and the summary record, so no machine's folders."""
+        return os.path.relpath(path, start=self.path("."))
+
 def train_overrides(chain: Chain, experiment: str, pair: str, *more: str) -> list[str]:
     """train.py's overrides for ``experiment`` (``more`` right after it) in ``pair``, then the chain's own."""
     src, tgt = pair.split("-")
@@ -177,19 +181,18 @@ def report_stage(chain: Chain, runs: list[Path], split: str) -> Stage:
     timed back to back on an idle machine, e.g. one per direction); without them they read 'not measured'. Its
     paths are from the workdir, where it runs."""
     out = chain.path(f"runs/{chain.recipe_name}_{split}")
-    shown = partial(os.path.relpath, start=chain.path("."))
-    command = [*chain.programs["compare"], *map(shown, runs), "--split", split,
+    command = [*chain.programs["compare"], *map(chain.relative, runs), "--split", split,
                "--group-by", str(chain.recipe.report.group_by), "--baseline", str(chain.recipe.report.baseline),
-               "--time-decoding", "--out", shown(out)]
+               "--time-decoding", "--out", chain.relative(out)]
     result = Path(f"{out}.json")
     return Stage(f"report {split}", "report", [result], list(runs),
-                 lambda: command + speed_option(chain, shown), result.is_file)
+                 lambda: command + speed_option(chain), result.is_file)
 
 
-def speed_option(chain: Chain, shown: Callable[[Path], str]) -> list[str]:
+def speed_option(chain: Chain) -> list[str]:
     """``--speed`` with the workdir's study-speed reports, found when the report stage starts; none: no option."""
     reports = sorted(chain.path("runs").glob(f"{chain.recipe_name}_speed*.json"))
-    return ["--speed", *map(shown, reports)] if reports else []
+    return ["--speed", *map(chain.relative, reports)] if reports else []
 
 
 def extra_test_splits(chain: Chain) -> list[str]:

@@ -12,26 +12,27 @@ from nmt.common.provenance import provenance
 
 
 def summary(chain: Chain, stages: list[Stage]) -> dict[str, Any]:
-    """Each run's val and test BLEU and minutes (results.json), each system's choice on val and test score."""
+    """Each run's val and test BLEU and minutes (results.json), each system's choice on val and test score; paths
+    from the workdir, so that a kept workdir's summary names no machine's folders."""
     split = str(chain.recipe.test_split)
     runs, systems, reports = [], [], []
     for stage in stages:
         output = stage.outputs[0]
         if stage.kind == "report":
-            reports.append(str(output.with_suffix(".md")))
+            reports.append(chain.relative(output.with_suffix(".md")))
         elif stage.name.startswith("tune "):
             report = json.loads(output.read_text(encoding="utf-8"))
             chosen = next(iter(report["test"].values()))
             systems.append({"system": stage.name.removeprefix("tune "), "choice": setting_label(report["best"]),
-                            "val_bleu": report["best"]["bleu"], "test_bleu": chosen["bleu"], "report": str(output),
-                            "more_tests": {}})
+                            "val_bleu": report["best"]["bleu"], "test_bleu": chosen["bleu"],
+                            "report": chain.relative(output), "more_tests": {}})
         elif stage.name.startswith("score "):
             system, extra_split = stage.name.removeprefix("score ").rsplit(" ", 1)
             chosen = next(iter(json.loads(output.read_text(encoding="utf-8"))["test"].values()))
             next(s for s in systems if s["system"] == system)["more_tests"][extra_split] = chosen["bleu"]
         elif (output / "results.json").is_file():
             results = json.loads((output / "results.json").read_text(encoding="utf-8"))
-            runs.append({"run": stage.name, "dir": str(output), "val_bleu": results["valid"]["bleu"],
+            runs.append({"run": stage.name, "dir": chain.relative(output), "val_bleu": results["valid"]["bleu"],
                          "test_bleu": (results["test"].get(split) or {}).get("bleu"),
                          "minutes": results.get("wall_seconds", 0) / 60})
     students = {}  # per pair, the student system val prefers (the recipe may train several)
