@@ -121,6 +121,21 @@ def test_sweep_tables_buckets_and_plots(sweep: tuple[Path, list[str], list[str]]
         assert png.read_bytes()[:8] == PNG_SIGNATURE
 
 
+def test_bleu_by_length_counts_the_sentences_of_each_direction() -> None:
+    """The source side sets a sentence's length bucket, so de-en and en-de runs of one test set fill them
+    differently: a report over both directions shows each one's counts, not the first run's for all."""
+    def run(direction: str, counts: list[int]) -> dict[str, Any]:
+        return {"label": direction, "direction": direction, "test": {"bleu": 30.0},
+                "tutorial_bleu": {"bleu": 31.0, "signature": "sig"}, "attention_sharpness": None,
+                "by_length": [{"range": r, "n": n, "bleu": 30.0} for r, n in zip(("<=8", ">8"), counts)]}
+
+    both = compare_runs.sentence_counts([run("de-en", [280, 720]), run("de-en", [280, 720]), run("en-de", [174, 826])])
+    assert both == ["| *sentences (de-en)* | 280 | 720 |", "| *sentences (en-de)* | 174 | 826 |"]
+    assert compare_runs.sentence_counts([run("de-en", [280, 720])]) == ["| *sentences* | 280 | 720 |"]
+    tables = compare_runs._more_tables([run("de-en", [1, 2]), run("en-de", [2, 1])])
+    assert "| *sentences (de-en)* | 1 | 2 |" in tables and "| *sentences (en-de)* | 2 | 1 |" in tables
+
+
 def test_single_run(sweep: tuple[Path, list[str], list[str]], tmp_path: Path) -> None:
     root, _, _ = sweep
     out = tmp_path / "one"

@@ -269,7 +269,7 @@ def _more_tables(runs: list[dict[str, Any]]) -> list[str]:
         "buckets with few sentences are noisy.", "",
         "| attention | " + " | ".join(b["range"] for b in buckets) + " |",
         "| --- | " + " | ".join("---:" for _ in buckets) + " |",
-        "| *sentences* | " + " | ".join(str(b["n"]) for b in buckets) + " |",
+        *sentence_counts(runs),
     ]
     for r in runs:
         lines.append(f"| {r['label']} | " + " | ".join("–" if b["bleu"] is None else f"{b['bleu']:.2f}"
@@ -293,6 +293,17 @@ def _more_tables(runs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def sentence_counts(runs: list[dict[str, Any]]) -> list[str]:
+    """The length buckets' sentence counts: one row, or one per direction when they differ (the source side sets a
+    sentence's bucket, so de-en and en-de runs of one test set fill them differently)."""
+    counts: dict[str | None, list[int]] = {}
+    for r in runs:  # a run from an older report has no direction
+        counts.setdefault(r.get("direction"), [b["n"] for b in r["by_length"]])
+    named = len({tuple(n) for n in counts.values()}) > 1
+    return [f"| *sentences{f' ({direction})' if named else ''}* | " + " | ".join(map(str, n)) + " |"
+            for direction, n in counts.items()]
+
+
 def render_markdown(runs: list[dict[str, Any]]) -> str:
     """The tables (scores, tutorial-style BLEU, BLEU by length, attention sharpness) with signatures and notes."""
     return "\n".join(_score_table(runs) + _more_tables(runs)) + "\n"
@@ -311,7 +322,8 @@ def plot(runs: list[dict[str, Any]], out: Path) -> None:
     save_png(fig, f"{out}.png")
 
     fig, ax = new_figure(6.5, 4.0)
-    labels = [f"{b['range']}\n(n={b['n']})" for b in runs[0]["by_length"]]
+    one_count = len(sentence_counts(runs)) == 1
+    labels = [f"{b['range']}\n(n={b['n']})" if one_count else b["range"] for b in runs[0]["by_length"]]
     for r in runs:
         ax.plot(range(len(labels)), [float("nan") if b["bleu"] is None else b["bleu"] for b in r["by_length"]],
                 marker="o", label=r["label"])
