@@ -111,7 +111,12 @@ def test_grouped_by_attention_over_seeds(seeds: tuple[Path, list[Path], dict], t
     assert vs["significant_pairs"]["BLEU"] == {"bs": 2, "ar": 2}
     markdown = Path(f"{out}.md").read_text()
     assert "## de-en" in markdown and "| dot | 1, 2, 42 | " in markdown and "| 2/3 / 2/3 |" in markdown
-    assert "| dot | 2 | 1.0000 | 1.0000 | 1.0000 | 1.0000 |" in markdown
+    assert "| dot | 2 | +0.00 | 1.0000 | 1.0000 | +0.00 | 1.0000 | 1.0000 |" in markdown
+    for pair in vs["pairs"]:  # each pair's own difference: significant pairs can go either way
+        mine, base = (scores[str(group[(42, 1, 2).index(pair["seed"])])] for group in (runs[3:], runs[:3]))
+        assert pair["bleu_difference"] == pytest.approx(mine["bleu"] - base["bleu"])
+        assert (pair["bleu_difference"] < 0) == (pair["seed"] != 2)  # seed 2: the same translations
+        assert f"| dot | {pair['seed']} | {pair['bleu_difference']:+.2f} | " in markdown
     for png in ("_groups.png", "_groups_length.png"):
         assert Path(f"{out}{png}").read_bytes()[:8] == PNG_SIGNATURE
 

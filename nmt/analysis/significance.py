@@ -84,7 +84,10 @@ def against_baseline(mine: dict[int, Output], baseline: dict[int, Output]) -> di
     pairs = []
     for seed in sorted(set(mine) & set(baseline)):
         tested = paired_p_values(baseline[seed].hypotheses, mine[seed].hypotheses, mine[seed].references)
-        pairs.append({"seed": seed, **{m: tested[m] for m in ("BLEU", "chrF2")}, "signatures": tested["signatures"]})
+        differences = {f"{m}_difference": mine[seed].run["test"][m] - baseline[seed].run["test"][m]
+                       for m in ("bleu", "chrf")}  # a pair's own sign: significant pairs may differ either way
+        pairs.append({"seed": seed, **differences, **{m: tested[m] for m in ("BLEU", "chrF2")},
+                      "signatures": tested["signatures"]})
     significant = {metric: {test: sum(p[metric][test] < ALPHA for p in pairs) for test in TESTS}
                    for metric in ("BLEU", "chrF2")}
     mean = {m: statistics.fmean(o.run["test"][m] for o in mine.values()) for m in ("bleu", "chrf")}
