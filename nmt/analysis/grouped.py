@@ -99,7 +99,8 @@ def render_groups(groups: list[dict[str, Any]], key: str, baseline: str | None,
         rows = [row for row in groups if row["direction"] == direction]
         lines += ["", f"## {direction}", "", *direction_tables(rows, key, baseline)]
         if baseline:
-            lines += ["", "p-values of each seed pair:", "", *pair_table(rows, key)]
+            lines += ["", "Each seed pair: its own differences (the run minus the baseline's run of that seed) "
+                      "and p-values:", "", *pair_table(rows, key)]
     signatures = {s for row in groups for p in (row["vs_baseline"] or {}).get("pairs", [])
                   for test in p["signatures"].values() for s in test.values()}
     lines += ["", "Test signatures:", *(f"- `{s}`" for s in sorted(signatures))] if signatures else []
