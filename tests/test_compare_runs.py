@@ -121,7 +121,7 @@ def test_sweep_tables_buckets_and_plots(sweep: tuple[Path, list[str], list[str]]
         assert png.read_bytes()[:8] == PNG_SIGNATURE
 
 
-def test_bleu_by_length_counts_the_sentences_of_each_direction() -> None:
+def test_a_report_over_both_directions_counts_each_ones_sentences_and_target_tokens() -> None:
     """The source side sets a sentence's length bucket, so de-en and en-de runs of one test set fill them
     differently: a report over both directions shows each one's counts, not the first run's for all."""
     def run(direction: str, counts: list[int]) -> dict[str, Any]:
@@ -133,6 +133,10 @@ def test_bleu_by_length_counts_the_sentences_of_each_direction() -> None:
     assert both == ["| *sentences (de-en)* | 280 | 720 |", "| *sentences (en-de)* | 174 | 826 |"]
     assert compare_runs.sentence_counts([run("de-en", [280, 720])]) == ["| *sentences* | 280 | 720 |"]
     tables = compare_runs._more_tables([run("de-en", [1, 2]), run("en-de", [2, 1])])
+    sharp = {"normalised_entropy": 0.5, "max_weight": 0.5, "entropy": 1.0}
+    runs = [{**run(d, [1, 2]), "attention_sharpness": {**sharp, "tokens": n}} for d, n in (("de-en", 9), ("en-de", 12))]
+    assert compare_runs.token_counts(runs) == "the target tokens of each direction (de-en: 9, en-de: 12)"
+    assert compare_runs.token_counts(runs[:1]) == "9 target tokens"
     assert "| *sentences (de-en)* | 1 | 2 |" in tables and "| *sentences (en-de)* | 2 | 1 |" in tables
 
 

@@ -282,7 +282,7 @@ def _more_tables(runs: list[dict[str, Any]]) -> list[str]:
         "The best checkpoint decodes the references of this split teacher-forced; per target token, the "
         "entropy of its attention over the source, divided by that of the uniform distribution "
         "(0 = all weight on one piece, 1 = spread evenly), and the largest weight; means over "
-        f"{measured[0]['tokens']:,} target tokens (multi-head: the mean over heads).", "",
+        f"{token_counts(runs)} (multi-head: the mean over heads).", "",
         "| attention | normalised entropy | largest weight | entropy (nats) |", "| --- | ---: | ---: | ---: |",
     ]
     for r in runs:
@@ -302,6 +302,15 @@ def sentence_counts(runs: list[dict[str, Any]]) -> list[str]:
     named = len({tuple(n) for n in counts.values()}) > 1
     return [f"| *sentences{f' ({direction})' if named else ''}* | " + " | ".join(map(str, n)) + " |"
             for direction, n in counts.items()]
+
+
+def token_counts(runs: list[dict[str, Any]]) -> str:
+    """The target tokens the sharpness is a mean over: one count, or each direction's when they differ."""
+    counts = {r.get("direction"): r["attention_sharpness"]["tokens"] for r in runs
+              if isinstance(r["attention_sharpness"], dict)}
+    if len(set(counts.values())) == 1:
+        return f"{next(iter(counts.values())):,} target tokens"
+    return "the target tokens of each direction (" + ", ".join(f"{d}: {n:,}" for d, n in counts.items()) + ")"
 
 
 def render_markdown(runs: list[dict[str, Any]]) -> str:
