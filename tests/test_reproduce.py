@@ -433,6 +433,17 @@ def test_help_lists_the_recipes_the_settings_and_an_example(flag: str) -> None:
     assert "python reproduce.py recipe=attention_study workdir=study budget=8m" in done.stdout
 
 
+@pytest.mark.parametrize("args", [["--help"], ["recipe=bt_bets"], ["recipe=tiny", "paralel=2"]])
+def test_help_and_a_mistake_answer_without_pytorchs_start_up(args: list[str]) -> None:
+    """The chain runs other programs; importing PyTorch (about 2 s here) only to print its help or refuse a setting
+    made every answer that slow."""
+    probe = ("import runpy, sys\nsys.argv = ['reproduce.py', *sys.argv[1:]]\ntry:\n"
+             "    runpy.run_path('reproduce.py', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+             "print('torch' in sys.modules, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", probe, *args], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert done.stderr.splitlines()[-1] == "False", done.stderr
+
+
 # ------------------------------------------------------------------------------------------------ Budget
 LENGTHS = {"report": 300.0}  # seconds each kind of stand-in stage takes on the fake clock; a training 600
 

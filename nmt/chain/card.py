@@ -14,8 +14,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from nmt.chain.mps import CONTROL as MPS_CONTROL
 from nmt.chain.mps import MpsError, mps_available, mps_daemon
 
@@ -39,6 +37,8 @@ class CardError(ValueError):
 def cuda_card() -> tuple[str, float] | None:
     """This machine's GPU name and free MiB, or None; asked in a child process, so that the chain's own process never
     holds a CUDA context on the card its stages share."""
+    import torch  # here: the chain answers a mistake or --help without PyTorch's start-up
+
     if not torch.cuda.is_available():
         return None
     probe = ("import torch; free, _ = torch.cuda.mem_get_info(); print(free / 2**20); "

@@ -10,8 +10,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from nmt.chain import clock as chain_clock
 from nmt.chain.budget import Budget, time_budget
 from nmt.chain.card import card_sharing, choose_mps, choose_parallel, cuda_card
@@ -66,7 +64,7 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
     chain = Chain(workdir, programs, recipe, str(settings["recipe"]), data, repo / "configs")
     check_same_study(chain, record=False)
     stages = plan(chain)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if settings["device"] == "auto" else settings["device"]
+    device = detected_device() if settings["device"] == "auto" else settings["device"]
     card = cuda_card() if device == "cuda" else None
     parallel, chosen = choose_parallel(settings["parallel"], str(device), card)
     use_mps, mps_reason = choose_mps(settings["mps"], str(device), parallel, card)
@@ -87,6 +85,14 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
         stop_left_running(workdir, STOP_GRACE_S, say)
         return run_chain(chain, stages, parallel, clock, budget, f"parallel={parallel} ({chosen}){mps_reason}",
                          use_mps, go_on_command(args, workdir))
+
+
+def detected_device() -> str:
+    """``device=auto``: cuda when PyTorch sees a GPU, else cpu (PyTorch imported only here, after the settings and
+    the plan are checked, so a mistake or ``--help`` answers without its start-up)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def cpu_hint(chain: Chain, device: str) -> str:

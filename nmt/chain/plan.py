@@ -14,7 +14,6 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from nmt.chain.settings import ChainError
-from nmt.data.synthetic import is_complete
 
 
 @dataclass
@@ -125,7 +124,15 @@ def backtranslate_stage(chain: Chain, entry: DictConfig, folder: Path) -> Stage:
     args = [f"{k}={'[' + ','.join(v) + ']' if isinstance(v, list) else v}" for k, v in settings.items()]
     command = [*chain.programs["backtranslate"], *args, f"output={folder}", *mirror, *cache]
     return Stage(f"backtranslate {folder.name}", "backtranslate", [folder], list(map(Path, settings["checkpoint"])),
-                 lambda: command, lambda: is_complete(folder))
+                 lambda: command, lambda: synthetic_complete(folder))
+
+
+def synthetic_complete(folder: Path) -> bool:
+    """Whether backtranslate.py finished ``folder`` (imported here: nmt.data brings PyTorch, which only a recipe with
+    back-translation needs while it plans)."""
+    from nmt.data.synthetic import is_complete
+
+    return is_complete(folder)
 
 
 def tune_stage(chain: Chain, system: DictConfig, pair: str) -> Stage:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nmt.analysis.decoding import setting_label
 from nmt.chain.plan import Chain, Stage
 from nmt.common.provenance import provenance
 
@@ -21,6 +20,8 @@ def summary(chain: Chain, stages: list[Stage]) -> dict[str, Any]:
         if stage.kind == "report":
             reports.append(chain.relative(output.with_suffix(".md")))
         elif stage.name.startswith("tune "):
+            from nmt.analysis.decoding import setting_label  # brings PyTorch: only a recipe with systems needs it
+
             report = json.loads(output.read_text(encoding="utf-8"))
             chosen = next(iter(report["test"].values()))
             systems.append({"system": stage.name.removeprefix("tune "), "choice": setting_label(report["best"]),

@@ -18,7 +18,6 @@ from omegaconf import OmegaConf
 from nmt.chain.plan import Chain, Stage
 from nmt.chain.settings import ChainError
 from nmt.common.files import folder_lock, write_json_durably
-from nmt.model.checkpoint import CheckpointError, resolve_checkpoint
 
 PLACES = ("data.mirror", "data.cache_dir")  # where the data is read from, not what it is: a study may move
 NOT_DEFINING = ("eta_minutes", "eta_measured", "cpu_recipe")  # a recipe's estimates and hints, not its runs
@@ -128,6 +127,8 @@ def test_sentences(scores: dict[str, Any]) -> int | None:
 def check_checkpoints(stages: list[Stage]) -> None:
     """A ChainError naming the stage and run where a stage left to run reads a finished run's checkpoints and they
     were not copied (the report reads results.json and translations/ only)."""
+    from nmt.model.checkpoint import CheckpointError, resolve_checkpoint  # brings PyTorch: not for a mistake
+
     for stage in stages:
         if stage.kind == "report" or stage.done():
             continue

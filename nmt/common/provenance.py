@@ -10,13 +10,12 @@ import platform
 import shlex
 import sys
 from collections.abc import Sequence
-from typing import Any
-
-import sacrebleu
-import sentencepiece
-import torch
+from typing import TYPE_CHECKING, Any
 
 from nmt.common.version import __version__
+
+if TYPE_CHECKING:
+    import torch
 
 
 def command_line(script: str, argv: Sequence[str] | None = None) -> str:
@@ -28,11 +27,18 @@ def command_line(script: str, argv: Sequence[str] | None = None) -> str:
 
 def device_name(device: torch.device) -> str:
     """The GPU's name for a CUDA device (``NVIDIA H100 80GB HBM3``), else the device type (``cpu``)."""
+    import torch
+
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
 def library_versions() -> dict[str, Any]:
-    """Versions of what can move a figure: Python, torch (with its CUDA and cuDNN), nmt, sacrebleu, SentencePiece."""
+    """Versions of what can move a figure: Python, torch (with its CUDA and cuDNN), nmt, sacrebleu, SentencePiece.
+    Imported here, when a report is written: a program that needs no model (the chain) starts without them."""
+    import sacrebleu
+    import sentencepiece
+    import torch
+
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -46,6 +52,8 @@ def library_versions() -> dict[str, Any]:
 
 def host() -> dict[str, Any]:
     """The machine: CPU count, platform string, processor, and the threads torch uses on the CPU."""
+    import torch
+
     return {
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
