@@ -294,8 +294,8 @@ def _more_tables(runs: list[dict[str, Any]]) -> list[str]:
 
 
 def sentence_counts(runs: list[dict[str, Any]]) -> list[str]:
-    """The length buckets' sentence counts: one row, or one per direction when they differ (the source side sets a
-    sentence's bucket, so de-en and en-de runs of one test set fill them differently)."""
+    """The length buckets' sentence counts: one row, or one per direction when they differ (the source sets the
+    bucket)."""
     counts: dict[str | None, list[int]] = {}
     for r in runs:  # a run from an older report has no direction
         counts.setdefault(r.get("direction"), [b["n"] for b in r["by_length"]])

@@ -71,13 +71,13 @@ def speed_note(speeds: dict[str, Any] | None) -> list[str]:
 
 
 def pair_table(rows: list[dict[str, Any]], key: str) -> list[str]:
-    """Every seed pair's differences and p-values (a pair without its differences: from an older report)."""
+    """Every seed pair's differences and p-values."""
     lines = [f"| {key} | seed | Δ BLEU | BLEU bs | BLEU ar | Δ chrF2 | chrF2 bs | chrF2 ar |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for row in rows:
         for pair in (row["vs_baseline"] or {}).get("pairs", []):
-            cells = [cell for m in ("BLEU", "chrF2") for cell in (
-                f"{pair[DIFFERENCE[m]]:+.2f}" if DIFFERENCE[m] in pair else "–", *(f"{pair[m][t]:.4f}" for t in TESTS))]
+            cells = [cell for m in ("BLEU", "chrF2")
+                     for cell in (f"{pair[DIFFERENCE[m]]:+.2f}", *(f"{pair[m][t]:.4f}" for t in TESTS))]
             lines.append(f"| {row['group']} | {pair['seed']} | " + " | ".join(cells) + " |")
     return lines
 

@@ -64,7 +64,7 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
     chain = Chain(workdir, programs, recipe, str(settings["recipe"]), data, repo / "configs")
     check_same_study(chain, record=False)
     stages = plan(chain)
-    device = detected_device() if settings["device"] == "auto" else settings["device"]
+    device = auto_device() if settings["device"] == "auto" else settings["device"]
     card = cuda_card() if device == "cuda" else None
     parallel, chosen = choose_parallel(settings["parallel"], str(device), card)
     use_mps, mps_reason = choose_mps(settings["mps"], str(device), parallel, card)
@@ -87,12 +87,11 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
                          use_mps, go_on_command(args, workdir))
 
 
-def detected_device() -> str:
-    """``device=auto``: cuda when PyTorch sees a GPU, else cpu (PyTorch imported only here, after the settings and
-    the plan are checked, so a mistake or ``--help`` answers without its start-up)."""
-    import torch
+def auto_device() -> str:
+    """cuda or cpu; PyTorch is imported only now, so that a mistake or ``--help`` answers without its start-up."""
+    from nmt.common.device import resolve_device
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return resolve_device("auto").type
 
 
 def cpu_hint(chain: Chain, device: str) -> str:

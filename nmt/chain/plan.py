@@ -55,6 +55,7 @@ class Chain:
         """``path`` as seen from the workdir: what the report and the summary record, so no machine's folders."""
         return os.path.relpath(path, start=self.path("."))
 
+
 def train_overrides(chain: Chain, experiment: str, pair: str, *more: str) -> list[str]:
     """train.py's overrides for ``experiment`` (``more`` right after it) in ``pair``, then the chain's own."""
     src, tgt = pair.split("-")
@@ -128,8 +129,7 @@ def backtranslate_stage(chain: Chain, entry: DictConfig, folder: Path) -> Stage:
 
 
 def synthetic_complete(folder: Path) -> bool:
-    """Whether backtranslate.py finished ``folder`` (imported here: nmt.data brings PyTorch, which only a recipe with
-    back-translation needs while it plans)."""
+    """Whether backtranslate.py finished ``folder`` (nmt.data, which brings PyTorch, imported only for such a stage)."""
     from nmt.data.synthetic import is_complete
 
     return is_complete(folder)

@@ -12,7 +12,7 @@ from nmt.common.provenance import provenance
 
 def summary(chain: Chain, stages: list[Stage]) -> dict[str, Any]:
     """Each run's val and test BLEU and minutes (results.json), each system's choice on val and test score; paths
-    from the workdir, so that a kept workdir's summary names no machine's folders."""
+    from the workdir."""
     split = str(chain.recipe.test_split)
     runs, systems, reports = [], [], []
     for stage in stages:

@@ -33,8 +33,8 @@ def device_name(device: torch.device) -> str:
 
 
 def library_versions() -> dict[str, Any]:
-    """Versions of what can move a figure: Python, torch (with its CUDA and cuDNN), nmt, sacrebleu, SentencePiece.
-    Imported here, when a report is written: a program that needs no model (the chain) starts without them."""
+    """Versions of what can move a figure: Python, torch (with its CUDA and cuDNN), nmt, sacrebleu, SentencePiece
+    (imported here: the chain starts without them)."""
     import sacrebleu
     import sentencepiece
     import torch
