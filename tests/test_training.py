@@ -14,6 +14,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -439,6 +440,27 @@ def test_resuming_names_each_key_the_checkpoint_keeps(tmp_path: Path, caplog: py
     assert merged.data.max_tokens == cfg.data.max_tokens + 1
     assert caplog.messages == [f"resuming with the checkpoint's data.max_tokens={cfg.data.max_tokens + 1} (here "
                                f"{cfg.data.max_tokens}), not this invocation's"]
+
+
+def test_a_bare_resume_warns_about_nothing_and_a_typed_group_about_its_own_keys(tmp_path: Path) -> None:
+    """``trainer.resume=RUN`` alone keeps the checkpoint's settings without a word, however far they are from
+    train.yaml's defaults; a setting the user typed that the checkpoint overrides is named, and only such."""
+    cfg = tiny_config(tmp_path, ["trainer.max_steps=4", "trainer.validate_every=2", "trainer.test_beam_size=1"])
+    with interrupted_at(2):
+        train(cfg, run_dir=tmp_path / "run")
+    shutil.copytree(tmp_path / "run", tmp_path / "typed")
+    for run, typed in (("run", []), ("typed", ["attention=dot"])):
+        result = subprocess.run([sys.executable, "train.py", f"trainer.resume={tmp_path / run}", *typed],
+                                cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert (tmp_path / run / "results.json").exists()
+        warnings = [line for line in (tmp_path / run / "train.log").read_text().splitlines()
+                    if "resuming with the checkpoint's" in line]
+        if not typed:
+            assert warnings == []
+            continue
+        assert len(warnings) == 1 and "attention.name='additive' (here 'dot')" in warnings[0], warnings
+        assert "data." not in warnings[0] and "model." not in warnings[0]
 
 
 def test_resuming_a_checkpoint_with_the_old_single_rng_state(tmp_path: Path) -> None:

@@ -63,28 +63,56 @@ def with_added_trainer_settings(saved: dict[str, Any] | DictConfig, trainer: Dic
 def resume_config(cfg: DictConfig, state: dict[str, Any]) -> DictConfig:
     """The checkpoint's config with this invocation's ``trainer`` keys on top: under Hydra only the overrides typed
     on the command line, so a run started with ``experiment=smoke`` keeps its settings on a bare resume, and the
-    trainer settings added since the checkpoint was written.
+    trainer settings added since the checkpoint was written. Warns about each data, model or attention setting
+    the user gave that the checkpoint's overrides (all of them outside Hydra, where the caller gave ``cfg``).
     """
     from hydra.core.hydra_config import HydraConfig
 
     saved = with_added_trainer_settings(state["config"], cfg.trainer)
     try:
-        typed = HydraConfig.get().overrides.task
+        hydra_config = HydraConfig.get()
     except ValueError:  # not running under Hydra (tests, notebooks): take this config's trainer section
         merged = OmegaConf.merge(saved, {"trainer": cfg.trainer})
+        given = None
     else:
+        typed = hydra_config.overrides.task
         overrides = [o.lstrip("+~") for o in typed if "." in o.split("=")[0] and not o.startswith("hydra.")]
         merged = OmegaConf.merge(saved, OmegaConf.from_dotlist(overrides))
         refuse_changed_run(saved, merged, overrides)
-    for group in ("data", "model", "attention"):
+        given = given_on_command_line(cfg, hydra_config.job.config_name)
+    warn_kept_settings(cfg, merged, given)
+    return merged
+
+
+RUN_GROUPS = ("data", "model", "attention")  # what a run is: the checkpoint's values win on resume
+
+
+def given_on_command_line(cfg: DictConfig, config_name: str) -> set[str]:
+    """The ``group.key`` settings (data, model, attention) whose value this invocation's command line changed from
+    the config file's defaults: typed as keys or brought by a group choice such as ``experiment=...``.
+    """
+    from hydra import compose
+
+    defaults = compose(config_name=config_name)
+    return {f"{group}.{key}" for group in RUN_GROUPS if OmegaConf.select(cfg, group) is not None
+            for key, value in _plain(cfg, group).items() if _plain(defaults, group).get(key) != value}
+
+
+def _plain(cfg: DictConfig, group: str) -> dict[str, Any]:
+    return OmegaConf.to_container(cfg[group], resolve=True) if OmegaConf.select(cfg, group) is not None else {}
+
+
+def warn_kept_settings(cfg: DictConfig, merged: DictConfig, given: set[str] | None) -> None:
+    """One warning naming each setting of ``given`` (``None``: every setting) where the checkpoint's value wins."""
+    differ = []
+    for group in RUN_GROUPS:
         if OmegaConf.select(cfg, group) is None:
             continue
-        now, then = (OmegaConf.to_container(c[group], resolve=True) for c in (cfg, merged))
-        differ = [f"{group}.{key}={then.get(key)!r} (here {now.get(key)!r})" for key in sorted(set(now) | set(then))
-                  if now.get(key) != then.get(key)]
-        if differ:
-            log.warning("resuming with the checkpoint's %s, not this invocation's", ", ".join(differ))
-    return merged
+        now, then = _plain(cfg, group), _plain(merged, group)
+        differ += [f"{group}.{key}={then.get(key)!r} (here {now.get(key)!r})" for key in sorted(set(now) | set(then))
+                   if now.get(key) != then.get(key) and (given is None or f"{group}.{key}" in given)]
+    if differ:
+        log.warning("resuming with the checkpoint's %s, not this invocation's", ", ".join(differ))
 
 
 # Where the data lives and how it is loaded may change on resume; what it is may not.
