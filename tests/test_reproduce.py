@@ -561,14 +561,28 @@ def test_a_study_goes_on_elsewhere_from_results_and_test_outputs_only(fake_repo:
     assert compared[0] == compared[1]  # the report stage read the same runs, in the same order
 
 
-def test_a_finished_run_without_checkpoints_is_refused_where_a_later_stage_reads_them(fake_repo: Path,
-                                                                                    tmp_path: Path) -> None:
+def test_a_finished_run_without_checkpoints_is_trained_again_where_a_later_stage_reads_them(
+        fake_repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A kept workdir on a new machine: the base runs hold results.json but no checkpoints. The one whose
+    checkpoint a stage left to run reads is named before any work, with the reason, and trained again (its kept
+    files set aside, nothing lost); the one nothing reads is left alone."""
     for pair in ("de-en", "en-de"):  # bt_best's base runs copied with their results only
         run = tmp_path / "runs" / f"best_{pair}" / "seed42"
-        run.mkdir(parents=True)
-        (run / "results.json").write_text("{}")
-    refused = (r"stage 'backtranslate bt_\w+' reads the checkpoint of .*runs/best_\w\w-\w\w/seed42, which holds "
-               r"results.json but no checkpoints/best.pt or last.pt: copy its checkpoints/ into the workdir, or delete "
-               r"its results.json")
-    with pytest.raises(ChainError, match=refused):
-        command.main(["recipe=bt_best", f"workdir={tmp_path}", "device=cpu", "dry_run=true"], fake_repo)
+        (run / "translations").mkdir(parents=True)
+        (run / "results.json").write_text(json.dumps({"kept": pair, "valid": {"bleu": 40.0}, "test": {},
+                                                      "wall_seconds": 60}))
+    args = ["recipe=bt_best", f"workdir={tmp_path}", "device=cpu"]
+    command.main([*args, "dry_run=true"], fake_repo)
+    said = capsys.readouterr().out
+    assert ("retrain base en-de seed42: runs/best_en-de/seed42 keeps results.json but no checkpoints, and stage "
+            "'backtranslate bt_en' reads them") in said
+    assert "to run   base en-de seed42" in said and "complete base de-en seed42" in said
+    assert "retrain base de-en" not in said
+    command.main(args, fake_repo)
+    ran = [stage for stage, _ in calls(tmp_path)]
+    assert ran[0] == "base en-de seed42" and "base de-en seed42" not in ran
+    kept = json.loads((tmp_path / "runs/.reproduce/replaced/best_en-de/seed42/results.json").read_text())
+    assert kept["kept"] == "en-de"  # set aside, not lost
+    assert (tmp_path / "runs/best_en-de/seed42/checkpoints/last.pt").is_file()
+
+

@@ -15,14 +15,16 @@ from nmt.chain.budget import Budget, time_budget
 from nmt.chain.card import card_sharing, choose_mps, choose_parallel, cuda_card
 from nmt.chain.clock import Clock
 from nmt.chain.plan import Chain, Stage, plan
+from nmt.chain.portable import make_portable
 from nmt.chain.report import render, summary
 from nmt.chain.runner import signals_interrupt
 from nmt.chain.schedule import STOP_GRACE_S, check_budget, eta, eta_sources, run_stages, say, schedule
 from nmt.chain.settings import parse_arguments, usage
 from nmt.chain.workdir import (
-    check_checkpoints,
     check_kept_runs,
     check_same_study,
+    runs_to_retrain,
+    set_aside,
     state_dir,
     stop_left_running,
     workdir_lock,
@@ -71,9 +73,11 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
     mps_reason = f"; {mps_reason}" if mps_reason else ""
     clock = Clock(state_dir(workdir) / "times.json", dict(recipe.eta_minutes[str(device)]))
     hint = cpu_hint(chain, str(device))
+    retrain = runs_to_retrain(stages, workdir)
+    for name, why in retrain.items():  # before it starts: what a new machine costs
+        say(f"retrain {name}: {why}")
     check_budget(budget, stages, clock)
-    check_checkpoints(stages)
-    check_kept_runs(stages)
+    check_kept_runs([s for s in stages if s.name not in retrain])
     if settings["dry_run"]:
         show_plan(stages, clock, parallel, budget, f"{device}, parallel={parallel}, {chosen}{mps_reason}",
                   eta_sources(stages, clock, recipe, str(device)) + (f"; {hint}" if hint else ""))
@@ -83,6 +87,10 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
     with workdir_lock(workdir):
         check_same_study(chain, record=True)
         stop_left_running(workdir, STOP_GRACE_S, say)
+        make_portable(workdir)  # what an earlier version or a killed call left naming this machine's folders
+        for stage in [s for s in stages if s.name in retrain]:
+            aside = set_aside(stage.outputs[0], workdir)
+            say(f"retrain {stage.name}: its kept files are now in {chain.relative(aside)}")
         return run_chain(chain, stages, parallel, clock, budget, f"parallel={parallel} ({chosen}){mps_reason}",
                          use_mps, go_on_command(args, workdir))
 
@@ -133,8 +141,11 @@ def run_chain(chain: Chain, stages: list[Stage], parallel: int, clock: Clock, bu
     are stopped) say what is left and the command ``go_on`` that goes on."""
     say(how)
     with signals_interrupt():
-        with card_sharing(use_mps, chain.workdir):
-            outcome = run_stages(chain, stages, parallel, clock, budget)
+        try:
+            with card_sharing(use_mps, chain.workdir):
+                outcome = run_stages(chain, stages, parallel, clock, budget)
+        finally:  # the stages have stopped: what they kept names no machine's folders
+            make_portable(chain.workdir)
     if outcome.left:
         rest = eta(stages, {s.name for s in stages if s.name not in outcome.left}, {}, clock, parallel)
         why = outcome.stopped_by if outcome.signal else f"stopped at {budget.label if budget else 'the budget'}"

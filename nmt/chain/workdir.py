@@ -8,8 +8,9 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -124,22 +125,63 @@ def test_sentences(scores: dict[str, Any]) -> int | None:
     return round(scores["sentences_per_s"] * max(scores["decode_seconds"], 1e-9))
 
 
-def check_checkpoints(stages: list[Stage]) -> None:
-    """A ChainError naming the stage and run where a stage left to run reads a finished run's checkpoints and they
-    were not copied (the report reads results.json and translations/ only)."""
+def runs_to_retrain(stages: list[Stage], workdir: Path) -> dict[str, str]:
+    """Finished trainings whose checkpoints a stage left to run reads, and which no longer have them (a kept
+    workdir on a new machine keeps results.json, config.yaml and translations/ only): each one's stage name, with
+    the reason in words. Such a stage is planned again (``done`` answers False), and so, in turn, are the
+    trainings whose checkpoints its own inputs need.
+
+    Raises:
+        ChainError: such a run that no stage of the chain makes (it was copied in): naming it and the fix.
+    """
     from nmt.model.checkpoint import CheckpointError, resolve_checkpoint  # brings PyTorch: not for a mistake
 
-    for stage in stages:
-        if stage.kind == "report" or stage.done():
-            continue
-        for need in stage.needs:
-            if (need / "results.json").is_file():
+    trainings = {stage.outputs[0]: stage for stage in stages if stage.outputs and stage.kind not in NOT_TRAININGS}
+    retrain: dict[str, str] = {}
+    while True:
+        found = {}
+        for stage in [s for s in stages if s.kind != "report" and not s.done()]:
+            for need in [n for n in stage.needs if (n / "results.json").is_file()]:
                 try:
                     resolve_checkpoint(need)
                 except CheckpointError:
-                    raise ChainError(f"stage '{stage.name}' reads the checkpoint of {need}, which holds results.json "
-                                     "but no checkpoints/best.pt or last.pt: copy its checkpoints/ into the workdir, "
-                                     "or delete its results.json to train it again") from None
+                    if need not in trainings:
+                        raise ChainError(f"stage '{stage.name}' reads the checkpoint of {need}, which holds "
+                                         "results.json but no checkpoints/best.pt or last.pt: copy its checkpoints/ "
+                                         "into the workdir, or delete its results.json to train it again") from None
+                    if trainings[need].name not in retrain:
+                        found.setdefault(trainings[need].name, (need, stage.name))
+        if not found:
+            return retrain
+        for name, (run, reader) in found.items():
+            stage = next(s for s in stages if s.name == name)
+            stage.done = partial(_with_checkpoint, run, stage.done)  # complete again once retrained
+            retrain[name] = (f"{os.path.relpath(run, workdir)} keeps results.json but no checkpoints, and stage "
+                             f"'{reader}' reads them")
+
+
+NOT_TRAININGS = ("backtranslate", "tune", "report")  # the stage kinds whose output is not a run with checkpoints
+
+
+def _with_checkpoint(run: Path, done: Callable[[], bool]) -> bool:
+    """A training whose checkpoints a later stage reads is complete when it also holds them."""
+    from nmt.model.checkpoint import CheckpointError, resolve_checkpoint
+
+    try:
+        return done() and resolve_checkpoint(run) is not None
+    except CheckpointError:
+        return False
+
+
+def set_aside(run: Path, workdir: Path) -> Path:
+    """A finished run's kept files moved to ``runs/.reproduce/replaced/`` (nothing written before is lost), so
+    that its training starts again in an empty folder; the folder they went to."""
+    target = state_dir(workdir) / "replaced" / os.path.relpath(run, workdir / "runs")
+    while target.exists():
+        target = target.with_name(target.name + "_")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(run, target)
+    return target
 
 
 def note_running(workdir: Path, running: dict[str, Any]) -> None:
