@@ -124,6 +124,43 @@ def test_a_broken_folder_is_one_checkpoint_error(run_and_hub: tuple[Path, Path],
         load_checkpoint(broken)
 
 
+def test_half_precision_weights_are_half_the_size_and_translate_as_the_checkpoint(
+        run_and_hub: tuple[Path, Path], tmp_path: Path) -> None:
+    run, hub = run_and_hub
+    half = export_main(OmegaConf.structured(ExportSettings(checkpoint=str(run), output=str(tmp_path / "half"),
+                                                           format="hub", half=True)))
+    ratio = (half / "model.safetensors").stat().st_size / (hub / "model.safetensors").stat().st_size
+    assert 0.45 < ratio < 0.6, ratio  # the same header (names, shapes) in both: a tiny model is not quite half
+    assert json.loads((half / "config.json").read_text())["weights_dtype"] == "float16"
+    loaded = load_checkpoint(half)["model"]
+    assert all(t.dtype == torch.float32 for t in loaded.values() if t.is_floating_point())
+    reference = Translator.from_checkpoint(run, device="cpu").translate(LINES, beam_size=5)
+    halved = Translator.from_pretrained(half, device="cpu").translate(LINES, beam_size=5)
+    assert [r.text for r in halved] == [r.text for r in reference]
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_a_shipped_folder_with_its_weights_missing_or_damaged_is_one_line(run_and_hub: tuple[Path, Path],
+                                                                          tmp_path: Path, damage: str) -> None:
+    _, hub = run_and_hub
+    broken = tmp_path / "model"
+    shutil.copytree(hub, broken)
+    weights = broken / "model.safetensors"
+    if damage == "missing":
+        weights.unlink()
+    else:
+        weights.write_bytes(weights.read_bytes()[:1000])
+    source = tmp_path / "in.de"
+    source.write_text(LINES[0] + "\n", encoding="utf-8")
+    for script in ("translate.py", "serve.py"):
+        done = subprocess.run([sys.executable, str(REPO_ROOT / script), f"checkpoint={broken}", f"input={source}"
+                               if script == "translate.py" else "port=0"], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-2000:]
+        assert f"{weights}" in done.stderr and "Traceback" not in done.stderr
+        assert ("is missing" if damage == "missing" else "truncated or damaged") in done.stderr
+
+
 def test_an_unscored_checkpoint_gets_a_card_without_a_model_index(tmp_path: Path) -> None:
     """last.pt has no recorded scores (train.py scores best.pt): the card says so, and its header has no metrics."""
     last = save_tiny_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt", "none")

@@ -43,6 +43,7 @@ class ExportSettings(SearchOptions):
         output: the folder to write; it must not exist yet, or be empty.
         format: ``onnx`` (graphs for ``nmt_runtime``) or ``hub`` (a Hugging Face Hub folder).
         int8: ONNX only: onnxruntime's dynamic int8 quantisation of every graph.
+        half: Hub only: the weights stored in float16 (half the size; loaded back into float32).
         max_input_words: input lines are cut to this many words; ``auto`` = the training ``data.clean.max_len``.
         license: the Hub model card's license (a Hub license id: ``mit``, ``cc-by-4.0``, ``other``, ...).
     """
@@ -51,6 +52,7 @@ class ExportSettings(SearchOptions):
     output: str = MISSING
     format: str = "onnx"
     int8: bool = False
+    half: bool = False
     max_input_words: Any = "auto"
     license: str = "unknown"
 
@@ -67,6 +69,8 @@ def export_main(cfg: Any) -> Path:
         raise ExportError(f"format={cfg.format} is not valid; use one of {', '.join(FORMATS)}")
     if cfg.int8 and cfg.format != "onnx":
         raise ExportError("int8=true quantises ONNX graphs; use it with format=onnx")
+    if cfg.half and cfg.format != "hub":
+        raise ExportError("half=true stores a Hub folder's weights in float16; use it with format=hub")
     missing = [name for name in ("onnx", "onnxruntime") if importlib.util.find_spec(name) is None]
     if cfg.format == "onnx" and missing:
         raise ExportError(f"format=onnx needs {' and '.join(missing)}: pip install -e '.[export]'")
@@ -86,14 +90,14 @@ def export_main(cfg: Any) -> Path:
         if cfg.format == "onnx":
             write_onnx_folder(translator, partial, search, provenance_record(translator), bool(cfg.int8))
         else:
-            write_hub_folder_of(translator, partial, provenance_record(translator), str(cfg.license))
+            write_hub_folder_of(translator, partial, provenance_record(translator), str(cfg.license), bool(cfg.half))
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     if output.exists():
         output.rmdir()  # empty, checked above
     partial.replace(output)  # the folder appears whole or not at all
-    log.info("wrote %s (format=%s%s)", output, cfg.format, ", int8" if cfg.int8 else "")
+    log.info("wrote %s (format=%s%s)", output, cfg.format, ", int8" if cfg.int8 else ", float16" if cfg.half else "")
     return output
 
 

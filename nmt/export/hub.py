@@ -12,9 +12,10 @@ from nmt.inference.engine import Translator
 from nmt.model.hub_folder import write_hub_folder
 
 
-def write_hub_folder_of(translator: Translator, folder: Path, provenance: dict[str, Any], license_id: str) -> Path:
-    """Write ``translator``'s one model (float32) into ``folder``: ``model.safetensors``, ``config.json``, the
-    SentencePiece model(s) and ``README.md``, the model card. Returns the card's path."""
+def write_hub_folder_of(translator: Translator, folder: Path, provenance: dict[str, Any], license_id: str,
+                        half: bool = False) -> Path:
+    """Write ``translator``'s one model (float32, or float16 with ``half``) into ``folder``: ``model.safetensors``,
+    ``config.json``, the SentencePiece model(s) and ``README.md``, the model card. Returns the card's path."""
     config = translator.configs[0]
     data = config.get("data") or {}
     results = provenance["sources"][0]["results"]
@@ -22,6 +23,6 @@ def write_hub_folder_of(translator: Translator, folder: Path, provenance: dict[s
              "model": translator.models[0].state_dict()}
     extra = {"src_lang": data.get("src_lang"), "tgt_lang": data.get("tgt_lang"),
              "attention": translator.attention_name, "results": results, "provenance": provenance}
-    write_hub_folder(folder, state, extra)
+    write_hub_folder(folder, state, extra, half)
     card = model_card(config, results, license_id, translator.info()["parameters"], provenance)
     return write_text_durably(folder / "README.md", card)

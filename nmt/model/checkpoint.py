@@ -17,7 +17,7 @@ from nmt.common.disk import existing_folder, format_size
 from nmt.common.files import write_durably
 from nmt.common.version import __version__
 from nmt.data import Tokenizer
-from nmt.model.hub_folder import WEIGHTS_FILE, HubFolderError, is_hub_folder, read_hub_folder
+from nmt.model.hub_folder import CONFIG_FILE, WEIGHTS_FILE, HubFolderError, is_hub_folder, read_hub_folder
 from nmt.model.seq2seq import Seq2Seq
 
 CHECKPOINT_FORMAT = 1
@@ -66,6 +66,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if path.is_dir():
         if is_hub_folder(path):
             return path / WEIGHTS_FILE
+        if (path / CONFIG_FILE).is_file() and not (path / CHECKPOINT_DIR).is_dir():  # a Hub folder, incomplete
+            raise CheckpointError(f"{path / WEIGHTS_FILE} is missing: {path} holds a model's {CONFIG_FILE} but not its "
+                                  "weights; copy the whole folder again, or write it with export.py format=hub")
         for candidate in (path / CHECKPOINT_DIR / "best.pt", path / CHECKPOINT_DIR / "last.pt"):
             if candidate.is_file():
                 return candidate

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
@@ -31,20 +30,25 @@ def is_hub_folder(path: str | Path) -> bool:
     return (path / WEIGHTS_FILE).is_file() and (path / CONFIG_FILE).is_file()
 
 
-def write_hub_folder(folder: Path, state: dict[str, Any], extra_config: dict[str, Any]) -> list[Path]:
+def write_hub_folder(folder: Path, state: dict[str, Any], extra_config: dict[str, Any],
+                     half: bool = False) -> list[Path]:
     """Write a checkpoint dict's weights, config and tokenizer (as ``load_checkpoint`` returns it) into ``folder``
-    (created); ``extra_config`` adds keys to ``config.json`` (languages, provenance). Returns the files written.
+    (created); ``extra_config`` adds keys to ``config.json`` (languages, provenance); ``half``: the floating-point
+    weights in float16 (half the size; read back into float32). Returns the files written.
     """
     folder.mkdir(parents=True, exist_ok=True)
     # safetensors refuses tensors that share memory: tied embeddings are written as two copies, and
     # load_state_dict puts both back into the one tied parameter.
     weights = {name: tensor.detach().clone().contiguous() for name, tensor in state["model"].items()}
+    if half:
+        weights = {name: t.half() if t.is_floating_point() else t for name, t in weights.items()}
     # through the one durable write, with the usual permissions (safetensors' save_file makes the file 0600)
     write_bytes_durably(folder / WEIGHTS_FILE, save(weights, metadata={"format": "pt"}))
     tokenizer = Tokenizer.from_state(state["tokenizer"])
     files = tokenizer.save(folder)
     config = {"model_type": MODEL_TYPE, "hub_format": HUB_FORMAT, "nmt_version": state.get("nmt_version"),
-              "tokenizer_files": [path.name for path in files], **extra_config, "training_config": state["config"]}
+              "weights_dtype": "float16" if half else "float32", "tokenizer_files": [path.name for path in files],
+              **extra_config, "training_config": state["config"]}
     write_json_durably(folder / CONFIG_FILE, config)
     return [folder / WEIGHTS_FILE, folder / CONFIG_FILE, *files]
 
@@ -68,8 +72,13 @@ def read_hub_folder(folder: str | Path) -> dict[str, Any]:
                              f"format {HUB_FORMAT}")
     try:
         tokenizer = Tokenizer.load(folder)
-        weights: dict[str, torch.Tensor] = load_file(str(folder / WEIGHTS_FILE))
-    except (OSError, SafetensorError, DataError) as error:
-        raise HubFolderError(f"cannot read the model in {folder}: {error}") from None
+    except (OSError, DataError) as error:
+        raise HubFolderError(f"cannot read the model's tokenizer in {folder}: {error}") from None
+    try:  # half-precision weights (export.py half=true) are computed with in float32, as trained
+        weights = {name: tensor.float() if tensor.is_floating_point() else tensor
+                   for name, tensor in load_file(str(folder / WEIGHTS_FILE)).items()}
+    except (OSError, SafetensorError) as error:
+        raise HubFolderError(f"cannot read the model in {folder / WEIGHTS_FILE}: {error} (a truncated or damaged "
+                             "copy); copy the whole folder again, or write it with export.py format=hub") from None
     return {"nmt_version": config.get("nmt_version"), "config": config["training_config"],
             "tokenizer": tokenizer.to_state(), "model": weights}
