@@ -1,15 +1,5 @@
-"""A kept workdir names no machine's folders: the text files a chain keeps (each run's ``config.yaml``,
-``results.json`` and ``train.log``, the stages' logs, the reports and the chain's records) get their absolute
-paths rewritten as the workdir sees them, so that a workdir committed or copied elsewhere says the same thing.
-
-- a path under the workdir becomes relative to it (``runs/best_de-en/seed42``), the workdir itself ``.``;
-- a project file under a checkout loses the checkout (``train.py``, ``nmt/analysis/compare.py``);
-- an interpreter becomes ``python``;
-- the corpus mirror becomes ``$NMT_DATA_MIRROR``, and a config's ``mirror:`` the config file's own default,
-  ``${oc.env:NMT_DATA_MIRROR,null}``.
-
-Test translations and binary files are never touched. Rewriting is idempotent: a portable file stays as it is.
-"""
+"""A kept workdir names no machine's folders: the text files a chain keeps have their absolute paths rewritten as
+the workdir sees them (``make_portable``), so that a workdir committed or copied elsewhere says the same thing."""
 
 from __future__ import annotations
 
@@ -62,8 +52,11 @@ def recorded_roots(workdir: Path) -> set[str]:
 
 
 def portable_text(text: str, roots: Iterable[str], mirrors: Iterable[str] = ()) -> str:
-    """``text`` with the workdir's (``roots``: where it is and was), the checkouts', the interpreters' and the
-    mirrors' absolute paths rewritten."""
+    """``text`` with its absolute paths rewritten: a path under the workdir (``roots``: where it is and was)
+    relative to it (``runs/best_de-en/seed42``; the workdir itself ``.``), a project file under a checkout without
+    the checkout (``train.py``, ``nmt/analysis/compare.py``), an interpreter ``python``, a corpus mirror
+    ``$NMT_DATA_MIRROR`` and a config's ``mirror:`` the data config's own ``${oc.env:NMT_DATA_MIRROR,null}``.
+    Idempotent: a portable text stays as it is."""
     text = _CONFIG_MIRROR.sub(lambda m: f"{m.group(1)} '{MIRROR_DEFAULT}'", text)
     for root in sorted(roots, key=len, reverse=True):
         text = re.sub(re.escape(root) + r"/", "", text)
@@ -74,7 +67,8 @@ def portable_text(text: str, roots: Iterable[str], mirrors: Iterable[str] = ()) 
 
 
 def make_portable(workdir: Path, files: Iterable[Path] | None = None) -> list[Path]:
-    """Rewrite ``files`` (default: every kept file of the workdir) in place, each atomically; the ones changed."""
+    """Rewrite ``files`` (default: every kept file of the workdir: no translations, checkpoints or binary files) in
+    place, each atomically; the ones changed."""
     roots, mirrors = recorded_roots(workdir), mirrors_in(workdir)
     changed = []
     for path in kept_files(workdir) if files is None else files:
