@@ -13,7 +13,7 @@ ifneq ($(wildcard $(SHARED_CORPORA)/multi30k),)
 export NMT_DATA_MIRROR ?= $(SHARED_CORPORA)
 endif
 
-.PHONY: install train test test-fast lint docs clean
+.PHONY: install train test test-fast lint docs docker-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,12 @@ $(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
 
 docs: $(VENV)/.docs-installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict  # (silences Material's notice about MkDocs 2)
+
+# Both images of the Dockerfile built with podman on local Debian bases and run end to end (docs/guides/docker.md):
+# root, podman and debootstrap, the network, ~8 GB of disk and half an hour; too heavy for CI (tests/test_docker.py
+# lints the Dockerfile there). TORCH_WHEELS=DIR takes torch's CPU wheel from DIR instead of PyTorch's CPU index.
+docker-check:
+	bash scripts/docker_check.sh
 
 clean:
 	rm -rf $(VENV) .venv-3.* outputs multirun .pytest_cache .ruff_cache

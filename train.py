@@ -14,6 +14,7 @@ import hydra
 from omegaconf import DictConfig
 
 from nmt.common.entry_point import (
+    check_config_folders_or_exit,
     check_keys_or_exit,
     check_outputs_or_exit,
     check_run_dir_or_exit,
@@ -24,6 +25,7 @@ from nmt.common.entry_point import (
     same_command,
     user_errors,
 )
+from nmt.common.hydra_plugins import check_maximizing_sweep, with_sweeper_direction
 from nmt.model.checkpoint import CheckpointError
 from nmt.train.resume import resume_overrides
 from nmt.train.schema import TrainSettings
@@ -37,6 +39,7 @@ RUN_DIR_BEFORE_THE_RUN = (".hydra", "train.log", ".lock")  # what a run dir hold
 def main(cfg: DictConfig) -> float | None:
     with (refused_run_leaves_no_folder(RUN_DIR_BEFORE_THE_RUN), user_errors("train.py", USER_ERRORS),
           disk_full_exits("train.py", NOTHING_KEPT, same_command("train.py"))):
+        check_maximizing_sweep()
         results = train(cfg)
     if results.get("interrupted"):
         # Exit the process, not just this job: under `-m` Hydra would otherwise start the next run.
@@ -49,9 +52,11 @@ if __name__ == "__main__":
     configs = Path(__file__).parent / "configs"
     exit_with_help_if_asked("train.py", configs, "train", sys.argv[1:], __doc__)
     check_keys_or_exit("train.py", configs, "train", sys.argv[1:], TrainSettings)
+    sys.argv[1:] = with_sweeper_direction(sys.argv[1:])  # hydra/sweeper=optuna: maximize the BLEU main() returns
     check_outputs_or_exit("train.py", sys.argv[1:], folders=("data.cache_dir",))
     with user_errors("train.py", (CheckpointError,)):  # a resumed run writes into its own run dir only
         sys.argv += resume_overrides(sys.argv[1:])
     check_run_dir_or_exit("train.py", configs, "train", sys.argv[1:])  # the default too
+    check_config_folders_or_exit("train.py", configs, "train", sys.argv[1:], ("data.cache_dir",))  # the default too
     hydra_saves_exit_when_full("train.py", NOTHING_KEPT, same_command("train.py"))  # .hydra/ on a full disk
     main()

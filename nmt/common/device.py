@@ -43,6 +43,16 @@ def resolve_device(name: str | torch.device, key: str = "device", local_rank: in
     return torch.device(name)
 
 
+def no_gpu_note(name: str | torch.device, device: torch.device) -> str | None:
+    """A note when ``name`` is ``auto`` and a CUDA build of PyTorch found no GPU (the GPU image run without
+    ``--gpus all``, or on a machine without one): the run goes on on the CPU and says so. None otherwise (a CPU
+    build of PyTorch on the CPU is what was meant)."""
+    if str(name) != "auto" or device.type != "cpu" or not torch.version.cuda:
+        return None
+    return (f"no CUDA GPU is visible to this CUDA {torch.version.cuda} build of PyTorch: training on the CPU "
+            "(in a container, docker run --gpus all gives it the GPUs)")
+
+
 def check_precision(precision: str, key: str = "precision", choices: tuple[str, ...] = PRECISIONS) -> str:
     """``precision`` if it is one of ``choices``; else a DeviceError that names ``key`` and the choices."""
     if precision not in choices:

@@ -56,7 +56,7 @@ def check_writable(path: str | Path, key: str, folder: bool = False) -> None:
             kind, wanted = ("a file", "a folder") if folder else ("a directory", "a file")
             raise PathNotWritable(f"{key}={path} is {kind}; name {wanted} to write")
         if not os.access(target, os.W_OK):
-            raise PathNotWritable(f"{key}={path} is not writable; choose another path or change its permissions")
+            raise PathNotWritable(f"{key}={path} is not writable; {permission_fix(target)}")
         return
     parent = existing_folder(target)  # below it: what the job would create
     if not parent.is_dir():
@@ -66,8 +66,25 @@ def check_writable(path: str | Path, key: str, folder: bool = False) -> None:
         os.mkdir(parent / first_missing)
         os.rmdir(parent / first_missing)
     except OSError as error:
+        if error.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            return  # another process made it meanwhile (a torchrun rank probing the same path, or its run)
+        denied = error.errno in (errno.EACCES, errno.EPERM) and os.environ.get("NMT_IMAGE")
         raise PathNotWritable(f"{key}={path} cannot be created: no folder can be made in {parent} "
-                              f"({error.strerror}); choose another path") from None
+                              f"({error.strerror}); {permission_fix(parent) if denied else 'choose another path'}"
+                              ) from None
+
+
+def permission_fix(folder: Path) -> str:
+    """What to change when ``folder`` cannot be written: on a host, the path or its permissions; inside this project's
+    images (``NMT_IMAGE``, set by the Dockerfile) it is most often a volume the image's user does not own, so the
+    fix is on the host: its owner, or the user the container runs as.
+    """
+    if not os.environ.get("NMT_IMAGE"):
+        return "choose another path or change its permissions"
+    uid = os.getuid()
+    return (f"inside this container {folder.absolute()} is not writable by its user (uid {uid}): on the host, give "
+            f"the folder mounted there to that user (chown -R {uid} FOLDER), or run the container as the folder's "
+            "owner (docker run --user $(id -u):$(id -g) ...)")
 
 
 def format_size(n_bytes: float) -> str:

@@ -28,6 +28,7 @@ from nmt.common.disk import (
     is_write_error,
     write_stopped_message,
 )
+from nmt.common.hydra_plugins import hydra_plugin_problem, plugin_groups_help
 from nmt.common.settings import check_command_line_keys, config_groups, unknown_group_option
 
 # Where Hydra writes before the job starts: a bad one is a NotADirectoryError inside Hydra unless checked first.
@@ -43,18 +44,26 @@ def fail(program: str, error: Exception | str, status: int = 2) -> NoReturn:
 
 
 def check_keys_or_exit(program: str, config_dir: Path, config_name: str, args: Sequence[str], schema: type) -> None:
-    """Exit with one line when a command-line key is not in ``schema`` (naming the nearest), or names a config group
-    that ``config_name`` does not take or an option it lacks, before Hydra starts."""
-    groups = config_groups(config_dir, config_name)
-    if problem := (unknown_group_option(config_dir, args, groups)
-                   or check_command_line_keys(config_dir, args, schema, groups)):
+    """Exit with one line (status 2) when ``command_line_problem`` finds one, before Hydra starts."""
+    if problem := command_line_problem(config_dir, config_name, args, schema):
         fail(program, problem)
+
+
+def command_line_problem(config_dir: Path, config_name: str, args: Sequence[str], schema: type) -> str | None:
+    """The one-line error for the first command-line mistake, else None: a key not in ``schema`` (naming the
+    nearest), a config group that ``config_name`` does not take or an option it lacks, a Hydra plugin
+    (``hydra/launcher=joblib``) that is not installed (naming its package and extra) or a key the plugin lacks."""
+    groups = config_groups(config_dir, config_name)
+    return (unknown_group_option(config_dir, args, groups)
+            or hydra_plugin_problem(config_dir, config_name, args, schema, groups)
+            or check_command_line_keys(config_dir, args, schema, groups))
 
 
 def exit_with_help_if_asked(program: str, config_dir: Path, config_name: str, args: Sequence[str], about: str) -> None:
     """With ``--help`` or ``-h`` in ``args``: print ``about`` (the entry point's docstring), the config groups it
-    takes with their options, and its settings as composed with the other overrides; then exit 0. Hydra's own help
-    would list every folder of ``config_dir``, the groups of the other entry points too.
+    takes with their options, its settings as composed with the other overrides, and Hydra's launcher and sweeper
+    plugins (installed, and the extras that bring them); then exit 0. Hydra's own help would list every folder of
+    ``config_dir``, the groups of the other entry points too.
     """
     if not any(arg in ("--help", "-h") for arg in args):
         return
@@ -71,7 +80,7 @@ def exit_with_help_if_asked(program: str, config_dir: Path, config_name: str, ar
               for group in config_groups(config_dir, config_name)]
     print(about.strip(), "", "== Config groups (GROUP=OPTION) ==", *(groups or ["  none: settings only"]), "",
           "== Settings (key=value), as composed ==", settings.rstrip(), "",
-          "Hydra's own options: --hydra-help", sep="\n")
+          plugin_groups_help(), "", "Hydra's own options: --hydra-help", sep="\n")
     raise SystemExit(0)
 
 
@@ -108,6 +117,30 @@ def check_options_or_exit(program: str, folders: Mapping[str, str | Path | None]
             fail(program, error)
 
 
+def check_config_folders_or_exit(program: str, config_dir: Path, config_name: str, args: Sequence[str],
+                                 keys: Sequence[str]) -> None:
+    """Exit with one line (status 2), before Hydra starts, when a folder the composed settings name (``keys``, such
+    as ``data.cache_dir``) cannot be written: the default's too, not only a value on the command line (a volume the
+    container's user cannot write, say). Settings that do not compose here are left to Hydra to report.
+    """
+    from hydra import compose, initialize_config_dir
+
+    overrides = [arg for arg in args if "=" in arg and not arg.startswith("-") and not arg.startswith("hydra")]
+    try:
+        with initialize_config_dir(config_dir=str(config_dir.absolute()), version_base="1.3"):
+            cfg = compose(config_name, overrides=overrides)
+        places = [(key, OmegaConf.select(cfg, key)) for key in keys]
+    except Exception:  # noqa: BLE001  # an override Hydra refuses, or an interpolation only the job resolves
+        return
+    for key, value in places:
+        if value is None:
+            continue
+        try:
+            check_writable(str(value), key, folder=True)
+        except PathNotWritable as error:
+            fail(program, error)
+
+
 def check_run_dir_or_exit(program: str, config_dir: Path, config_name: str, args: Sequence[str]) -> None:
     """Exit with one line (status 2), before Hydra makes it, when the run dir lies where no folder can be made: the
     pattern Hydra would use (``hydra.run.dir``, or ``hydra.sweep.dir`` with ``-m``, from the command line, an
@@ -117,7 +150,7 @@ def check_run_dir_or_exit(program: str, config_dir: Path, config_name: str, args
 
     key = "hydra.sweep.dir" if any(arg in ("-m", "--multirun") for arg in args) else "hydra.run.dir"
     # Only these can change the pattern's fixed part; the others (a sweep's a=1,2 among them) need not compose.
-    overrides = [arg for arg in args if arg.lstrip("+").startswith(("experiment=", "hydra."))]
+    overrides = [arg for arg in args if arg.lstrip("+").startswith(("experiment=", "hydra.", "hydra/"))]
     try:
         with initialize_config_dir(config_dir=str(config_dir.absolute()), version_base="1.3"):
             hydra_cfg = compose(config_name, overrides=overrides, return_hydra_config=True).hydra

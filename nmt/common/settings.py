@@ -48,7 +48,7 @@ def first_unknown_key(node: Mapping[str, Any], schema: type, path: str = "") -> 
     return None
 
 
-def _nested(key: str, value: Any) -> dict[str, Any]:
+def nested(key: str, value: Any) -> dict[str, Any]:
     """``{"a": {"b": value}}`` for the dotted ``key`` ``a.b``."""
     for part in reversed(key.split(".")):
         value = {part: value}
@@ -79,7 +79,7 @@ def check_command_line_keys(config_dir: str | Path, args: Sequence[str], schema:
     ``trainer.lrr`` -> ``did you mean trainer.lr?``) before Hydra composes anything, and its value checked
     against the schema's type. ``groups``: the config groups the entry point takes (``config_groups``; None: every
     folder of ``config_dir``); another folder's name is a key like any other, and refused as one. Their choices,
-    ``+key``/``~key``, ``hydra.*`` and syntax errors are left to Hydra.
+    ``+key``/``~key`` and syntax errors are left to Hydra; ``hydra.*`` and ``hydra/*`` to ``nmt.common.hydra_plugins``.
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -92,41 +92,65 @@ def check_command_line_keys(config_dir: str | Path, args: Sequence[str], schema:
     groups = folders if groups is None else set(groups)
     for override in overrides:
         key = override.key_or_group
-        if key in groups or key.startswith("hydra."):
+        if key in groups or key.startswith(("hydra.", "hydra/")):  # Hydra's own: nmt.common.hydra_plugins checks them
             continue
         if (override.is_add() or override.is_delete()) and key not in folders:
             continue  # +key, ~key: Hydra's to check; a folder that is not this entry point's group is refused below
-        if problem := first_unknown_key(_nested(key, None), schema):
+        if problem := first_unknown_key(nested(key, None), schema):
             return problem
         if override.is_sweep_override():
             continue
         try:  # the value against the schema's type
-            OmegaConf.merge(OmegaConf.structured(schema), _nested(key, override.value()))
+            OmegaConf.merge(OmegaConf.structured(schema), nested(key, override.value()))
         except OmegaConfBaseException as error:
             return bad_value_message("", error, key)
     return None
 
 
+def config_search_dirs(config_dir: str | Path, args: Sequence[str]) -> list[Path]:
+    """Hydra's search path for configs: ``config_dir`` and the folders of ``--config-dir=DIR``, ``--config-dir DIR``
+    or ``-cd DIR`` on the command line."""
+    extra = [arg.split("=", 1)[1] for arg in args if arg.startswith("--config-dir=")]
+    extra += [value for flag, value in zip(args, args[1:]) if flag in ("--config-dir", "-cd")]
+    return [Path(folder) for folder in (config_dir, *extra)]
+
+
+def options_named(override: Any) -> list[str]:
+    """The options a parsed ``GROUP=...`` override names: one, each of a choice sweep (``a,b``, ``choice(a,b)``), or
+    none that can be listed (a glob, a range)."""
+    if not override.is_sweep_override():
+        value = override.value()
+        return [] if value is None else [str(value)]
+    kind = override.value_type.name  # CHOICE_SWEEP, SIMPLE_CHOICE_SWEEP, GLOB_CHOICE_SWEEP, RANGE_SWEEP, ...
+    return [str(option) for option in override.sweep_string_iterator()] if kind.endswith("CHOICE_SWEEP") \
+        and not kind.startswith("GLOB") else []
+
+
 def unknown_group_option(config_dir: str | Path, args: Sequence[str], groups: Collection[str] | None = None
                          ) -> str | None:
     """A one-line error for ``GROUP=NAME`` when no ``GROUP/NAME.yaml`` exists (Hydra would print its search path and
-    exit 1), naming the valid options; None if all exist. Sweeps are checked option by option; ``null`` is valid
-    for any group; ``--config-dir`` folders count as Hydra counts them. ``groups``: the groups checked (None: every
-    folder of ``config_dir``).
+    exit 1), naming the valid options; None if all exist. Sweeps (``a,b``, ``choice(a,b)``) are checked option by
+    option; ``null`` is valid for any group; ``--config-dir`` folders count as Hydra counts them. ``groups``: the
+    groups checked (None: every folder of ``config_dir``).
     """
-    # Hydra's search path: config_dir and the folders of --config-dir=DIR, --config-dir DIR or -cd DIR
-    extra = [arg.split("=", 1)[1] for arg in args if arg.startswith("--config-dir=")]
-    extra += [value for flag, value in zip(args, args[1:]) if flag in ("--config-dir", "-cd")]
-    roots = [Path(folder) for folder in (config_dir, *extra)]
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    roots = config_search_dirs(config_dir, args)
+    parser = OverridesParser.create()
     for arg in args:
-        key, sep, value = arg.partition("=")
+        key, sep, _ = arg.partition("=")
         key = key.lstrip("+")
         if not sep or "." in key or key.startswith(("~", "-", "hydra")) or not (Path(config_dir) / key).is_dir():
             continue
         if groups is not None and key not in groups:
             continue  # not a group of this entry point: check_command_line_keys refuses it as a key
+        try:
+            override = parser.parse_override(arg)
+        except HydraException:
+            continue  # a syntax error: Hydra's own message is the right one
         valid = sorted({p.stem for root in roots for p in (root / key).glob("*.yaml")})
-        for option in (o.strip() for o in value.split(",")):
+        for option in options_named(override):
             if option and option != "null" and option not in valid:
                 near = difflib.get_close_matches(option, valid, n=1)
                 hint = f"did you mean {key}={near[0]}? " if near else ""

@@ -23,7 +23,14 @@ from torch import nn
 
 from nmt.common.batch_tokens import resolve_batch_tokens
 from nmt.common.cuda_graphs import CudaGraphError, resolve_cuda_graphs
-from nmt.common.device import DeviceError, autocast, configure_matmul, slow_bf16_warning, uses_bf16
+from nmt.common.device import (
+    DeviceError,
+    autocast,
+    configure_matmul,
+    no_gpu_note,
+    slow_bf16_warning,
+    uses_bf16,
+)
 from nmt.common.disk import WriteStopped, is_write_error, write_stopped_message
 from nmt.common.files import FolderInUse, folder_lock, write_json_durably, write_text_durably
 from nmt.common.metrics import corpus_scores
@@ -109,6 +116,8 @@ class Trainer:
         configure_matmul(self.precision, self.device)
         if info.is_main and (warning := slow_bf16_warning(self.precision, self.device)):
             log.warning("trainer.%s", warning)
+        if info.is_main and (note := no_gpu_note(self.tcfg.device, self.device)):
+            log.warning(note)
         self.stop_signal: str | None = None
         # An own dropout stream per rank; DDP copies rank 0's weights.
         distributed.seed_everything(self.tcfg.seed + info.rank)
