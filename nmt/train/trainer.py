@@ -114,10 +114,8 @@ class Trainer:
         self.use_graphs = self.graph_use.step
         self.precision, self.use_bf16 = self.tcfg.precision, uses_bf16(self.tcfg.precision, self.device)
         configure_matmul(self.precision, self.device)
-        if info.is_main and (warning := slow_bf16_warning(self.precision, self.device)):
-            log.warning("trainer.%s", warning)
-        if info.is_main and (note := no_gpu_note(self.tcfg.device, self.device)):
-            log.warning(note)
+        if info.is_main:
+            self._warn_about_the_device()
         self.stop_signal: str | None = None
         # An own dropout stream per rank; DDP copies rank 0's weights.
         distributed.seed_everything(self.tcfg.seed + info.rank)
@@ -169,6 +167,14 @@ class Trainer:
         self.setup_seconds = time.perf_counter() - setup_start  # data (SentencePiece training when not cached), model
 
     # ----------------------------------------------------------------------------------- setup
+
+    def _warn_about_the_device(self) -> None:
+        """One warning each: bf16 emulated on a CPU without bf16 instructions, a CUDA build of PyTorch without a GPU."""
+        if warning := slow_bf16_warning(self.precision, self.device):
+            log.warning("trainer.%s", warning)
+        if note := no_gpu_note(self.tcfg.device, self.device):
+            log.warning(note)
+
     def _prepare_data(self, resume_state: dict[str, Any] | None) -> PreparedData:
         # Rank 0 downloads, trains SentencePiece and caches; the others read what it wrote.
         with distributed.main_process_first(self.info):
