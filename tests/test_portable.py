@@ -21,14 +21,16 @@ def test_each_kind_of_path_is_rewritten_as_the_workdir_sees_it() -> None:
             "fetched /home/me/study/data/multi30k/val.de.gz from /corpora/mirror/multi30k/val.de.gz (sha256 ok)\n"
             "/home/me/main/nmt/analysis/compare.py:323: UserWarning: Tight layout not applied.\n"
             '"run_dir": "/srv/old/study/runs/a/seed1", "files": {"/srv/old/study/data/x.gz": "ab12"}\n'
-            "$ /usr/bin/python /home/me/wt/scripts/compare_runs.py runs/a --out /home/me/study 12.5 tok/s\n")
+            "$ /usr/bin/python /home/me/wt/scripts/compare_runs.py runs/a --out /home/me/study 12.5 tok/s\n"
+            "see https://example.org/nmt/train.py and https://example.org/env/bin/python\n")
     assert portable_text(text, roots, ["/corpora/mirror"]) == (
         "$ python train.py hydra.run.dir=runs/a/seed1\n"
         "  mirror: '${oc.env:NMT_DATA_MIRROR,null}'\n"
         "fetched data/multi30k/val.de.gz from $NMT_DATA_MIRROR/multi30k/val.de.gz (sha256 ok)\n"
         "nmt/analysis/compare.py:323: UserWarning: Tight layout not applied.\n"
         '"run_dir": "runs/a/seed1", "files": {"data/x.gz": "ab12"}\n'
-        "$ python scripts/compare_runs.py runs/a --out . 12.5 tok/s\n")
+        "$ python scripts/compare_runs.py runs/a --out . 12.5 tok/s\n"
+        "see https://example.org/nmt/train.py and https://example.org/env/bin/python\n")  # addresses stay
     once = portable_text(text, roots, ["/corpora/mirror"])
     assert portable_text(once, roots, ["/corpora/mirror"]) == once  # idempotent
 

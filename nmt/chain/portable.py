@@ -16,8 +16,8 @@ SKIPPED_FOLDERS = ("checkpoints", "translations", "tensorboard", ".hydra", "mps"
 SKIPPED_FILES = ("running.json",)  # the note of running stages: a call's own, never kept
 MIRROR_DEFAULT = "${oc.env:NMT_DATA_MIRROR,null}"  # configs/data/*.yaml's own value of data.mirror
 _PROJECT_FILE = r"(?:(?:nmt|nmt_runtime|nmt_tools|scripts)/[\w/]+\.py|\w+\.py\b)"
-_CHECKOUT = re.compile(r"(?<![\w.$-])/[^\s'\"\[\],:=]*?/(?=" + _PROJECT_FILE + ")")  # the shortest: keeps nmt/...
-_INTERPRETER = re.compile(r"(?<![\w.$-])/[^\s'\"\[\],:=]*/bin/python[\d.]*(?![\w/.])")
+_CHECKOUT = re.compile(r"(?<![\w.$:/-])/[^\s'\"\[\],:=]*?/(?=" + _PROJECT_FILE + ")")  # the shortest: keeps nmt/...
+_INTERPRETER = re.compile(r"(?<![\w.$:/-])/[^\s'\"\[\],:=]*/bin/python[\d.]*(?![\w/.])")
 _CONFIG_MIRROR = re.compile(r"^(\s*mirror:) /\S.*$", re.MULTILINE)
 _ABSOLUTE = re.compile(r"(?<![\w.$~:/-])/(?:[\w.-]+/)+[\w.-]+")  # what ``leftover_paths`` looks for
 
