@@ -428,7 +428,7 @@ def test_help_lists_the_recipes_the_settings_and_an_example(flag: str) -> None:
     assert [line.split()[0] for line in listed] == recipes
     settings = done.stdout.split("settings [default]:\n")[1].split("\n\n")[0]
     named = [line.split("=")[0].strip() for line in settings.splitlines() if not line.startswith(" " * 3)]
-    assert named == [*chain_settings.DEFAULTS, "data.KEY"]
+    assert named == [*chain_settings.DEFAULTS, "data.KEY", "launcher.KEY"]
     assert "budget=TIME" in settings and "90s, 45m, 1h30m" in settings and "[auto]" in settings
     assert "python reproduce.py recipe=attention_study workdir=study budget=8m" in done.stdout
 

@@ -14,6 +14,7 @@ from nmt.chain import clock as chain_clock
 from nmt.chain.budget import Budget, time_budget
 from nmt.chain.card import card_sharing, choose_mps, choose_parallel, cuda_card
 from nmt.chain.clock import Clock
+from nmt.chain.launch import launcher_config
 from nmt.chain.plan import Chain, Stage, plan
 from nmt.chain.portable import make_portable
 from nmt.chain.report import render, summary
@@ -42,7 +43,8 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
 
     Args:
         args: ``key=value`` settings (``recipe``, ``workdir``, ``parallel``, ``mps``, ``budget``, ``deadline``,
-            ``dry_run``, ``device``) and ``data.*`` overrides; or ``--help``/``-h``.
+            ``dry_run``, ``device``, ``launcher`` and its ``launcher.*`` keys) and ``data.*`` overrides; or
+            ``--help``/``-h``.
         repo: the folder of the commands it drives (train.py, backtranslate.py, scripts/tune_decoding.py)
             and of configs/.
 
@@ -63,12 +65,16 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
     programs = {kind: [sys.executable, str(repo / script)] for kind, script in SCRIPTS.items()}
     workdir = Path(str(settings["workdir"])).expanduser().resolve()
     check_writable(workdir, "workdir", folder=True)  # before the plan, not in the first stage's traceback
-    chain = Chain(workdir, programs, recipe, str(settings["recipe"]), data, repo / "configs")
+    launcher = launcher_config(str(settings["launcher"]), settings["launcher_keys"], state_dir(workdir) / "jobs")
+    chain = Chain(workdir, programs, recipe, str(settings["recipe"]), data, repo / "configs",
+                  str(settings["launcher"]), launcher)
     check_same_study(chain, record=False)
     stages = plan(chain)
     device = auto_device() if settings["device"] == "auto" else settings["device"]
     card = cuda_card() if device == "cuda" else None
     parallel, chosen = choose_parallel(settings["parallel"], str(device), card)
+    if launcher is not None and settings["parallel"] == "auto":  # the cluster's queue decides what runs when
+        parallel, chosen = len(stages), f"launcher={settings['launcher']}: each wave of stages as one job array"
     use_mps, mps_reason = choose_mps(settings["mps"], str(device), parallel, card)
     mps_reason = f"; {mps_reason}" if mps_reason else ""
     clock = Clock(state_dir(workdir) / "times.json", dict(recipe.eta_minutes[str(device)]))

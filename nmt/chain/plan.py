@@ -39,7 +39,7 @@ class Stage:
 
 @dataclass
 class Chain:
-    """What every stage shares: where it runs, the programs, the recipe, the data overrides."""
+    """What every stage shares: where it runs, the programs, the recipe, the data overrides, the launcher."""
 
     workdir: Path
     programs: dict[str, list[str]]
@@ -47,6 +47,8 @@ class Chain:
     recipe_name: str
     data_overrides: list[str]
     configs: Path
+    launcher_name: str = "local"
+    launcher: DictConfig | None = None  # a submitit launcher's settings (nmt.chain.launch); None: the local runner
 
     def path(self, value: str | Path) -> Path:
         return (self.workdir / str(value)).resolve()

@@ -19,6 +19,9 @@ from typing import Any
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a child gets when the thread that started it ends
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# After the SIGTERM (the budget's end, or one sent to the chain), how long a stage has to finish its step and save
+# checkpoints/last.pt before SIGKILL.
+STOP_GRACE_S = 120.0
 _STARTED: list[subprocess.Popen] = []  # the commands ``start`` began, for job control to pause and continue
 
 
@@ -107,7 +110,10 @@ def ask_to_stop(process: subprocess.Popen) -> None:
 
 
 def kill_group(process: subprocess.Popen) -> None:
-    """SIGKILL to the command's process group: what it left running is gone too."""
+    """SIGKILL to the command's process group: what it left running is gone too (a cluster's job: cancelled)."""
+    if not isinstance(process, subprocess.Popen):
+        process.kill()
+        return
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

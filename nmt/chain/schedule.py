@@ -5,7 +5,6 @@ resumes; and the ETA, scheduled as the runner would run the rest."""
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -15,16 +14,13 @@ from omegaconf import DictConfig
 from nmt.chain import clock as chain_clock
 from nmt.chain.budget import Budget
 from nmt.chain.clock import Clock
+from nmt.chain.launch import StageJob, submit_wave
 from nmt.chain.plan import Chain, Stage
-from nmt.chain.runner import Interrupted, ask_to_stop, kill_group, start
+from nmt.chain.runner import STOP_GRACE_S, Interrupted, ask_to_stop, kill_group, start
 from nmt.chain.settings import ChainError
 from nmt.chain.workdir import log_path, note_running
 from nmt.common.disk import EXIT_WRITE_STOPPED, WriteStopped, free_space
 from nmt.common.progress import format_duration
-
-# After the SIGTERM (the budget's end, or one sent to the chain), how long a stage has to finish its step and save
-# checkpoints/last.pt before SIGKILL.
-STOP_GRACE_S = 120.0
 
 
 def say(line: str) -> None:
@@ -41,7 +37,7 @@ class Outcome:
     signal: Interrupted | None = None
 
 
-Running = dict[str, tuple[Stage, subprocess.Popen, float]]  # stage name -> (stage, its process, when it began)
+Running = dict[str, tuple[Stage, Any, float]]  # stage name -> (stage, its process or job, when it began)
 
 
 def run_stages(chain: Chain, stages: list[Stage], parallel: int, clock: Clock, budget: Budget | None = None) -> Outcome:
@@ -96,20 +92,26 @@ def run_stages(chain: Chain, stages: list[Stage], parallel: int, clock: Clock, b
 
 def start_ready(chain: Chain, stages: list[Stage], finished: set[str], running: Running, held: set[str],
                 clock: Clock, parallel: int, budget: Budget | None) -> None:
-    """Start the stages whose inputs are done while slots are free; hold those the budget cannot hold."""
+    """Start the stages whose inputs are done while slots are free (through a launcher: as one job array); hold
+    those the budget cannot hold."""
     ready = [s for s in stages if s.name not in finished and s.name not in running
              and all(a in finished for a in s.after)]
-    while ready and len(running) < parallel:
+    starting: list[Stage] = []
+    while ready and len(running) + len(starting) < parallel:
         stage = ready.pop(0)
         if budget is not None and clock.remaining(stage.name, stage.kind) > budget.left():
             held.add(stage.name)
             continue
         held.discard(stage.name)
-        running[stage.name] = (stage, start_stage(chain, stage), clock.now())
-        note_running(chain.workdir, running)
+        starting.append(stage)
+    if not starting:
+        return
+    for stage, process in zip(starting, start_stages(chain, starting, budget)):
+        running[stage.name] = (stage, process, clock.now())
         left = eta(stages, finished, running, clock, parallel)
         say(f"start {stage.name} ({len(finished) + len(running)}/{len(stages)}): about "
             f"{format_duration(clock.remaining(stage.name, stage.kind))}; chain ETA {left}")
+    note_running(chain.workdir, running)
 
 
 def stop_running(running: Running, why: str) -> None:
@@ -118,15 +120,28 @@ def stop_running(running: Running, why: str) -> None:
         ask_to_stop(process)
 
 
-def start_stage(chain: Chain, stage: Stage) -> subprocess.Popen:
-    """The stage's command, in the workdir, its output appended to its log."""
-    command = stage.command()
-    env = {**os.environ, "NMT_CHAIN_STAGE": stage.name}
+def start_stages(chain: Chain, stages: list[Stage], budget: Budget | None) -> list[Any]:
+    """Each stage's command in the workdir, its output appended to its log: a process each, or with a launcher
+    one job array whose jobs build their commands as they start."""
+    commands = [stage.command() for stage in stages]
+    for command in commands:
+        say(f"      {' '.join(command)}")
+    if chain.launcher is None:
+        return [start(command, log_path(chain.workdir, stage.name), chain.workdir,
+                      {**os.environ, **stage_env(chain, stage)}) for stage, command in zip(stages, commands)]
+    jobs = [(StageJob(stage.command, chain.workdir, log_path(chain.workdir, stage.name), stage_env(chain, stage)),
+             command) for stage, command in zip(stages, commands)]
+    return submit_wave(chain.launcher, chain.launcher_name, jobs, None if budget is None else budget.left())
+
+
+def stage_env(chain: Chain, stage: Stage) -> dict[str, str]:
+    """What a stage's command has in its environment besides the chain's own: its name, and the corpus mirror of a
+    ``data.mirror=`` override (tune_decoding.py reads a run's data through the environment's mirror)."""
+    env = {"NMT_CHAIN_STAGE": stage.name}
     for arg in chain.data_overrides:
-        if arg.startswith("data.mirror="):  # tune_decoding.py reads the run's data through the environment's mirror
+        if arg.startswith("data.mirror="):
             env["NMT_DATA_MIRROR"] = arg.split("=", 1)[1]
-    say(f"      {' '.join(command)}")
-    return start(command, log_path(chain.workdir, stage.name), chain.workdir, env)
+    return env
 
 
 def book_ended(chain: Chain, running: Running, clock: Clock, finished: set[str], held: set[str], failed: list[str],
@@ -150,6 +165,7 @@ def book_ended(chain: Chain, running: Running, clock: Clock, finished: set[str],
             held.add(name)
             continue
         how = f"failed (exit {process.returncode})" if process.returncode else "stopped before it finished"
+        how = getattr(process, "ended_how", "") or how  # a cluster's job that left no exit status
         if process.returncode == EXIT_WRITE_STOPPED:
             how = f"ran out of disk space ({free_space(chain.workdir)}; exit {EXIT_WRITE_STOPPED})"
         failed.append(f"stage '{name}' {how}; its log: {log_path(chain.workdir, name)}")

@@ -13,7 +13,7 @@ from nmt.chain.card import MEASURED_PARALLEL, PARALLEL_ON_CUDA
 from nmt.common.settings import unknown_key_message
 
 DEFAULTS = {"recipe": "bt_best", "workdir": ".", "parallel": "auto", "mps": "auto", "budget": None,
-            "deadline": None, "dry_run": False, "device": "auto"}
+            "deadline": None, "dry_run": False, "device": "auto", "launcher": "local"}
 BUDGET_FORMS = "seconds (600), or hours, minutes and seconds (90s, 45m, 1h30m, 1h30m15s)"
 DEADLINE_FORMS = "HH:MM or HH:MM:SS (the next time the clock reads it) or an ISO date and time (2026-11-28T14:30)"
 AS_WRITTEN = ("budget", "deadline")  # read as text: OmegaConf would turn deadline=14:30 into 870 (YAML's base 60)
@@ -24,13 +24,14 @@ class ChainError(ValueError):
 
 
 def parse_arguments(args: Sequence[str], recipes: Path) -> tuple[dict[str, Any], list[str], DictConfig]:
-    """``key=value`` arguments: the chain's settings, the ``data.*`` overrides (passed to every stage that
-    reads data), and the recipe (``configs/recipe/<recipe>.yaml``, ``defaults: [parent]`` merged first).
+    """``key=value`` arguments: the chain's settings (``launcher.*`` keys as a list under ``launcher_keys``), the
+    ``data.*`` overrides (passed to every stage that reads data), and the recipe (``configs/recipe/<recipe>.yaml``,
+    ``defaults: [parent]`` merged first).
 
     Raises:
         ChainError: an unknown key (naming the nearest), a malformed argument, or an unknown recipe.
     """
-    settings, data = dict(DEFAULTS), []
+    settings, data = {**DEFAULTS, "launcher_keys": []}, []
     for arg in args:
         key, sep, value = arg.partition("=")
         if not sep:
@@ -38,12 +39,15 @@ def parse_arguments(args: Sequence[str], recipes: Path) -> tuple[dict[str, Any],
                              "e.g. recipe=bt_best parallel=2 data.mirror=/corpora")
         if key.startswith("data."):
             data.append(arg)
+        elif key.startswith("launcher."):
+            settings["launcher_keys"].append(arg)
         elif key in AS_WRITTEN:
             settings[key] = value
         elif key in DEFAULTS:
             settings[key] = OmegaConf.from_dotlist([arg])[key]
         else:
-            raise ChainError(unknown_key_message("", key, [*DEFAULTS, "data.<key> (train.py's data overrides)"]))
+            raise ChainError(unknown_key_message("", key, [*DEFAULTS, "data.<key> (train.py's data overrides)",
+                                                           "launcher.<key> (the launcher's resources)"]))
     parallel = settings["parallel"]
     if parallel != "auto" and (not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1):
         raise ChainError(f"parallel={parallel!r} must be auto (on a GPU the card's measured figure, else "
@@ -69,6 +73,8 @@ SETTINGS_HELP = {  # each setting's value form and meaning, for --help (its defa
     "deadline": ("WHEN", f"the same as a time on the clock: {DEADLINE_FORMS}; with budget=, the sooner counts"),
     "dry_run": ("BOOL", "list each stage, complete or to run, with its command and the ETA; run nothing"),
     "device": ("auto|cpu|cuda", "whose eta_minutes to use and what parallel=auto means (each run picks its own)"),
+    "launcher": ("NAME", "local (this machine), submitit_slurm (each wave of stages as one SLURM job array; needs "
+                         "the [cluster] extra and a workdir the nodes share) or submitit_local (the same jobs here)"),
 }
 
 
@@ -87,8 +93,12 @@ def usage(recipes: Path) -> str:
         lines += textwrap.wrap(f"{meaning} [{default}]", 110, initial_indent=f"  {key}={form}".ljust(24),
                                subsequent_indent=" " * 24)
     lines += ["  data.KEY=VALUE        train.py's data overrides for every stage that reads data (data.mirror=DIR)",
+              "  launcher.KEY=VALUE    a submitit launcher's job resources, as Hydra's hydra.launcher.KEY: partition, "
+              "gpus_per_node,", " " * 24 + "cpus_per_task, mem_gb, timeout_min, max_num_timeout, additional_parameters",
               "", "examples:", "  python reproduce.py recipe=attention_study dry_run=true",
-              "  python reproduce.py recipe=attention_study workdir=study budget=8m   # then the same again to go on"]
+              "  python reproduce.py recipe=attention_study workdir=study budget=8m   # then the same again to go on",
+              "  python reproduce.py recipe=attention_study workdir=/shared/study launcher=submitit_slurm "
+              "launcher.partition=gpu launcher.gpus_per_node=1"]
     return "\n".join(lines)
 
 

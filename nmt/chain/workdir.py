@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -185,17 +187,22 @@ def set_aside(run: Path, workdir: Path) -> Path:
 
 
 def note_running(workdir: Path, running: dict[str, Any]) -> None:
-    """``runs/.reproduce/running.json``: each running stage's pid and command, for a call after a SIGKILL."""
+    """``runs/.reproduce/running.json``: each running stage's pid (a SLURM job: its id) and command, for a call after
+    a SIGKILL."""
     write_json_durably(state_dir(workdir) / "running.json", {
-        name: {"pid": process.pid, "command": process.args} for name, (_, process, _) in running.items()})
+        name: {"pid": process.pid, "command": process.args, "slurm": getattr(process, "slurm", False)}
+        for name, (_, process, _) in running.items()})
 
 
 def stop_left_running(workdir: Path, grace: float, say: Any) -> None:
-    """Stages an earlier call left running (it was SIGKILLed: they got SIGTERM as it died) are given ``grace``
-    seconds to save and exit, then SIGKILLed, so that this call can take their run folders over."""
+    """Stages an earlier call left running (it was SIGKILLed: they got SIGTERM as it died; its SLURM jobs run on)
+    are given ``grace`` seconds to save and exit, then killed, so that this call can take their run folders over."""
     path = state_dir(workdir) / "running.json"
     left = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     for name, entry in left.items():
+        if entry.get("slurm"):
+            stop_left_job(name, str(entry["pid"]), grace, say)
+            continue
         if not same_process(entry["pid"], entry["command"]):
             continue
         say(f"wait  {name}: left running by an earlier call (pid {entry['pid']}); SIGTERM, then it saves and exits")
@@ -206,6 +213,22 @@ def stop_left_running(workdir: Path, grace: float, say: Any) -> None:
         if same_process(entry["pid"], entry["command"]):
             os.killpg(entry["pid"], signal.SIGKILL)
     path.unlink(missing_ok=True)
+
+
+def stop_left_job(name: str, job: str, grace: float, say: Any) -> None:
+    """A SLURM job an earlier call left: SIGTERM to its command, ``grace`` seconds to save, then scancel."""
+    def queued() -> bool:
+        answer = subprocess.run(["squeue", "--noheader", "--jobs", job, "--format=%T"], capture_output=True, text=True)
+        return answer.returncode == 0 and bool(answer.stdout.strip())
+
+    if shutil.which("squeue") is None or not queued():
+        return
+    say(f"wait  {name}: SLURM job {job} left by an earlier call; SIGTERM, then it saves and exits")
+    subprocess.run(["scancel", "--full", "--signal=TERM", job], capture_output=True)
+    ends = time.monotonic() + grace
+    while queued() and time.monotonic() < ends:
+        time.sleep(1.0)
+    subprocess.run(["scancel", job], capture_output=True)
 
 
 def same_process(pid: int, command: list[str]) -> bool:

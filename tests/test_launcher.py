@@ -1,0 +1,116 @@
+"""``reproduce.py launcher=...``: the chain's waves of stages sent through submitit as job arrays. On this machine
+through ``submitit_local`` (the same jobs as on SLURM, each a local process); on a real one-node SLURM cluster in
+the ``slurm`` tier. The stages are the stand-ins of tests/test_reproduce.py, so only the launching is tested."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nmt.chain import command, schedule
+from nmt.chain.settings import ChainError
+from tests.test_reproduce import REPO_ROOT, FakeClock, calls, fake_clock, fake_repo  # noqa: F401  # fixtures
+
+pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the [cluster] extra brings submitit")
+
+
+def tiny(workdir: Path, *more: str) -> list[str]:
+    workdir.mkdir(exist_ok=True)
+    return ["recipe=tiny", "device=cpu", *more, f"workdir={workdir}"]
+
+
+def waves_recorded(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The stage names of each job array the chain submits, in order."""
+    waves: list[list[str]] = []
+    submit = schedule.submit_wave
+
+    def recording(config, name, jobs, seconds_left):  # noqa: ANN001, ANN202
+        waves.append([job.env["NMT_CHAIN_STAGE"] for job, _ in jobs])
+        return submit(config, name, jobs, seconds_left)
+
+    monkeypatch.setattr(schedule, "submit_wave", recording)
+    return waves
+
+
+def test_submitit_jobs_reach_the_same_report_as_the_local_runner_one_wave_at_a_time(
+        fake_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    local = command.main(tiny(tmp_path / "local"), fake_repo)
+    waves = waves_recorded(monkeypatch)
+    args, workdir = tiny(tmp_path / "jobs", "launcher=submitit_local"), tmp_path / "jobs"
+    # a job that fails: its stage and log named, nothing that waits for it started, the next call retries it
+    monkeypatch.setenv("FAKE_KILL", "base en-de seed42")
+    with pytest.raises(ChainError, match="stage 'base en-de seed42' failed \\(exit -9\\); its log: .*"
+                                         "base_en-de_seed42.log; run the same command again to resume"):
+        command.main(args, fake_repo)
+    assert waves == [["base de-en seed42", "base en-de seed42"]]  # the first wave: what waits for nothing
+    assert not any(stage.startswith("bt") for stage, _ in calls(workdir))
+    monkeypatch.delenv("FAKE_KILL")
+    launched = command.main(args, fake_repo)
+    assert {**launched, "date": ""} == {**local, "date": ""}  # its paths are from the workdir: the same in both
+    run = workdir / "runs" / "best_en-de" / "seed42"
+    assert calls(workdir)[2] == ("base en-de seed42", [f"trainer.resume={run}"])  # from its last.pt
+    same = sorted(str(call).replace(str(workdir), "W") for call in calls(workdir) if call[0] != "base en-de seed42")
+    assert same == sorted(str(call).replace(str(tmp_path / "local"), "W") for call in calls(tmp_path / "local")
+                          if call[0] != "base en-de seed42")  # the same commands, apart from the resumed one
+    stages = [stage for wave in waves[1:] for stage in wave]  # every stage left once, far fewer arrays than stages
+    assert sorted(stages) == sorted(stage for stage, _ in calls(workdir)[2:]) and len(waves) < len(stages) / 2
+    log = workdir / "runs" / ".reproduce" / "logs" / "base_de-en_seed42.log"
+    assert log.read_text().startswith("$ ")  # the job's command wrote where the local runner's does
+    again = command.main(args, fake_repo)  # all skipped, nothing submitted
+    assert {**again, "date": ""} == {**local, "date": ""} and len(waves) == len([w for w in waves if w])
+
+
+def test_the_budget_stops_a_job_so_that_it_resumes(fake_repo: Path, tmp_path: Path, fake_clock: FakeClock,  # noqa: F811
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    workdir = tmp_path / "work"
+    fake_clock.workdirs.append(workdir)
+    args = tiny(workdir, "launcher=submitit_local", "parallel=1", "budget=35m")
+    monkeypatch.setenv("FAKE_HANG", "base de-en seed42")
+    assert command.main(args, fake_repo) is None  # the budget ended it: SIGTERM through submitit to the command
+    said = capsys.readouterr().out
+    assert "reproduce.py: stop  base de-en seed42: budget=35m is spent (SIGTERM" in said
+    run = workdir / "runs" / "best_de-en" / "seed42"
+    assert (run / "checkpoints" / "last.pt").read_text() == "saved at SIGTERM" and not (run / "results.json").exists()
+    monkeypatch.delenv("FAKE_HANG")
+    command.main(args, fake_repo)
+    assert calls(workdir)[1] == ("base de-en seed42", [f"trainer.resume={run}"])
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["launcher=joblib"], "launcher=joblib is not one of local, submitit_local, submitit_slurm (joblib runs Python "
+                          "functions; the local runner already runs the chain's commands parallel=N at once"),
+    (["launcher.partition=gpu"], "launcher.partition=gpu needs launcher=submitit_slurm or launcher=submitit_local"),
+    (["launcher=submitit_local", "launcher.timeout_mins=9"], "unknown config key launcher.timeout_mins: did you "
+                                                               "mean launcher.timeout_min? valid keys under launcher."),
+    (["launcher=submitit_local", "launcher.timeout_min=soon"], "bad value for launcher.timeout_min: Value 'soon'"),
+    (["launcher=submitit_slurm"], "launcher=submitit_slurm needs SLURM's sbatch, which is not on the PATH"),
+])
+def test_a_launcher_mistake_is_one_line_and_exit_2_before_any_work(args: list[str], message: str,
+                                                                   tmp_path: Path) -> None:
+    env = {"PATH": str(Path(sys.executable).parent), "NMT_DATA_MIRROR": "/nowhere"}  # no sbatch on this PATH
+    done = subprocess.run([sys.executable, "reproduce.py", "recipe=tiny", f"workdir={tmp_path / 'w'}", *args],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert message in done.stderr and not (tmp_path / "w" / "runs").exists()
+
+
+def test_without_the_plugin_the_launcher_names_the_package_and_extra(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "hydra_plugins.hydra_submitit_launcher", None)  # import fails as if absent
+    with pytest.raises(ChainError, match=r"launcher=submitit_slurm needs the package hydra-submitit-launcher, which "
+                                         r"is not installed: pip install -e '\.\[cluster\]'"):
+        command.main(tiny(tmp_path / "w", "launcher=submitit_slurm"), REPO_ROOT)
+
+
+def test_a_dry_run_through_a_launcher_counts_every_ready_stage_at_once(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture) -> None:
+    command.main(tiny(tmp_path / "w", "launcher=submitit_local", "dry_run=true"), REPO_ROOT)
+    said = capsys.readouterr().out.splitlines()
+    assert said[-1].startswith("reproduce.py: ETA ") and "launcher=submitit_local: each wave of stages as one job " \
+                                                          "array" in said[-1]
+    assert json.dumps(said).count("to run") == 26
