@@ -13,6 +13,7 @@ import pytest
 
 from nmt.chain import command, schedule
 from nmt.chain.settings import ChainError
+from tests.test_chain_stops import alive, hang_and_note_pids, start_chain, wait_for
 from tests.test_reproduce import REPO_ROOT, FakeClock, calls, fake_clock, fake_repo  # noqa: F401  # fixtures
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the [cluster] extra brings submitit")
@@ -114,3 +115,22 @@ def test_a_dry_run_through_a_launcher_counts_every_ready_stage_at_once(tmp_path:
     assert said[-1].startswith("reproduce.py: ETA ") and "launcher=submitit_local: each wave of stages as one job " \
                                                           "array" in said[-1]
     assert json.dumps(said).count("to run") == 26
+
+
+def test_a_job_a_killed_call_left_running_saves_before_the_next_call_takes_over(fake_repo: Path,  # noqa: F811
+                                                                                 tmp_path: Path) -> None:
+    # submitit's local controller outlives a SIGKILLed chain (it is no stage of ours); the next call stops it
+    workdir, hung = tmp_path / "work", "base de-en seed42"
+    hang_and_note_pids(fake_repo)
+    chain = start_chain(fake_repo, tiny(workdir, "launcher=submitit_local", "parallel=1"), FAKE_HANG=hung)
+    wait_for((workdir / "hung").exists)
+    chain.kill()
+    chain.wait(timeout=60)  # not communicate(): the job, still running, holds its pipes open
+    stage = int((workdir / "pids").read_text().split()[-1])
+    assert alive(stage)
+    again = start_chain(fake_repo, tiny(workdir, "launcher=submitit_local"))
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    assert f"reproduce.py: wait  {hung}: left running by an earlier call (pid " in out and not alive(stage)
+    run = workdir / "runs" / "best_de-en" / "seed42"
+    assert calls(workdir)[1] == (hung, [f"trainer.resume={run}"])  # from the last.pt it saved at that SIGTERM

@@ -116,8 +116,9 @@ class SubmittedStage:
     ``send_signal``, ``kill``; ``ended_how`` says how a job that left no exit status ended."""
 
     def __init__(self, job: Any, args: list[str], slurm: bool) -> None:
-        self.job, self.args, self.slurm = job, args, slurm
-        self.pid, self.returncode, self.ended_how = job.job_id, None, ""
+        self.job, self.args, self.slurm, self.cluster = job, args, slurm, "slurm" if slurm else "local"
+        self.pid = job.job_id if slurm else int(job.job_id)  # a local job's id is its controller's pid
+        self.returncode, self.ended_how = None, ""
         self._next_look = 0.0
 
     def poll(self) -> int | None:

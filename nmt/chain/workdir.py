@@ -190,7 +190,7 @@ def note_running(workdir: Path, running: dict[str, Any]) -> None:
     """``runs/.reproduce/running.json``: each running stage's pid (a SLURM job: its id) and command, for a call after
     a SIGKILL."""
     write_json_durably(state_dir(workdir) / "running.json", {
-        name: {"pid": process.pid, "command": process.args, "slurm": getattr(process, "slurm", False)}
+        name: {"pid": process.pid, "command": process.args, "job": getattr(process, "cluster", None)}
         for name, (_, process, _) in running.items()})
 
 
@@ -200,9 +200,13 @@ def stop_left_running(workdir: Path, grace: float, say: Any) -> None:
     path = state_dir(workdir) / "running.json"
     left = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     for name, entry in left.items():
-        if entry.get("slurm"):
+        if entry.get("job") == "slurm":
             stop_left_job(name, str(entry["pid"]), grace, say)
             continue
+        if entry.get("job") == "local":  # submitit's controller, which passes SIGTERM on to the stage's command
+            entry["command"] = process_command(entry["pid"])
+            if "submitit" not in " ".join(entry["command"]):
+                continue
         if not same_process(entry["pid"], entry["command"]):
             continue
         say(f"wait  {name}: left running by an earlier call (pid {entry['pid']}); SIGTERM, then it saves and exits")
@@ -210,8 +214,8 @@ def stop_left_running(workdir: Path, grace: float, say: Any) -> None:
         ends = time.monotonic() + grace
         while same_process(entry["pid"], entry["command"]) and time.monotonic() < ends:
             time.sleep(0.1)
-        if same_process(entry["pid"], entry["command"]):
-            os.killpg(entry["pid"], signal.SIGKILL)
+        if same_process(entry["pid"], entry["command"]):  # a stage's own group; a controller shares the dead call's
+            os.kill(entry["pid"], signal.SIGKILL) if entry.get("job") else os.killpg(entry["pid"], signal.SIGKILL)
     path.unlink(missing_ok=True)
 
 
@@ -233,8 +237,13 @@ def stop_left_job(name: str, job: str, grace: float, say: Any) -> None:
 
 def same_process(pid: int, command: list[str]) -> bool:
     """Whether ``pid`` is alive and still runs ``command`` (not a later process given the same pid)."""
+    return process_command(pid) == [str(c) for c in command]
+
+
+def process_command(pid: int) -> list[str]:
+    """The command line ``pid`` runs; [] when there is no such process."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
     except OSError:
-        return False
-    return [part.decode(errors="replace") for part in cmdline] == [str(c) for c in command]
+        return []
+    return [part.decode(errors="replace") for part in cmdline]
