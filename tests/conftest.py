@@ -5,9 +5,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -190,3 +193,49 @@ def serve_in_thread(app: object) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
+
+# --- a real one-node SLURM cluster (scripts/slurm_cluster.sh) for the cluster tier: pytest -m cluster -----------------
+
+
+@dataclass(frozen=True)
+class SlurmCluster:
+    """A running cluster: ``conf`` is its slurm.conf, which sbatch, squeue, scancel and sacct find in ``SLURM_CONF``."""
+
+    root: Path
+    conf: Path
+
+    @property
+    def accounting(self) -> bool:
+        """Whether the cluster keeps accounting (slurmdbd), so that ``sacct`` answers; without it sacct fails."""
+        return (self.root / "slurmdbd.conf").is_file()
+
+    @property
+    def env(self) -> dict[str, str]:
+        """This process's environment with ``SLURM_CONF`` set: what a command that submits to the cluster needs."""
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A private one-node SLURM cluster for the session (``scripts/slurm_cluster.sh start``; stopped after), with
+    accounting when slurmdbd and MariaDB are installed. Skips without SLURM (Debian's slurm-wlm and munge) or root,
+    unless ``NMT_REQUIRE_SLURM=1`` (set by ``.ci/run``, which installs them), where it fails, as it does then without
+    accounting."""
+    required = os.environ.get("NMT_REQUIRE_SLURM") == "1"
+    missing = [name for name in ("sbatch", "slurmctld", "slurmd", "munged") if shutil.which(name) is None]
+    reason = (f"needs {', '.join(missing)}: apt-get install slurm-wlm munge slurmdbd mariadb-server" if missing
+              else "needs root (the private cluster runs as SlurmUser=root)" if os.geteuid() != 0 else None)
+    if reason:
+        if required:
+            pytest.fail(f"NMT_REQUIRE_SLURM=1 but the SLURM tier {reason}")
+        pytest.skip(reason)
+    script, root = REPO_ROOT / "scripts" / "slurm_cluster.sh", tmp_path_factory.mktemp("slurm")
+    proc = subprocess.run(["bash", str(script), "start", str(root)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "SLURM_CLUSTER_ACCOUNTING": "yes" if required else "auto"})
+    try:
+        if proc.returncode != 0:
+            pytest.fail(f"scripts/slurm_cluster.sh start {root} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+        yield SlurmCluster(root, root / "slurm.conf")
+    finally:
+        subprocess.run(["bash", str(script), "stop", str(root)], capture_output=True, text=True, timeout=300)

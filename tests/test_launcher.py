@@ -1,10 +1,12 @@
-"""``reproduce.py launcher=...``: the chain's waves of stages sent through submitit as job arrays. On this machine
-through ``submitit_local`` (the same jobs as on SLURM, each a local process); on a real one-node SLURM cluster in
-the ``slurm`` tier. The stages are the stand-ins of tests/test_reproduce.py, so only the launching is tested."""
+"""``reproduce.py launcher=...``: the chain's waves of stages sent through submitit as job arrays. Through
+``submitit_local`` (the same jobs as on SLURM, each a local process) and on a real one-node SLURM cluster; all but
+the cheap ones are in the ``cluster`` tier (``pytest -m cluster``). The stages are the stand-ins of
+tests/test_reproduce.py, so only the launching is tested."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +39,8 @@ def waves_recorded(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     return waves
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_submitit_jobs_reach_the_same_report_as_the_local_runner_one_wave_at_a_time(
         fake_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     local = command.main(tiny(tmp_path / "local"), fake_repo)
@@ -44,7 +48,7 @@ def test_submitit_jobs_reach_the_same_report_as_the_local_runner_one_wave_at_a_t
     args, workdir = tiny(tmp_path / "jobs", "launcher=submitit_local"), tmp_path / "jobs"
     # a job that fails: its stage and log named, nothing that waits for it started, the next call retries it
     monkeypatch.setenv("FAKE_KILL", "base en-de seed42")
-    with pytest.raises(ChainError, match="stage 'base en-de seed42' failed \\(exit -9\\); its log: .*"
+    with pytest.raises(ChainError, match="stage 'base en-de seed42' failed \\(exit -9; job \\d+\\); its log: .*"
                                          "base_en-de_seed42.log; run the same command again to resume"):
         command.main(args, fake_repo)
     assert waves == [["base de-en seed42", "base en-de seed42"]]  # the first wave: what waits for nothing
@@ -117,6 +121,8 @@ def test_a_dry_run_through_a_launcher_counts_every_ready_stage_at_once(tmp_path:
     assert json.dumps(said).count("to run") == 26
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_a_job_a_killed_call_left_running_saves_before_the_next_call_takes_over(fake_repo: Path,  # noqa: F811
                                                                                  tmp_path: Path) -> None:
     # submitit's local controller outlives a SIGKILLed chain (it is no stage of ours); the next call stops it
@@ -133,4 +139,80 @@ def test_a_job_a_killed_call_left_running_saves_before_the_next_call_takes_over(
     assert again.returncode == 0, err
     assert f"reproduce.py: wait  {hung}: left running by an earlier call (pid " in out and not alive(stage)
     run = workdir / "runs" / "best_de-en" / "seed42"
-    assert calls(workdir)[1] == (hung, [f"trainer.resume={run}"])  # from the last.pt it saved at that SIGTERM
+    resumed = [args for stage, args in calls(workdir) if stage == hung][1]
+    assert resumed == [f"trainer.resume={run}"]  # from the last.pt it saved at that SIGTERM
+
+
+# --- on a real one-node SLURM cluster (tests/conftest.py's slurm_cluster): pytest -m cluster --------------------------
+
+SLURM = ["launcher=submitit_slurm", "launcher.cpus_per_task=1", "launcher.timeout_min=10"]
+
+
+def hung_on_slurm(cluster, repo: Path, workdir: Path, hung: str) -> tuple[subprocess.Popen, str]:  # noqa: ANN001
+    """reproduce.py through SLURM in its own process, once the job of ``hung`` (a stand-in that waits for SIGTERM)
+    runs: the chain and that job's id."""
+    chain = start_chain(repo, tiny(workdir, *SLURM), FAKE_HANG=hung, SLURM_CONF=str(cluster.conf))
+    wait_for((workdir / "hung").exists, 120)
+    return chain, running_job(workdir, hung)
+
+
+def running_job(workdir: Path, stage: str) -> str:
+    """The SLURM job id the chain noted for ``stage`` once it runs ('' before)."""
+    path = workdir / "runs" / ".reproduce" / "running.json"
+    try:
+        return str(json.loads(path.read_text()).get(stage, {}).get("pid", ""))
+    except (OSError, ValueError):
+        return ""
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_the_tiny_chain_reaches_its_report_through_slurm_as_through_the_local_runner(
+        slurm_cluster, fake_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001, F811
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    local = command.main(tiny(tmp_path / "local"), fake_repo)
+    waves = waves_recorded(monkeypatch)
+    launched = command.main(tiny(tmp_path / "slurm", *SLURM), fake_repo)
+    assert {**launched, "date": ""} == {**local, "date": ""}
+    assert len(waves) < 26 and sorted(s for w in waves for s in w) == sorted(s for s, _ in calls(tmp_path / "local"))
+    jobs = [p.name for p in (tmp_path / "slurm" / "runs" / ".reproduce" / "jobs").iterdir() if p.name[0].isdigit()]
+    tasks = [job for job in jobs if "_" in job]  # a wave of several stages: one job array, a task per stage
+    assert len({task.split("_")[0] for task in tasks}) == len([w for w in waves if len(w) > 1])
+    assert len(tasks) == sum(len(w) for w in waves if len(w) > 1)
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_job_cancelled_with_scancel_mid_training_resumes_on_the_next_call(
+        slurm_cluster, fake_repo: Path, tmp_path: Path) -> None:  # noqa: ANN001, F811
+    workdir, hung = tmp_path / "work", "base de-en seed42"
+    chain, job = hung_on_slurm(slurm_cluster, fake_repo, workdir, hung)
+    subprocess.run(["scancel", job], check=True, env=slurm_cluster.env)
+    out, err = chain.communicate(timeout=300)
+    assert chain.returncode == 2 and err.count("\n") == 1, err
+    # as SLURM ends it: the command saves at the SIGTERM (exit 0) or dies of it; the job is CANCELLED or COMPLETING
+    assert re.search(f"reproduce.py: error: stage '{hung}' (stopped before it finished|failed \\(exit -?\\d+); "
+                     f"job {job}, [A-Z]+", err), err
+    assert "run the same command again to resume" in err
+    again = start_chain(fake_repo, tiny(workdir, *SLURM), SLURM_CONF=str(slurm_cluster.conf))
+    out, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err
+    run = workdir / "runs" / "best_de-en" / "seed42"
+    assert [args for stage, args in calls(workdir) if stage == hung][1] == [f"trainer.resume={run}"]
+    assert (workdir / "runs" / "reproduce_tiny.json").is_file()
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_slurm_job_a_killed_call_left_running_saves_before_the_next_call_takes_over(
+        slurm_cluster, fake_repo: Path, tmp_path: Path) -> None:  # noqa: ANN001, F811
+    workdir, hung = tmp_path / "work", "base de-en seed42"
+    chain, job = hung_on_slurm(slurm_cluster, fake_repo, workdir, hung)
+    chain.kill()
+    chain.wait(timeout=60)
+    again = start_chain(fake_repo, tiny(workdir, *SLURM), SLURM_CONF=str(slurm_cluster.conf))
+    out, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err
+    assert f"reproduce.py: wait  {hung}: SLURM job {job} left by an earlier call; SIGTERM, then it saves" in out
+    run = workdir / "runs" / "best_de-en" / "seed42"
+    assert [args for stage, args in calls(workdir) if stage == hung][1] == [f"trainer.resume={run}"]

@@ -113,23 +113,26 @@ class StageJob:
 
 class SubmittedStage:
     """A stage's job as the scheduler sees a process: ``poll()``, ``returncode``, ``pid`` (the job id), ``args``,
-    ``send_signal``, ``kill``; ``ended_how`` says how a job that left no exit status ended."""
+    ``send_signal``, ``kill``; ``describe()`` names it in a line about its stage."""
 
     def __init__(self, job: Any, args: list[str], slurm: bool) -> None:
         self.job, self.args, self.slurm, self.cluster = job, args, slurm, "slurm" if slurm else "local"
         self.pid = job.job_id if slurm else int(job.job_id)  # a local job's id is its controller's pid
-        self.returncode, self.ended_how = None, ""
+        self.returncode, self.no_status = None, False
         self._next_look = 0.0
 
     def poll(self) -> int | None:
         if self.returncode is None and self._ended():
             try:
                 self.returncode = int(self.job.result())
-            except Exception:  # noqa: BLE001 - submitit's own errors: the job ended without a result
-                self.returncode = 128 + signal.SIGTERM
-                self.ended_how = (f"ended without an exit status (cancelled, timed out or its node lost; job "
-                                  f"{self.pid}, state {self._state() or 'gone from the queue'})")
+            except Exception:  # noqa: BLE001 - submitit's own errors: the job ended without running to its end
+                self.returncode, self.no_status = 128 + signal.SIGTERM, True
         return self.returncode
+
+    def describe(self) -> str:
+        """The job for a line that says how its stage ended: its id and, on SLURM, its last state."""
+        state = f", {self._state() or 'gone from the queue'}" if self.slurm else ""
+        return f"job {self.pid}{state}" + ("; it left no exit status" if self.no_status else "")
 
     def _ended(self) -> bool:
         if self.job.paths.result_pickle.exists():

@@ -164,8 +164,8 @@ def book_ended(chain: Chain, running: Running, clock: Clock, finished: set[str],
         if stopped:
             held.add(name)
             continue
-        how = f"failed (exit {process.returncode})" if process.returncode else "stopped before it finished"
-        how = getattr(process, "ended_how", "") or how  # a cluster's job that left no exit status
+        job = f"; {process.describe()}" if hasattr(process, "describe") else ""  # a launcher's job: its id
+        how = f"failed (exit {process.returncode}{job})" if process.returncode else f"stopped before it finished{job}"
         if process.returncode == EXIT_WRITE_STOPPED:
             how = f"ran out of disk space ({free_space(chain.workdir)}; exit {EXIT_WRITE_STOPPED})"
         failed.append(f"stage '{name}' {how}; its log: {log_path(chain.workdir, name)}")
