@@ -5,10 +5,12 @@ tests/test_reproduce.py, so only the launching is tested."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -216,3 +218,39 @@ def test_a_slurm_job_a_killed_call_left_running_saves_before_the_next_call_takes
     assert f"reproduce.py: wait  {hung}: SLURM job {job} left by an earlier call; SIGTERM, then it saves" in out
     run = workdir / "runs" / "best_de-en" / "seed42"
     assert [args for stage, args in calls(workdir) if stage == hung][1] == [f"trainer.resume={run}"]
+
+
+def test_a_budget_caps_the_jobs_time_limit_and_the_launcher_keys_reach_submitit(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import submitit
+
+    from nmt.chain.launch import StageJob, launcher_config, submit_wave
+
+    seen: dict = {}
+
+    class Executor:  # submitit's AutoExecutor as far as submit_wave uses it
+        def __init__(self, folder: str, cluster: str, **init: object) -> None:
+            seen.update(folder=folder, cluster=cluster, init=init)
+
+        def update_parameters(self, **parameters: object) -> None:
+            seen["parameters"] = parameters
+
+        def batch(self):  # noqa: ANN202
+            return contextlib.nullcontext()
+
+        def submit(self, job: StageJob) -> object:
+            return types.SimpleNamespace(job_id="7_0")
+
+    monkeypatch.setattr(submitit, "AutoExecutor", Executor)
+    monkeypatch.setattr("nmt.chain.launch.check_slurm_answers", lambda: None)
+    config = launcher_config("submitit_slurm", ["launcher.partition=gpu", "launcher.timeout_min=600",
+                                                "launcher.max_num_timeout=3"], tmp_path / "jobs")
+    job = StageJob(lambda: ["true"], tmp_path, tmp_path / "log", {})
+    [submitted] = submit_wave(config, "submitit_slurm", [(job, ["true"])], seconds_left=30 * 60)
+    assert submitted.pid == "7_0" and seen["cluster"] == "slurm" and seen["init"] == {"slurm_max_num_timeout": 3}
+    assert seen["folder"] == str(tmp_path / "jobs" / "%j")
+    parameters = seen["parameters"]
+    assert parameters["timeout_min"] == 32  # the 30 minutes left, and the 2 minutes' grace to save
+    assert parameters["slurm_partition"] == "gpu" and parameters["name"] == "nmt-chain"
+    submit_wave(config, "submitit_slurm", [(job, ["true"])], seconds_left=None)
+    assert seen["parameters"]["timeout_min"] == 600  # no budget: the launcher's own limit
