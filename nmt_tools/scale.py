@@ -20,6 +20,13 @@ builds the training loader as the trainer does and draws one epoch's batches (ha
 the code can be shown to make the same batches). Its cost per pair is the slope of the median peak RSS
 between sizes.
 
+With ``--train-memory`` and several sizes, ``--repeats`` whole ``python train.py`` runs per size, each
+``--train-steps`` steps to its end (validation, checkpoints, the final beam search on valid and test), from a
+cache prepared first: the peak RSS of the process (the kernel's ``VmHWM``), and from ``/proc`` sampled
+every 20 ms the split at the sampled peak into anonymous and file-backed pages, the largest of each, and (sampled
+once a second) the pages of the encoded cache files mapped into the process. Each run's step losses are kept,
+so two versions of the code can be shown to train on the same batches.
+
 The model and optimizer's share of the RSS is estimated from the parameter count in the run's log
 (weights, gradients and AdamW's two moments: 16 bytes a parameter).
 
@@ -75,7 +82,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-train", action="store_true", help="measure preparation only")
     parser.add_argument("--setup-memory", action="store_true",
                         help="measure only the training setup's peak RSS per size, and its bytes per pair")
-    parser.add_argument("--repeats", type=int, default=3, help="setup-memory processes per size (median)")
+    parser.add_argument("--train-memory", action="store_true",
+                        help="per size, the peak RSS of whole train.py runs of --train-steps steps (anonymous and "
+                             "file-backed), and its growth between sizes")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="setup-memory processes, or train-memory runs, per size (median)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds a child process may take")
 
 
@@ -257,18 +268,87 @@ def measure_training(command: list[str], run_dir: Path, steps: int, ranks: int, 
             "model_optimizer_mb_estimate": parameters * BYTES_PER_PARAMETER / MIB if parameters else None}
 
 
+def _sample(pid: int, keys: tuple[str, ...] = ("VmRSS", "VmHWM", "RssAnon", "RssFile")) -> dict[str, float]:
+    """``keys`` of ``/proc/<pid>/status``, in MiB."""
+    with open(f"/proc/{pid}/status") as status:
+        fields = dict(line.split(":", 1) for line in status if ":" in line)
+    return {key: int(fields[key].split()[0]) / 1024 for key in keys}
+
+
+def mapped_mib(pid: int, marker: str) -> float:
+    """The RSS of ``pid``'s mappings of files whose path holds ``marker`` (``/proc/<pid>/smaps``), in MiB."""
+    total, name = 0, ""
+    with open(f"/proc/{pid}/smaps") as smaps:
+        for line in smaps:
+            head = line.split(maxsplit=5)
+            if "-" in head[0] and not head[0].endswith(":"):  # a mapping's first line: address range, ..., path
+                name = head[5] if len(head) > 5 else ""
+            elif head[0] == "Rss:" and marker in name:
+                total += int(head[1])
+    return total / 1024
+
+
+def measure_training_memory(command: list[str], run_dir: Path, timeout: float, project_dir: Path,
+                            interval: float = 0.02) -> dict[str, Any]:
+    """Run ``command`` (a ``train.py`` run) to its end: its peak RSS and how it splits, its step losses.
+
+    ``peak_rss_mb`` is the kernel's peak (``VmHWM``, last read before the process ends; ``ru_maxrss`` would count the
+    fork of this process it started as); ``at_peak`` the sample with the most RSS (every ``interval`` s), split into
+    anonymous and file-backed pages; ``encoded_maps_mb`` the most RSS seen (once a
+    second) in mappings of the encoded cache files.
+    """
+    output = run_dir.with_name(run_dir.name + ".out")
+    start, samples, maps, last_maps = time.perf_counter(), [], 0.0, 0.0
+    with open(output, "w") as out:
+        process = subprocess.Popen(command, cwd=project_dir, env=_child_env(project_dir), stdout=out,
+                                   stderr=subprocess.STDOUT)
+    try:
+        while True:
+            pid, status, _ = os.wait4(process.pid, os.WNOHANG)
+            if pid:
+                process.returncode = os.waitstatus_to_exitcode(status)
+                break
+            if time.perf_counter() - start > timeout:
+                raise RuntimeError(f"{' '.join(command)} ran past {timeout:.0f} s")
+            try:
+                samples.append(_sample(process.pid))
+                if time.perf_counter() - last_maps >= 1.0:
+                    maps = max(maps, mapped_mib(process.pid, f"{os.sep}encoded{os.sep}"))
+                    last_maps = time.perf_counter()
+            except (OSError, KeyError, ValueError, IndexError):  # the process is leaving
+                pass
+            time.sleep(interval)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            process.wait()
+    if process.returncode != 0 or not samples:
+        raise RuntimeError(f"{' '.join(command)} failed (exit {process.returncode}): "
+                           f"{output.read_text()[-2000:].strip()}")
+    peak = max(samples, key=lambda sample: sample["VmRSS"])
+    log = run_dir / "train_log.jsonl"
+    losses = [json.loads(line)["loss"] for line in log.read_text().splitlines()] if log.exists() else []
+    return {"seconds": time.perf_counter() - start, "peak_rss_mb": max(s["VmHWM"] for s in samples),
+            "at_peak": {"rss_mb": peak["VmRSS"], "rss_anon_mb": peak["RssAnon"], "rss_file_mb": peak["RssFile"]},
+            "max_rss_anon_mb": max(s["RssAnon"] for s in samples),
+            "max_rss_file_mb": max(s["RssFile"] for s in samples), "encoded_maps_mb": maps, "losses": losses}
+
+
 # -- the benchmark ----------------------------------------------------------------------------------
 
 
-def train_command(files: dict[str, Any], cache: Path, run_dir: Path, args: argparse.Namespace, ranks: int) -> list[str]:
-    """``python train.py`` (or ``torchrun --nproc_per_node 2 train.py``) on the synthetic corpus."""
+def train_command(files: dict[str, Any], cache: Path, run_dir: Path, args: argparse.Namespace, ranks: int,
+                  max_steps: int | None = None) -> list[str]:
+    """``python train.py`` (or ``torchrun --nproc_per_node 2 train.py``) on the synthetic corpus, ``max_steps`` steps
+    (default: 50 more than ``--train-steps``, so that a run is stopped while it trains)."""
     launcher = [sys.executable] if ranks == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
     files_value = "{" + ",".join(f"{split}:{{src:'{f['src']}',tgt:'{f['tgt']}'}}" for split, f in files.items()) + "}"
     return [*launcher, str(args.project_dir / "train.py"), "data=files", f"data.files={files_value}",
             "data.valid_split=valid", "data.test_splits=[test]", f"data.cache_dir={cache}",
             f"data.tokenizer.vocab_size={args.vocab_size}", f"trainer.device={args.device}",
-            f"trainer.max_steps={args.train_steps + 50}", f"hydra.run.dir={run_dir}", *args.train_overrides]
+            f"trainer.max_steps={max_steps or args.train_steps + 50}", f"hydra.run.dir={run_dir}",
+            *args.train_overrides]
 
 
 def files_data_config(files: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -303,15 +383,49 @@ def benchmark_setup_memory(args: argparse.Namespace) -> dict[str, Any]:
             "bytes_per_pair": per_pair}
 
 
+def benchmark_training_memory(args: argparse.Namespace) -> dict[str, Any]:
+    """``--train-memory``: per size, ``--repeats`` whole ``train.py`` runs of ``--train-steps`` steps on a cache
+    prepared first (``measure_training_memory``); then the growth of the median peak RSS between consecutive sizes
+    and between the first and the last."""
+    sizes = []
+    for n in args.synthetic_pairs:
+        files = synthetic_corpus(Path(args.mirror), n, args.noise, args.seed, args.work_dir)
+        with tempfile.TemporaryDirectory(prefix=f"cache_{n}_", dir=args.work_dir) as cache_dir:
+            cache = Path(cache_dir)
+            prepared = measure_prepare(files_data_config(files, args), cache, args.timeout, args.project_dir)
+            runs = []
+            for repeat in range(args.repeats):
+                run_dir = cache / f"run_{repeat}"
+                command = train_command(files, cache, run_dir, args, 1, max_steps=args.train_steps)
+                runs.append(measure_training_memory(command, run_dir, args.timeout, args.project_dir))
+                peak = runs[-1]["at_peak"]
+                print(f"{prepared['pairs']:,} pairs, run {repeat + 1}: peak RSS {runs[-1]['peak_rss_mb']:.0f} MiB "
+                      f"(sampled: anonymous {peak['rss_anon_mb']:.0f}, file-backed {peak['rss_file_mb']:.0f}; encoded "
+                      f"cache mapped {runs[-1]['encoded_maps_mb']:.1f}) in {runs[-1]['seconds']:.0f} s", flush=True)
+        median = statistics.median(run["peak_rss_mb"] for run in runs)
+        sizes.append({"requested_pairs": n, "pairs": prepared["pairs"], "peak_rss_mb": median, "runs": runs})
+    steps = [*zip(sizes, sizes[1:]), *([(sizes[0], sizes[-1])] if len(sizes) > 2 else [])]
+    growth = {f"{a['pairs']}-{b['pairs']}": b["peak_rss_mb"] - a["peak_rss_mb"] for a, b in steps}
+    for between, mib in growth.items():
+        print(f"{between} pairs: peak RSS {mib:+.1f} MiB (medians)", flush=True)
+    return {"noise": args.noise, "seed": args.seed, "repeats": args.repeats, "train_steps": args.train_steps,
+            "train_overrides": args.train_overrides, "train_memory": sizes, "peak_rss_growth_mb": growth}
+
+
 def benchmark_scale(args: argparse.Namespace) -> tuple[dict[str, Any], torch.device]:
     """The ``scale`` mode: corpus, cold and cached preparation, training start and memory; prints a summary.
     With ``--setup-memory``: the training setup's memory per size only."""
     if not args.mirror:
         fail("benchmark.py scale", "no corpus mirror; set NMT_DATA_MIRROR or pass --mirror")
+    if args.setup_memory and args.train_memory:
+        fail("benchmark.py scale", "--setup-memory and --train-memory are two benchmarks; give one")
     if args.setup_memory:
         return benchmark_setup_memory(args), torch.device("cpu")
+    if args.train_memory:
+        return benchmark_training_memory(args), torch.device(args.device if args.device != "auto" else "cpu")
     if len(args.synthetic_pairs) != 1:
-        fail("benchmark.py scale", "several --synthetic-pairs sizes go with --setup-memory; give one size")
+        fail("benchmark.py scale", "several --synthetic-pairs sizes go with --setup-memory or --train-memory; "
+             "give one size")
     root, n = args.work_dir, args.synthetic_pairs[0]
     start = time.perf_counter()
     files = synthetic_corpus(Path(args.mirror), n, args.noise, args.seed, root)

@@ -25,6 +25,7 @@ from nmt.data import (
     PreparedData,
     RaggedIds,
     TokenBucketSampler,
+    batching,
     build_loader,
     collate_batch,
 )
@@ -309,6 +310,17 @@ def test_the_sampler_holds_two_bytes_a_length_and_four_an_index() -> None:
     sampler = TokenBucketSampler.from_split(_split(n=997), 300, shuffle=True, seed=1)
     order, _ = sampler._rank_plan()
     assert sampler.src_lengths.dtype == sampler.tgt_lengths.dtype == np.uint16 and order.dtype == np.int32
+
+
+def test_each_epoch_plan_gives_its_temporary_arrays_back_to_the_os(monkeypatch: pytest.MonkeyPatch) -> None:
+    # glibc would keep the plan's sort keys, permutation and argsort (~20 bytes a pair) in the RSS (issue 66).
+    released = []
+    monkeypatch.setattr(batching, "release_free_memory", lambda: released.append(True))
+    sampler = TokenBucketSampler.from_split(_split(n=997), 300, shuffle=True, seed=1)
+    batches = len(sampler)
+    assert len(list(sampler)) == batches and len(released) == 1  # epoch 0 planned once, for its length and batches
+    list(sampler)
+    assert len(released) == 2 and sampler.state_dict()["epoch"] == 2  # and epoch 1 once
 
 
 def test_a_mixture_epoch_is_the_one_planned_with_int64_lengths_and_indices() -> None:

@@ -82,6 +82,46 @@ def test_a_mapped_split_pickles_as_its_paths(tmp_path: Path) -> None:
     assert pickle.loads(pickle.dumps(RaggedIds.from_rows(ROWS))) == ROWS  # in memory: by value
 
 
+def _mapped_kib(folder: Path) -> int:
+    """The RSS of this process's mappings of files in ``folder`` (``/proc/self/smaps``), KiB."""
+    total, name = 0, ""
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(maxsplit=5)
+        if "-" in head[0] and not head[0].endswith(":"):
+            name = head[5] if len(head) > 5 else ""
+        elif head[0] == "Rss:" and name.startswith(str(folder)):
+            total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux: the mappings' pages are read from /proc")
+def test_rows_of_a_mapped_split_are_read_from_its_files_not_through_the_mapping(tmp_path: Path) -> None:
+    # A page touched through a mapping stays in the process's RSS with its neighbours (64 KiB a fault, or a large
+    # folio): a few batches of scattered rows put most of a big training split's files there (issue 66).
+    rows = [[i % 7000 + 4] * (i % 13) for i in range(60_000)]  # ~800 KiB of tokens, ~470 KiB of offsets
+    with SplitWriter(tmp_path / "train.k", np.dtype(np.uint16)) as writer:
+        writer.append(rows, rows[::-1])
+        writer.commit({})
+    src, tgt, _ = open_split(tmp_path / "train.k")
+    picked = np.random.default_rng(0).permutation(len(rows))[:2000].tolist()
+    assert [src[i] for i in picked] == [rows[i] for i in picked] and tgt[-1] == rows[0] and src[1:3] == rows[1:3]
+    assert src.lengths.tolist() == list(map(len, rows)) and len(src.tokens) == sum(map(len, rows))
+    assert _mapped_kib(tmp_path) == 0  # mapped, yet not one page of the four files in this process's memory
+    for path in tmp_path.glob("*.npy"):
+        path.unlink()  # a cache deleted (or rebuilt) under a run: the files opened stay readable
+    assert src[picked[0]] == rows[picked[0]] and src == RaggedIds.from_rows(rows)
+
+
+def test_a_split_mapped_but_not_yet_read_from_reads_through_the_mapping_once_its_files_are_gone(
+    tmp_path: Path,
+) -> None:
+    _write(tmp_path / "s")
+    src = pickle.loads(pickle.dumps(open_split(tmp_path / "s")[0]))  # mapped again, no file opened yet
+    for path in tmp_path.glob("*.npy"):
+        path.unlink()
+    assert list(src) == ROWS and src.lengths.tolist() == [len(row) for row in ROWS]
+
+
 def test_an_interrupted_write_leaves_nothing(tmp_path: Path) -> None:
     stem = tmp_path / "enc" / "train.k"
     with pytest.raises(KeyboardInterrupt), SplitWriter(stem, np.dtype(np.uint16)) as writer:

@@ -142,3 +142,50 @@ def test_the_train_command_composes(mirror_dir: Path, tmp_path: Path, ranks: int
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert files["train"]["src"] in done.stdout and "max_steps: 60" in done.stdout
+
+
+# A stand-in for a whole train.py run: holds 64 MiB of anonymous memory, touches a mapped "encoded" cache file,
+# logs two steps and exits.
+FAKE_TRAINING = """
+import json, mmap, sys, time
+from pathlib import Path
+run = Path(sys.argv[1])
+run.mkdir()
+held = bytearray(64 << 20)
+held[::4096] = b"x" * len(held[::4096])  # every page touched
+(run.parent / "encoded").mkdir(exist_ok=True)
+cache = run.parent / "encoded" / "train.tokens.npy"
+cache.write_bytes(b"\\1" * (8 << 20))
+with open(cache, "rb") as file:
+    mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    sum(mapped[i] for i in range(0, len(mapped), 4096))
+    (run / "train_log.jsonl").write_text('{"step": 1, "loss": 9.5}\\n{"step": 2, "loss": 9.25}\\n')
+    time.sleep(1.5)
+"""
+
+
+def test_a_whole_training_is_measured_to_its_end_anonymous_and_file_backed(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(FAKE_TRAINING)
+    report = scale.measure_training_memory([sys.executable, str(script), str(tmp_path / "run")], tmp_path / "run",
+                                           timeout=60, project_dir=REPO_ROOT)
+    assert report["losses"] == [9.5, 9.25] and report["seconds"] >= 1.5
+    assert report["peak_rss_mb"] >= report["at_peak"]["rss_mb"] >= 64  # its own peak, not this process's (torch)
+    assert report["peak_rss_mb"] < 200 and report["max_rss_anon_mb"] >= report["at_peak"]["rss_anon_mb"] >= 64
+    assert report["max_rss_file_mb"] >= 8
+    assert 8 <= report["encoded_maps_mb"] <= 8.1  # the cache file's pages, mapped into the process
+    assert (tmp_path / "run.out").exists()
+
+
+def test_a_training_that_fails_is_an_error_with_its_output(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="exit 3.*no corpus here"):
+        scale.measure_training_memory([sys.executable, "-c", "import sys; print('no corpus here'); sys.exit(3)"],
+                                      tmp_path / "run", timeout=60, project_dir=REPO_ROOT)
+
+
+def test_setup_and_train_memory_are_two_benchmarks(
+    mirror_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stop:
+        scale.benchmark_scale(_args(tmp_path, mirror_dir, "--setup-memory", "--train-memory"))
+    assert stop.value.code == 2 and "give one" in capsys.readouterr().err

@@ -72,9 +72,7 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
     stages = plan(chain)
     device = auto_device() if settings["device"] == "auto" else settings["device"]
     card = cuda_card() if device == "cuda" else None
-    parallel, chosen = choose_parallel(settings["parallel"], str(device), card)
-    if launcher is not None and settings["parallel"] == "auto":  # the cluster's queue decides what runs when
-        parallel, chosen = len(stages), f"launcher={settings['launcher']}: each wave of stages as one job array"
+    parallel, chosen = stages_at_once(settings, str(device), card, len(stages))
     use_mps, mps_reason = choose_mps(settings["mps"], str(device), parallel, card)
     mps_reason = f"; {mps_reason}" if mps_reason else ""
     clock = Clock(state_dir(workdir) / "times.json", dict(recipe.eta_minutes[str(device)]))
@@ -99,6 +97,14 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
             say(f"retrain {stage.name}: its kept files are now in {chain.relative(aside)}")
         return run_chain(chain, stages, parallel, clock, budget, f"parallel={parallel} ({chosen}){mps_reason}",
                          use_mps, go_on_command(args, workdir))
+
+
+def stages_at_once(settings: dict[str, Any], device: str, card: Any, stages: int) -> tuple[int, str]:
+    """How many stages run at once and why: ``parallel=``, or with a launcher and ``parallel=auto`` every stage
+    that can start (the cluster's queue decides what runs when)."""
+    if settings["launcher"] != "local" and settings["parallel"] == "auto":
+        return stages, f"launcher={settings['launcher']}: each wave of stages as one job array"
+    return choose_parallel(settings["parallel"], device, card)
 
 
 def auto_device() -> str:

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Sampler
 
+from nmt.common.memory import release_free_memory
 from nmt.data.encoded import EncodedSplit, SplitPart
 from nmt.data.errors import DataError
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -259,8 +260,13 @@ class TokenBucketSampler(Sampler[list[int]]):
         # Non-shuffled batches don't depend on the epoch: compute them once.
         epoch = self.epoch if self.shuffle else 0
         if self._cached is None or self._cached[0] != epoch:
+            self._cached = None  # the last epoch's plan goes before this one's is made
             order, spans = self.epoch_plan(epoch)
             self._cached = (epoch, order, spans[self.rank :: self.world_size])
+            # The plan's temporary arrays (sort keys, permutation, argsort: ~20 bytes a pair) were freed into glibc's
+            # heap, which would keep them in the RSS for the rest of the run; 8 bytes a pair stay (the two uint16
+            # lengths and the int32 order).
+            release_free_memory()
         return self._cached[1], self._cached[2]
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -43,6 +44,8 @@ class RaggedIds(Sequence[list[int]]):
     def __init__(self, tokens: np.ndarray, offsets: np.ndarray) -> None:
         self.tokens = tokens
         self.offsets = offsets
+        self._files: _FileRows | None = None  # a mapped split's files, opened at the first row read
+        self._files_opened = False
 
     @classmethod
     def from_rows(cls, rows: Iterable[Sequence[int]]) -> RaggedIds:
@@ -94,7 +97,30 @@ class RaggedIds(Sequence[list[int]]):
         rows = range(len(self))[index]  # negative indices count from the end; IndexError past it
         if isinstance(rows, range):
             return [self[i] for i in rows]
+        if (files := self._files if self._files_opened else self._open_files()) is not None:
+            return files.row(rows)
         return self.tokens[self.offsets[rows] : self.offsets[rows + 1]].tolist()
+
+    def _open_files(self) -> _FileRows | None:
+        """A mapped split's files, open to read rows from (None in memory, or for a cache deleted under its mapping).
+        Rows are read from the files, not through the mapping: a page touched in a mapping stays in this process's
+        RSS, and the kernel maps its neighbours with it (64 KiB, or a whole large folio, a fault), so a few batches
+        of scattered rows would put most of a big split's files in the memory of every process that reads it.
+        """
+        self._files_opened = True
+        try:
+            files = [open(path, "rb", buffering=0) for path in self.paths or ()]  # noqa: SIM115  # kept open
+        except OSError:  # a cache deleted under its mapping
+            files = []
+        arrays = (self.tokens, self.offsets)
+        # Whole files' arrays in this machine's byte order (a view of part of one would be read at the wrong place).
+        if files and all(os.fstat(f.fileno()).st_size == a.offset + a.nbytes and a.dtype.isnative
+                         for f, a in zip(files, arrays)):
+            self._files = _FileRows(*zip(files, arrays))
+        else:
+            for file in files:
+                file.close()
+        return self._files
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, RaggedIds):
@@ -114,6 +140,38 @@ class RaggedIds(Sequence[list[int]]):
     def __repr__(self) -> str:
         where = f", mapped from {self.paths[0]}" if self.paths else ""
         return f"RaggedIds({len(self)} rows, {len(self.tokens)} ids, {self.tokens.dtype}{where})"
+
+
+class _FileRows:
+    """Rows of a mapped ``RaggedIds`` read with ``pread`` from its two ``.npy`` files (kept open, so a row stays
+    readable when the cache is deleted or rewritten meanwhile): the page cache holds them, not this process."""
+
+    __slots__ = ("files", "fds", "offsets_at", "token_code", "token_size", "tokens_at")
+
+    def __init__(self, tokens: tuple[io.FileIO, np.memmap], offsets: tuple[io.FileIO, np.memmap]) -> None:
+        self.files = (tokens[0], offsets[0])
+        self.fds = (tokens[0].fileno(), offsets[0].fileno())
+        self.tokens_at, self.offsets_at = tokens[1].offset, offsets[1].offset  # where the data starts in each file
+        self.token_size, self.token_code = tokens[1].dtype.itemsize, tokens[1].dtype.char  # the offsets are int64
+
+    def row(self, index: int) -> list[int]:
+        """Row ``index`` (0 <= index < rows) as a list of ids."""
+        start, end = self._read(1, self.offsets_at + 8 * index, 16).cast("q")
+        size = self.token_size
+        return self._read(0, self.tokens_at + size * start, size * (end - start)).cast(self.token_code).tolist()
+
+    def first_and_last_offset(self, rows: int) -> tuple[int, int]:
+        """``offsets[0]`` and ``offsets[rows]``."""
+        first, last = (self._read(1, self.offsets_at + 8 * i, 8).cast("q")[0] for i in (0, rows))
+        return first, last
+
+    def _read(self, which: int, at: int, size: int) -> memoryview:
+        """``size`` bytes at ``at`` of the tokens' (``which`` 0) or the offsets' (1) file."""
+        data = os.pread(self.fds[which], size, at)
+        if len(data) != size:
+            raise DataError(f"{self.files[which].name} ends before byte {at + size}: a cache file changed under "
+                            "this process; run again to rebuild it.")
+        return memoryview(data)
 
 
 def map_ragged(tokens_path: str | Path, offsets_path: str | Path) -> RaggedIds:
@@ -309,6 +367,8 @@ def _open_side(stem: Path, side: str, manifest: dict[str, Any]) -> RaggedIds:
             raise ValueError(f"{path.name} has {size} bytes, expected {array.offset + array.nbytes}")
         arrays.append(array)
     ids = RaggedIds(*arrays)
-    if ids.offsets[0] != 0 or ids.offsets[-1] != len(ids.tokens):
+    files = ids._open_files()  # now, while they are there
+    first, last = files.first_and_last_offset(len(ids)) if files else (ids.offsets[0], ids.offsets[-1])
+    if first != 0 or last != len(ids.tokens):
         raise ValueError(f"the offsets of {stem.name}.{side} do not run from 0 to the token count")
     return ids

@@ -4,10 +4,7 @@ built with matplotlib's object API on the Agg canvas (no pyplot state, no displa
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +12,7 @@ import numpy as np
 from torch import Tensor
 
 from nmt.common.files import write_durably
+from nmt.common.memory import release_free_memory
 from nmt.inference.words import as_array
 
 if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn: translating without plots skips it
@@ -62,20 +60,11 @@ def attention_figure(weights: Tensor | np.ndarray, src_labels: Sequence[str], tg
     return fig
 
 
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``; None under another C library (macOS, musl)."""
-    library = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(library), "malloc_trim", None) if library else None
-    return trim
-
-
 def release_figure_memory() -> None:
     """Give the memory a drawn figure freed back to the OS. Drawing the largest heatmap takes about 100 MB, which
     glibc otherwise keeps in the drawing thread's arena for the rest of the process; ``malloc_trim`` returns the
     free pages of every arena."""
-    if (trim := _malloc_trim()) is not None:
-        trim(0)
+    release_free_memory()
 
 
 def save_png(fig: Figure, path: str | Path) -> Path:
