@@ -116,7 +116,7 @@ class SubmittedStage:
     ``send_signal``, ``kill``; ``describe()`` names it in a line about its stage."""
 
     def __init__(self, job: Any, args: list[str], slurm: bool) -> None:
-        self.job, self.args, self.slurm, self.cluster = job, args, slurm, "slurm" if slurm else "local"
+        self.job, self.args, self.slurm = job, args, slurm
         self.pid = job.job_id if slurm else int(job.job_id)  # a local job's id is its controller's pid
         self.returncode, self.no_status = None, False
         self._next_look = 0.0

@@ -190,8 +190,14 @@ def note_running(workdir: Path, running: dict[str, Any]) -> None:
     """``runs/.reproduce/running.json``: each running stage's pid (a SLURM job: its id) and command, for a call after
     a SIGKILL."""
     write_json_durably(state_dir(workdir) / "running.json", {
-        name: {"pid": process.pid, "command": process.args, "job": getattr(process, "cluster", None)}
+        name: {"pid": process.pid, "command": process.args, "job": job_kind(process)}
         for name, (_, process, _) in running.items()})
+
+
+def job_kind(process: Any) -> str | None:
+    """A launcher's job: ``slurm`` or ``local`` (submitit's controller); None for the local runner's process."""
+    slurm = getattr(process, "slurm", None)
+    return None if slurm is None else "slurm" if slurm else "local"
 
 
 def stop_left_running(workdir: Path, grace: float, say: Any) -> None:
