@@ -586,3 +586,30 @@ def test_a_finished_run_without_checkpoints_is_trained_again_where_a_later_stage
     assert (tmp_path / "runs/best_en-de/seed42/checkpoints/last.pt").is_file()
 
 
+def test_a_back_translation_kept_without_its_pairs_is_made_again_by_a_retrained_model(
+        fake_repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A kept workdir holds bt_en's provenance.json (complete) but not its synthetic pairs, and the base runs
+    without checkpoints: the bt trainings read the pairs, so the back-translation is named and made again, after
+    its model is retrained; its kept record is set aside, not lost."""
+    for pair in ("de-en", "en-de"):
+        run = tmp_path / "runs" / f"best_{pair}" / "seed42"
+        (run / "translations").mkdir(parents=True)
+        (run / "results.json").write_text(json.dumps({"valid": {"bleu": 40.0}, "test": {}, "wall_seconds": 60}))
+    (tmp_path / "runs/bt_en").mkdir()
+    (tmp_path / "runs/bt_en/provenance.json").write_text(json.dumps(
+        {"status": "complete", "bytes": {"train.de": 8357280, "train.en": 7486758}}))
+    args = ["recipe=bt_best", f"workdir={tmp_path}", "device=cpu"]
+    command.main([*args, "dry_run=true"], fake_repo)
+    said = capsys.readouterr().out
+    assert ("retrain backtranslate bt_en: runs/bt_en keeps provenance.json but not its synthetic pairs, and stage "
+            "'bt de-en seed42' reads them") in said
+    assert "retrain base en-de seed42: runs/best_en-de/seed42 keeps results.json but no checkpoints" in said
+    assert "to run   backtranslate bt_en" in said and "retrain base de-en" not in said
+    command.main(args, fake_repo)
+    ran = [stage for stage, _ in calls(tmp_path)]
+    assert ran[:3] == ["base en-de seed42", "backtranslate bt_en", "bt de-en seed42"]
+    assert ran.count("backtranslate bt_en") == 1 and "base de-en seed42" not in ran
+    aside = json.loads((tmp_path / "runs/.reproduce/replaced/bt_en/provenance.json").read_text())
+    assert aside["bytes"]["train.de"] == 8357280
+
+

@@ -130,11 +130,12 @@ def backtranslate_stage(chain: Chain, entry: DictConfig, folder: Path) -> Stage:
                  lambda: command, lambda: synthetic_complete(folder))
 
 
-def synthetic_complete(folder: Path) -> bool:
-    """Whether backtranslate.py finished ``folder`` (nmt.data, which brings PyTorch, imported only for such a stage)."""
+def synthetic_complete(folder: Path, with_pairs: bool = False) -> bool:
+    """Whether backtranslate.py finished ``folder``; by default whether or not its pairs are kept, which only a stage
+    left to run needs (``workdir.runs_to_retrain``). nmt.data brings PyTorch: imported only for such a stage."""
     from nmt.data.synthetic import is_complete
 
-    return is_complete(folder)
+    return is_complete(folder, with_pairs)
 
 
 def tune_stage(chain: Chain, system: DictConfig, pair: str) -> Stage:

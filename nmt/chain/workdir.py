@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from nmt.chain.plan import Chain, Stage
+from nmt.chain.plan import Chain, Stage, synthetic_complete
 from nmt.chain.settings import ChainError
 from nmt.common.files import folder_lock, write_json_durably
 
@@ -128,41 +128,49 @@ def test_sentences(scores: dict[str, Any]) -> int | None:
 
 
 def runs_to_retrain(stages: list[Stage], workdir: Path) -> dict[str, str]:
-    """Finished trainings whose checkpoints a stage left to run reads, and which no longer have them (a kept
-    workdir on a new machine keeps results.json, config.yaml and translations/ only): each one's stage name, with
-    the reason in words. Such a stage is planned again (``done`` answers False), and so, in turn, are the
-    trainings whose checkpoints its own inputs need.
+    """Finished stages whose outputs a stage left to run reads, and which no longer hold them: trainings without
+    their checkpoints, and back-translations without their synthetic pairs (a kept workdir on a new machine keeps
+    results.json, config.yaml, translations/ and provenance.json only). Each one's stage name, with the reason in
+    words. Such a stage is planned again (``done`` answers False), and so, in turn, are the trainings whose
+    checkpoints its own inputs need.
 
     Raises:
         ChainError: such a run that no stage of the chain makes (it was copied in): naming it and the fix.
     """
-    from nmt.model.checkpoint import CheckpointError, resolve_checkpoint  # brings PyTorch: not for a mistake
-
-    trainings = {stage.outputs[0]: stage for stage in stages if stage.outputs and stage.kind not in NOT_TRAININGS}
+    makers = {stage.outputs[0]: stage for stage in stages if stage.outputs and stage.kind not in ("tune", "report")}
     retrain: dict[str, str] = {}
     while True:
         found = {}
         for stage in [s for s in stages if s.kind != "report" and not s.done()]:
-            for need in [n for n in stage.needs if (n / "results.json").is_file()]:
-                try:
-                    resolve_checkpoint(need)
-                except CheckpointError:
-                    if need not in trainings:
-                        raise ChainError(f"stage '{stage.name}' reads the checkpoint of {need}, which holds "
-                                         "results.json but no checkpoints/best.pt or last.pt: copy its checkpoints/ "
-                                         "into the workdir, or delete its results.json to train it again") from None
-                    if trainings[need].name not in retrain:
-                        found.setdefault(trainings[need].name, (need, stage.name))
+            for need, what in lost_outputs(stage, makers):
+                if makers[need].name not in retrain:
+                    found.setdefault(makers[need].name, (need, stage.name, what))
         if not found:
             return retrain
-        for name, (run, reader) in found.items():
-            stage = next(s for s in stages if s.name == name)
-            stage.done = partial(_with_checkpoint, run, stage.done)  # complete again once retrained
-            retrain[name] = (f"{os.path.relpath(run, workdir)} keeps results.json but no checkpoints, and stage "
-                             f"'{reader}' reads them")
+        for name, (output, reader, what) in found.items():
+            stage = makers[output]
+            stage.done = (partial(synthetic_complete, output, True) if stage.kind == "backtranslate"
+                          else partial(_with_checkpoint, output, stage.done))  # complete again once made again
+            retrain[name] = f"{os.path.relpath(output, workdir)} keeps {what}, and stage '{reader}' reads them"
 
 
-NOT_TRAININGS = ("backtranslate", "tune", "report")  # the stage kinds whose output is not a run with checkpoints
+def lost_outputs(stage: Stage, makers: dict[Path, Stage]) -> Iterator[tuple[Path, str]]:
+    """The finished outputs ``stage`` reads that lost what it reads: each path, and what it keeps, in words."""
+    from nmt.model.checkpoint import CheckpointError, resolve_checkpoint  # brings PyTorch: not for a mistake
+
+    for need in stage.needs:
+        if (need / "results.json").is_file():
+            try:
+                resolve_checkpoint(need)
+            except CheckpointError:
+                if need not in makers:
+                    raise ChainError(f"stage '{stage.name}' reads the checkpoint of {need}, which holds "
+                                     "results.json but no checkpoints/best.pt or last.pt: copy its checkpoints/ "
+                                     "into the workdir, or delete its results.json to train it again") from None
+                yield need, "results.json but no checkpoints"
+        elif (maker := makers.get(need)) and maker.kind == "backtranslate" and maker.done() and \
+                not synthetic_complete(need, with_pairs=True):
+            yield need, "provenance.json but not its synthetic pairs"
 
 
 def _with_checkpoint(run: Path, done: Callable[[], bool]) -> bool:

@@ -5,6 +5,7 @@ one format that back- and forward-translation write and a mixture reads.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -13,6 +14,8 @@ from typing import IO, Any
 
 from nmt.common.files import FolderInUse, folder_lock, write_json_durably
 from nmt.data.errors import DataError
+
+log = logging.getLogger(__name__)
 
 PROVENANCE = "provenance.json"
 LOCK = ".lock"
@@ -70,13 +73,20 @@ def write_record(folder: Path, record: dict[str, Any]) -> None:
     write_json_durably(folder / PROVENANCE, record, indent=1)
 
 
-def is_complete(folder: Path) -> bool:
-    """Whether ``folder`` holds a finished job (a missing or unreadable record: no)."""
+def is_complete(folder: Path, with_pairs: bool = True) -> bool:
+    """Whether ``folder`` holds a finished job (a missing or unreadable record: no) and, unless ``with_pairs`` is
+    False, the pair files its record names (a kept workdir keeps provenance.json, not the pairs)."""
     try:
         record = read_record(folder)
     except SyntheticFolderError:
         return False
-    return record is not None and record.get("status") == COMPLETE
+    return (record is not None and record.get("status") == COMPLETE
+            and not (with_pairs and missing_pairs(folder, record)))
+
+
+def missing_pairs(folder: Path, record: dict[str, Any]) -> list[str]:
+    """The pair files ``record`` names that ``folder`` does not hold."""
+    return [name for name in record.get("bytes") or {} if not (folder / name).is_file()]
 
 
 def check_output_folder(out: Path) -> None:
@@ -110,14 +120,22 @@ def prepare_output(out: Path, record: dict[str, Any]) -> dict[str, Any] | None:
     after the last whole chunk.
 
     Raises:
-        SyntheticFolderError: another job's folder, or files shorter than recorded.
+        SyntheticFolderError: another job's folder, or files shorter than recorded or missing.
     """
     old = read_record(out)
+    if old and old["status"] == COMPLETE and old.get("bytes") and len(missing_pairs(out, old)) == len(old["bytes"]):
+        log.warning("%s says this folder is complete, but none of its pairs (%s) is here (a kept workdir keeps "
+                    "no synthetic pairs): translating again from the first line", out / PROVENANCE,
+                    ", ".join(old["bytes"]))
+        old = None
     if old is None:
         write_record(out, record)
         return record
     check_same_job(out / PROVENANCE, old.get("job") or {}, record["job"])
     if old["status"] == COMPLETE:
+        if missing := missing_pairs(out, old):
+            raise SyntheticFolderError(f"{out / missing[0]} is missing from a finished folder ({out / PROVENANCE} "
+                                       f"records it); delete {out} to start again")
         return None
     for name, size in old["bytes"].items():
         file = out / name
