@@ -6,6 +6,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
+# pytest-xdist workers: the suite on both cores of a 2-core machine (tests/conftest.py gives each its share of threads)
+TEST_WORKERS ?= 2
 
 # Offline machines: a corpus mirror beside the checkout is used when present (see docs/guides/data.md, "Run offline with a corpus mirror").
 SHARED_CORPORA := $(abspath ../shared/corpora)
@@ -31,12 +33,12 @@ lint: install
 	$(PY) -m ruff check .
 
 test: lint
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(ARGS)
 
 # The fast tier (no real-corpus or multi-process runs), e.g. on another Python:
 #   make test-fast PYTHON=python3.13 VENV=.venv-3.13
 test-fast: install
-	$(PY) -m pytest -m "not slow" $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow" $(ARGS)
 
 # The documentation site (mkdocs.yml), built as CI builds it: a broken link or a page left out fails.
 $(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml

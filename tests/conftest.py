@@ -36,10 +36,18 @@ def mirror_dir() -> Path:
     return mirror
 
 
+# pytest-xdist's workers (-n, pyproject.toml's addopts) share the cores: each gets its part of them, and so do the
+# processes its tests start (OMP_NUM_THREADS), since two processes spinning two threads each on two cores slow
+# each other many times over.
+THREADS = max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(THREADS)
+
+
 @pytest.fixture(autouse=True)
 def _deterministic_cpu() -> None:
     torch.manual_seed(0)
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    torch.set_num_threads(THREADS)
 
 
 # --- nmt.data fixtures: tiny synthetic parallel text and a tokenizer trained on it once ---------
