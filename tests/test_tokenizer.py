@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import data_config, make_tiny_parallel, tokenizer_settings
+from conftest import REPO_ROOT, data_config, make_tiny_parallel, tokenizer_settings
 
 from nmt.data import (
     BOS_ID,
@@ -176,6 +178,25 @@ def test_the_same_text_gives_the_same_model_bytes_on_any_number_of_cores(
         tokenizer = train_tokenizer(*tiny_parallel, tokenizer_settings(vocab_size=300), cache_dir=None)
         models.add(tokenizer.to_state()["src_model"])
     assert len(models) == 1
+
+
+SAMPLED_MODEL = """
+import hashlib, sys
+sys.path.insert(0, "tests")
+from conftest import make_tiny_parallel, tokenizer_settings
+from nmt.data import tokenizer
+tokenizer.INPUT_SENTENCE_SIZE = 1000  # of the 3,000 sentences the joint model reads
+model = tokenizer.train_tokenizer(*make_tiny_parallel(1500), tokenizer_settings(vocab_size=300)).to_state()
+print(hashlib.sha256(model["src_model"]).hexdigest())
+"""
+
+
+def test_a_corpus_bigger_than_the_sample_gives_the_same_model_bytes_in_every_process() -> None:
+    """Over INPUT_SENTENCE_SIZE sentences, SentencePiece's own sample, seeded from the random device, gave another
+    model in each process; the fixed sample gives one (separate processes: within one, its seed stays put)."""
+    digests = {subprocess.run([sys.executable, "-c", SAMPLED_MODEL], cwd=REPO_ROOT, capture_output=True, text=True,
+                              check=True).stdout for _ in range(3)}
+    assert len(digests) == 1
 
 
 def test_a_corrupt_cached_model_is_trained_again_with_a_warning(

@@ -9,6 +9,7 @@ import io
 import json
 import logging
 import os
+import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -30,9 +31,10 @@ MODEL_TYPES = ("unigram", "bpe", "word")
 # Bumped when the training recipe changes, so stale cached models are not reused.
 _RECIPE_VERSION = 2  # 2: a fixed SentencePiece thread count
 _STATE_FORMAT = 1
-# SentencePiece holds its training sentences in memory: sample at most this many (shuffled) from
-# a big corpus. 2M sentences give a good vocabulary in a few GB of RAM; Multi30k is far below it.
+# SentencePiece holds its training sentences in memory: at most this many from a big corpus, a sample
+# of them. 2M sentences give a good vocabulary in a few GB of RAM; Multi30k is far below it.
 INPUT_SENTENCE_SIZE = 2_000_000
+SAMPLE_SEED = 0  # which sentences of a bigger corpus are the sample (_sampled): the same ones on every machine
 # Cache files are readable by all, as open() makes them under the usual umask (mkstemp's 0600 would
 # hide a shared cache from the other users of a cluster).
 CACHE_FILE_MODE = 0o644
@@ -229,9 +231,21 @@ def text_hash(*sides: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
+def _sampled(sentences: Iterable[str], count: int) -> Iterable[str]:
+    """``sentences`` (``count`` of them), or a fixed sample of ``INPUT_SENTENCE_SIZE`` of them, in their order,
+    when there are more: SentencePiece's own sample is seeded from the machine's random device, so two machines
+    (or two runs) would train different models on the same corpus."""
+    if count <= INPUT_SENTENCE_SIZE:
+        return sentences
+    keep = bytearray(count)
+    for index in random.Random(SAMPLE_SEED).sample(range(count), INPUT_SENTENCE_SIZE):
+        keep[index] = 1
+    return (sentence for index, sentence in zip(range(count), sentences) if keep[index])
+
+
 def _train_model(sentences: Iterable[str], settings: TokenizerSettings, tags: Sequence[str] = ()) -> bytes:
-    """Train one SentencePiece model in memory; its proto bytes. ``sentences`` may stream: SentencePiece keeps a
-    reservoir sample of at most ``INPUT_SENTENCE_SIZE``. ``tags`` become user-defined symbols.
+    """Train one SentencePiece model in memory; its proto bytes. ``sentences`` may stream, at most
+    ``INPUT_SENTENCE_SIZE`` of them (``_sampled``). ``tags`` become user-defined symbols.
     """
     writer = io.BytesIO()
     try:
@@ -285,12 +299,14 @@ def train_and_cache(key: str, settings: TokenizerSettings, cache_dir: str | Path
     Args:
         sentences: the training sentences of one model, ``"joint"`` (all source sentences, then all target
             sentences), ``"src"`` or ``"tgt"``; called once per model, so it may stream.
-        pairs: the number of training pairs, for the log.
+        pairs: the number of training pairs (each model reads one or two sentences a pair), for the sample and the log.
         tags: reserved source tags, each one piece of the source (or joint) model; they must be part of ``key``.
     """
     start = time.perf_counter()
     names = ("joint",) if settings.joint else ("src", "tgt")
-    models = [_train_model(sentences(name), settings, tags if name != "tgt" else ()) for name in names]
+    count = 2 * pairs if settings.joint else pairs
+    models = [_train_model(_sampled(sentences(name), count), settings, tags if name != "tgt" else ())
+              for name in names]
     tokenizer = Tokenizer(*models)
     paths = _model_paths(key, settings, cache_dir) if cache_dir else []
     for path, blob in zip(paths, models):
