@@ -13,6 +13,8 @@ import torch
 import yaml
 from conftest import SRC, save_tiny_checkpoint, serve_in_thread
 from omegaconf import OmegaConf
+from safetensors import safe_open
+from safetensors.torch import save
 
 from nmt import Translator
 from nmt.export import ExportSettings, export_main
@@ -122,6 +124,23 @@ def test_a_broken_folder_is_one_checkpoint_error(run_and_hub: tuple[Path, Path],
     (broken / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(CheckpointError, match="cannot read the model"):
         load_checkpoint(broken)
+
+
+def test_tied_embeddings_are_stored_once_and_loaded_under_both_names(run_and_hub: tuple[Path, Path],
+                                                                     tmp_path: Path) -> None:
+    """The tied output matrix is one tensor in model.safetensors (its second copy was a fifth of the default
+    model's file); both names come back. A folder written with two copies (before) still loads."""
+    run, hub = run_and_hub
+    with safe_open(str(hub / "model.safetensors"), framework="pt") as handle:
+        stored, twins = set(handle.keys()), json.loads(handle.metadata()["tied"])
+    checkpoint = load_checkpoint(run)["model"]
+    assert twins and not set(twins) & stored and stored | set(twins) == set(checkpoint)
+    assert all(torch.equal(load_checkpoint(hub)["model"][name], tensor) for name, tensor in checkpoint.items())
+    older = tmp_path / "older"
+    shutil.copytree(hub, older)
+    both = {name: tensor.clone() for name, tensor in checkpoint.items()}
+    (older / "model.safetensors").write_bytes(save(both, metadata={"format": "pt"}))
+    assert all(torch.equal(load_checkpoint(older)["model"][name], tensor) for name, tensor in checkpoint.items())
 
 
 def test_half_precision_weights_are_half_the_size_and_translate_as_the_checkpoint(

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from safetensors import SafetensorError
+import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save
 
 from nmt.common.files import write_bytes_durably, write_json_durably
@@ -18,6 +19,7 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 MODEL_TYPE = "nmt-gru-attention"  # config.json's model_type: what a Hub page and this loader look for
 HUB_FORMAT = 1
+TIED = "tied"  # model.safetensors' metadata: {left-out name: the name whose tensor it shares}, as JSON
 
 
 class HubFolderError(ValueError):
@@ -37,13 +39,11 @@ def write_hub_folder(folder: Path, state: dict[str, Any], extra_config: dict[str
     weights in float16 (half the size; read back into float32). Returns the files written.
     """
     folder.mkdir(parents=True, exist_ok=True)
-    # safetensors refuses tensors that share memory: tied embeddings are written as two copies, and
-    # load_state_dict puts both back into the one tied parameter.
-    weights = {name: tensor.detach().clone().contiguous() for name, tensor in state["model"].items()}
+    weights, twins = _once_each(state["model"])
     if half:
         weights = {name: t.half() if t.is_floating_point() else t for name, t in weights.items()}
     # through the one durable write, with the usual permissions (safetensors' save_file makes the file 0600)
-    write_bytes_durably(folder / WEIGHTS_FILE, save(weights, metadata={"format": "pt"}))
+    write_bytes_durably(folder / WEIGHTS_FILE, save(weights, metadata={"format": "pt", TIED: json.dumps(twins)}))
     tokenizer = Tokenizer.from_state(state["tokenizer"])
     files = tokenizer.save(folder)
     config = {"model_type": MODEL_TYPE, "hub_format": HUB_FORMAT, "nmt_version": state.get("nmt_version"),
@@ -51,6 +51,30 @@ def write_hub_folder(folder: Path, state: dict[str, Any], extra_config: dict[str
               **extra_config, "training_config": state["config"]}
     write_json_durably(folder / CONFIG_FILE, config)
     return [folder / WEIGHTS_FILE, folder / CONFIG_FILE, *files]
+
+
+def _once_each(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """A state dict's tensors, each stored once (safetensors refuses tensors that share memory, and a second copy
+    of the tied embeddings is a fifth of the default model), and each left-out name with the name it shares."""
+    weights: dict[str, torch.Tensor] = {}
+    twins: dict[str, str] = {}
+    first: dict[tuple[Any, ...], str] = {}
+    for name, tensor in state.items():
+        same = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+        if tensor.numel() and same in first:
+            twins[name] = first[same]
+        else:
+            first[same] = name
+            weights[name] = tensor.detach().clone().contiguous()
+    return weights, twins
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The weights in float32 (half-precision ones are computed with as trained), each tied name back in."""
+    with safe_open(str(path), framework="pt") as handle:
+        twins = json.loads((handle.metadata() or {}).get(TIED, "{}"))
+    weights = {name: t.float() if t.is_floating_point() else t for name, t in load_file(str(path)).items()}
+    return {**weights, **{name: weights[twin] for name, twin in twins.items()}}
 
 
 def read_hub_folder(folder: str | Path) -> dict[str, Any]:
@@ -74,10 +98,9 @@ def read_hub_folder(folder: str | Path) -> dict[str, Any]:
         tokenizer = Tokenizer.load(folder)
     except (OSError, DataError) as error:
         raise HubFolderError(f"cannot read the model's tokenizer in {folder}: {error}") from None
-    try:  # half-precision weights (export.py half=true) are computed with in float32, as trained
-        weights = {name: tensor.float() if tensor.is_floating_point() else tensor
-                   for name, tensor in load_file(str(folder / WEIGHTS_FILE)).items()}
-    except (OSError, SafetensorError) as error:
+    try:
+        weights = _read_weights(folder / WEIGHTS_FILE)
+    except (OSError, SafetensorError, ValueError, KeyError) as error:
         raise HubFolderError(f"cannot read the model in {folder / WEIGHTS_FILE}: {error} (a truncated or damaged "
                              "copy); copy the whole folder again, or write it with export.py format=hub") from None
     return {"nmt_version": config.get("nmt_version"), "config": config["training_config"],
