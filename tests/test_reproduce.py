@@ -76,7 +76,8 @@ else:
         os.kill(os.getpid(), signal.SIGKILL)
     out = Path(args[args.index("--out") + 1])
     out.parent.mkdir(parents=True, exist_ok=True)
-    row = {{"beam_size": 5, "length_penalty": 1.0, "bleu": 42.5 if "kd_nobt" in " ".join(args) else 42.0}}
+    row = {{"beam_size": 5, "length_penalty": 1.0, "bleu": 42.5 if "kd_nobt" in " ".join(args) else 42.0,
+           "chrf": 61.25}}
     if "--rerank-checkpoint" in args:
         row.update(rerank_weight=0.3, rerank_length_weight=0.5)
     report = {{"best": row, "test": {{"chosen on valid": {{**row, "bleu": 43.0}}}}}}
@@ -148,9 +149,10 @@ def test_the_chain_resumes_after_a_kill_in_every_stage(fake_repo: Path, tmp_path
     assert "data.mirror=/corpora" in first and "data.test_splits=[test_2016_flickr,test_2017_flickr]" in first
     assert "mirror=/corpora" in next(a for stage, a in calls(workdir) if stage.startswith("backtranslate"))
     table = (workdir / "runs" / "reproduce_bt_best.md").read_text()
-    assert "| de-en ensemble reranked | beam 5, α = 1, λ = 0.3, γ = 0.5 | 42.00 | 43.00 | 43.00 |" in table
+    assert "| de-en ensemble reranked | beam 5, α = 1, λ = 0.3, γ = 0.5 | 42.00 | 43.00 | 61.25 | 43.00 |" in table
     assert report["test_split"] == "test_2016_flickr"  # the recipe's split, not the last extra one
-    assert "| system | chosen on val | val BLEU | test_2016_flickr | test_2017_flickr BLEU (once) |" in table
+    assert ("| system | chosen on val | val BLEU | test_2016_flickr BLEU | test_2016_flickr chrF2 | test_2017_flickr "
+            "BLEU |") in table and "| bt de-en seed1 | 40.00 | 41.00 | – | 1.0 |" in table  # the fake runs: no chrF
     # the extra test split: the setting chosen on val, scored once more
     name = "score de-en ensemble reranked test_2017_flickr"
     score = " ".join(next(a for stage, a in calls(workdir) if stage == name))
