@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO_ROOT, data_config, make_tiny_parallel, tokenizer_settings
+from conftest import data_config, make_tiny_parallel, tokenizer_settings
 
 from nmt.data import (
     BOS_ID,
@@ -181,20 +183,22 @@ def test_the_same_text_gives_the_same_model_bytes_on_any_number_of_cores(
 
 
 SAMPLED_MODEL = """
-import hashlib, sys
-sys.path.insert(0, "tests")
-from conftest import make_tiny_parallel, tokenizer_settings
-from nmt.data import tokenizer
+import hashlib, json, sys
+from nmt.data import TokenizerSettings, tokenizer
+job = json.load(open(sys.argv[1], encoding="utf-8"))
 tokenizer.INPUT_SENTENCE_SIZE = 1000  # of the 3,000 sentences the joint model reads
-model = tokenizer.train_tokenizer(*make_tiny_parallel(1500), tokenizer_settings(vocab_size=300)).to_state()
+model = tokenizer.train_tokenizer(*job["pairs"], TokenizerSettings(**job["settings"])).to_state()
 print(hashlib.sha256(model["src_model"]).hexdigest())
 """
 
 
-def test_a_corpus_bigger_than_the_sample_gives_the_same_model_bytes_in_every_process() -> None:
+def test_a_corpus_bigger_than_the_sample_gives_the_same_model_bytes_in_every_process(tmp_path: Path) -> None:
     """Over INPUT_SENTENCE_SIZE sentences, SentencePiece's own sample, seeded from the random device, gave another
     model in each process; the fixed sample gives one (separate processes: within one, its seed stays put)."""
-    digests = {subprocess.run([sys.executable, "-c", SAMPLED_MODEL], cwd=REPO_ROOT, capture_output=True, text=True,
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"pairs": make_tiny_parallel(1500),
+                               "settings": asdict(tokenizer_settings(vocab_size=300))}), encoding="utf-8")
+    digests = {subprocess.run([sys.executable, "-c", SAMPLED_MODEL, str(job)], capture_output=True, text=True,
                               check=True).stdout for _ in range(3)}
     assert len(digests) == 1
 
