@@ -202,6 +202,31 @@ def test_a_stage_time_is_summed_over_the_calls_that_ran_it(tmp_path: Path) -> No
     assert again.remaining("additive de-en seed42", "additive") == 373.0
 
 
+def test_a_stopped_training_needs_the_part_of_its_estimate_its_steps_leave(tmp_path: Path) -> None:
+    """bt_best's first bt training was stopped at step 4,107 of 4,920 after 9,581 s on a loaded machine, against
+    an estimate of 9,000 s: the next call said it had "about 0s" left. What is left follows the steps left."""
+    from tests.test_disk_full import tiny_train_py_args
+
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *tiny_train_py_args(tmp_path)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 0, done.stderr
+    run = tmp_path / "run"
+    assert chain_clock.training_fraction(run) == 1.0  # train.py's own files: 4 steps of 4 planned
+    steps = (run / "train_log.jsonl").read_text().splitlines(keepends=True)
+    (run / "train_log.jsonl").write_text("".join(steps[:3]) + steps[3][:9])  # stopped after step 3, cut mid-line
+    assert chain_clock.training_fraction(run) is None  # a cut line tells nothing
+    (run / "train_log.jsonl").write_text("".join(steps[:3]))
+    assert chain_clock.training_fraction(run) == 0.75
+    assert chain_clock.training_fraction(tmp_path / "not run") is None
+
+    clock = Clock(tmp_path / "times.json", {"bt": 150})  # 9,000 s
+    clock.stopped("bt de-en seed42", 9581.0)
+    assert clock.remaining("bt de-en seed42", "bt") == 0.0  # by time spent alone
+    clock.note_progress({"bt de-en seed42": chain_clock.training_fraction(run), "bt de-en seed43": None})
+    assert clock.remaining("bt de-en seed42", "bt") == 2250.0  # a quarter of 9,000 s
+    assert clock.remaining("bt de-en seed43", "bt") == 9000.0
+
+
 def test_time_the_chain_was_stopped_is_no_stage_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # the run loop looks every 0.05 s; between 0.1 and 900.1 the chain's process group was SIGSTOPped
     moments = iter([0.0, 0.05, 0.1, 900.1, 900.15, 900.2])

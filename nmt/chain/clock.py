@@ -4,6 +4,7 @@ else the recipe's guess; a stage stopped part way keeps the time it ran, so its 
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -33,6 +34,7 @@ class Clock:
         self.spent: dict[str, float] = json.loads(self.spent_path.read_text()) if self.spent_path.is_file() else {}
         self.last_look: float | None = None
         self.stopped_seconds = 0.0
+        self.done_fraction: dict[str, float] = {}  # a stopped stage's part done, by its files (``note_progress``)
 
     def now(self) -> float:
         """The clock stage durations are measured on: ``monotonic()`` less the gaps in which the chain was stopped
@@ -49,8 +51,17 @@ class Clock:
         return sum(seen) / len(seen) if seen else 60.0 * float(self.guesses.get(kind, 0))
 
     def remaining(self, name: str, kind: str) -> float:
-        """What stage ``name`` still needs: its kind's estimate less what earlier calls ran it."""
+        """What stage ``name`` still needs: its kind's estimate for the part its files say is left, or, for a stage
+        that cannot tell, the estimate less what earlier calls ran it."""
+        if name in self.done_fraction:
+            return self.estimate(kind) * (1.0 - self.done_fraction[name])
         return max(0.0, self.estimate(kind) - self.spent.get(name, 0.0))
+
+    def note_progress(self, fractions: dict[str, float | None]) -> None:
+        """The part done of each stage stopped part way that can tell (``training_fraction``), read once a call:
+        a stage slowed by another load spent more than its estimate without being nearer its end, and a call
+        killed outright recorded no time for it at all."""
+        self.done_fraction = {name: f for name, f in fractions.items() if f is not None}
 
     def record(self, kind: str, seconds: float) -> None:
         self.times.setdefault(kind, []).append(seconds)
@@ -68,3 +79,21 @@ class Clock:
             write_json_durably(self.spent_path, self.spent)
         self.record(kind, total)
         return total
+
+
+PLANNED = re.compile(r"(\d+) steps planned")  # train.py's start line (nmt.train.trainer)
+
+
+def training_fraction(run_dir: Path) -> float | None:
+    """The part of a stopped training done: the last step in ``train_log.jsonl`` of the steps its ``train.log``
+    planned (early stopping may end it sooner); None for a run that has not logged both."""
+    log, steps = run_dir / "train.log", run_dir / "train_log.jsonl"
+    if not log.is_file() or not steps.is_file():
+        return None
+    planned = PLANNED.findall(log.read_text(errors="replace"))
+    lines = steps.read_bytes().rstrip().rsplit(b"\n", 1)
+    try:
+        step = int(json.loads(lines[-1])["step"])
+    except (ValueError, KeyError, TypeError):  # empty, or a line cut by a kill
+        return None
+    return min(1.0, step / int(planned[-1])) if planned else None

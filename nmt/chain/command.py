@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig
+
 from nmt.chain import clock as chain_clock
 from nmt.chain.budget import Budget, time_budget
 from nmt.chain.card import card_sharing, choose_mps, choose_parallel, cuda_card
@@ -75,7 +77,7 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
     parallel, chosen = stages_at_once(settings, str(device), card, len(stages))
     use_mps, mps_reason = choose_mps(settings["mps"], str(device), parallel, card)
     mps_reason = f"; {mps_reason}" if mps_reason else ""
-    clock = Clock(state_dir(workdir) / "times.json", dict(recipe.eta_minutes[str(device)]))
+    clock = stage_clock(workdir, recipe, str(device), stages)
     hint = cpu_hint(chain, str(device))
     retrain = runs_to_retrain(stages, workdir)
     for name, why in retrain.items():  # before it starts: what a new machine costs
@@ -97,6 +99,13 @@ def main(args: Sequence[str], repo: Path) -> dict[str, Any] | None:
             say(f"retrain {stage.name}: its kept files are now in {chain.relative(aside)}")
         return run_chain(chain, stages, parallel, clock, budget, f"parallel={parallel} ({chosen}){mps_reason}",
                          use_mps, go_on_command(args, workdir))
+
+
+def stage_clock(workdir: Path, recipe: DictConfig, device: str, stages: list[Stage]) -> Clock:
+    """The stages' estimates (this workdir's times, else the recipe's) and the part done of each stopped one."""
+    clock = Clock(state_dir(workdir) / "times.json", dict(recipe.eta_minutes[device]))
+    clock.note_progress({s.name: s.progress() for s in stages if not s.done()})
+    return clock
 
 
 def stages_at_once(settings: dict[str, Any], device: str, card: Any, stages: int) -> tuple[int, str]:

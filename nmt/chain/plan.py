@@ -13,6 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from nmt.chain.clock import training_fraction
 from nmt.chain.settings import ChainError
 
 
@@ -26,6 +27,7 @@ class Stage:
         outputs: the paths it makes; ``needs``: the paths it reads (other stages' outputs, or existing).
         command: its argv, built when it starts (a run with a checkpoint resumes instead of starting over).
         done: whether its outputs are complete.
+        progress: the part of it done, from its files, once stopped part way (None: it cannot tell).
     """
 
     name: str
@@ -35,6 +37,7 @@ class Stage:
     command: Callable[[], list[str]]
     done: Callable[[], bool]
     after: list[str] = field(default_factory=list)
+    progress: Callable[[], float | None] = lambda: None
 
 
 @dataclass
@@ -104,7 +107,7 @@ def training_stages(chain: Chain, training: DictConfig, pair: str) -> list[Stage
         run_dir = chain.path(f"runs/{training.runs}_{pair}/seed{seed}")
         stages.append(Stage(f"{training.name} {pair} seed{seed}", training.name, [run_dir, *makes], list(needs),
                             partial(train_command, chain, run_dir, [experiment, *own], pair, seed),
-                            (run_dir / "results.json").is_file))
+                            (run_dir / "results.json").is_file, progress=partial(training_fraction, run_dir)))
     return stages
 
 
