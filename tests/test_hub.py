@@ -18,6 +18,7 @@ from safetensors.torch import save
 
 from nmt import Translator
 from nmt.export import ExportSettings, export_main
+from nmt.inference.engine import SearchOptions
 from nmt.model.checkpoint import CheckpointError, load_checkpoint
 from tests.test_server import call, serve_settings
 
@@ -189,3 +190,50 @@ def test_an_unscored_checkpoint_gets_a_card_without_a_model_index(tmp_path: Path
     meta = yaml.safe_load(header)
     assert "model-index" not in meta and meta["license"] == "unknown" and "attention-none" in meta["tags"]
     assert "No test scores were recorded" in body
+
+
+def test_a_folder_decodes_with_the_search_it_was_exported_with(run_and_hub: tuple[Path, Path],
+                                                              tmp_path: Path) -> None:
+    """export.py's beam_size and length_penalty go into config.json's search: Translator, translate.py and serve.py
+    decode with them unless told otherwise (a shipped model chosen on val at beam 10, α 1.4 scores as chosen)."""
+    from nmt.serve.app import create_app
+
+    run, _ = run_and_hub
+    folder = export_main(OmegaConf.structured(ExportSettings(checkpoint=str(run), output=str(tmp_path / "greedy"),
+                                                             format="hub", beam_size=1, length_penalty=0.6)))
+    assert json.loads((folder / "config.json").read_text())["search"] == {
+        "beam_size": 1, "length_penalty": 0.6, "max_len": 200, "max_len_ratio": 1.5}
+    assert "decode with beam 1, length penalty 0.6" in (folder / "README.md").read_text()
+    checkpoint = Translator.from_checkpoint(run, device="cpu")
+    greedy = [r.text for r in checkpoint.translate(LINES, beam_size=1, length_penalty=0.6)]
+    beam5 = [r.text for r in checkpoint.translate(LINES, beam_size=5)]
+    assert greedy != beam5  # else this test could not tell the two searches apart
+    shipped = Translator.from_pretrained(folder, device="cpu")
+    assert [r.text for r in shipped.translate(LINES)] == greedy
+    assert [r.text for r in shipped.translate(LINES, beam_size=5, length_penalty=1.0)] == beam5
+    source = tmp_path / "in.de"
+    source.write_text("".join(line + "\n" for line in LINES), encoding="utf-8")
+    for typed, expected in (([], greedy), (["beam_size=5", "length_penalty=1.0"], beam5)):  # typed: even = defaults
+        done = subprocess.run([sys.executable, str(REPO_ROOT / "translate.py"), f"checkpoint={folder}",
+                               f"input={source}", *typed], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 0 and done.stdout.split("\n")[:-1] == expected, done.stderr[-2000:]
+    settings = serve_settings(f"checkpoint={folder}", "max_len=200")
+    with serve_in_thread(create_app(Translator.from_settings(settings), settings)) as url:
+        _, model = call(f"{url}/v1/model")
+        status, body = call(f"{url}/v1/translate", {"text": SRC})
+    assert (model["defaults"]["beam_size"], model["defaults"]["length_penalty"]) == (1, 0.6)
+    assert status == 200 and [t["text"] for t in body["translations"]] == greedy[: len(SRC)]
+
+
+def test_a_folder_with_bad_search_options_is_one_checkpoint_error(run_and_hub: tuple[Path, Path],
+                                                                  tmp_path: Path) -> None:
+    _, hub = run_and_hub
+    broken = tmp_path / "model"
+    shutil.copytree(hub, broken)
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "search": {**config["search"], "beam_size": 0}}))
+    with pytest.raises(CheckpointError, match=r"config.json: its search options are not valid \(beam_size must be"):
+        Translator.from_pretrained(broken, device="cpu")
+    del config["search"]  # a folder written before folders kept their search: the defaults
+    (broken / "config.json").write_text(json.dumps(config))
+    assert Translator.from_pretrained(broken, device="cpu").search_defaults == SearchOptions()

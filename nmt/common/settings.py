@@ -156,3 +156,14 @@ def unknown_group_option(config_dir: str | Path, args: Sequence[str], groups: Co
                 hint = f"did you mean {key}={near[0]}? " if near else ""
                 return f"unknown {key} option {option!r}: {hint}valid options: {', '.join(valid)}"
     return None
+
+
+def keys_on_command_line() -> list[str] | None:
+    """The keys this Hydra run's command line set (``beam_size=1``: ``beam_size``); None outside a Hydra run."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        typed = HydraConfig.get().overrides.task
+    except ValueError:  # not running under Hydra (tests, notebooks)
+        return None
+    return [override.split("=", 1)[0].lstrip("+~") for override in typed]

@@ -36,7 +36,8 @@ class ExportError(ValueError):
 
 @dataclass
 class ExportSettings(SearchOptions):
-    """What ``export.py`` takes; the search options are the defaults written into an ONNX folder.
+    """What ``export.py`` takes; the search options are the defaults written into the folder (an ONNX folder's
+    ``export.json``; a Hub folder's ``config.json`` keeps the beam size, length penalty and length limits).
 
     Attributes:
         checkpoint: a run dir, a ``.pt`` file, or a list of them (an ensemble; ONNX only).
@@ -90,7 +91,8 @@ def export_main(cfg: Any) -> Path:
         if cfg.format == "onnx":
             write_onnx_folder(translator, partial, search, provenance_record(translator), bool(cfg.int8))
         else:
-            write_hub_folder_of(translator, partial, provenance_record(translator), str(cfg.license), bool(cfg.half))
+            write_hub_folder_of(translator, partial, provenance_record(translator), str(cfg.license), bool(cfg.half),
+                                search)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise

@@ -12,8 +12,9 @@ from nmt.model.attention import attention_class
 
 
 def model_card(config: dict[str, Any], results: dict[str, Any] | None, license_id: str, parameters: int,
-               provenance: dict[str, Any]) -> str:
-    """The card's text, from the training config, the recorded test results (None: unscored) and provenance."""
+               provenance: dict[str, Any], search: dict[str, Any]) -> str:
+    """The card's text, from the training config, the recorded test results (None: unscored), provenance and the
+    search options the folder decodes with (config.json's ``search``)."""
     data, attention = config.get("data") or {}, (config.get("attention") or {}).get("name", "?")
     src, tgt = data.get("src_lang", "?"), data.get("tgt_lang", "?")
     name = f"nmt-{src}-{tgt}-{attention}"
@@ -28,9 +29,12 @@ def model_card(config: dict[str, Any], results: dict[str, Any] | None, license_i
             "## How to use", "", "With the `nmt` package installed (this model's toolkit):", "", "```python",
             "from nmt import Translator", "",
             f'translator = Translator.from_pretrained("USER/{name}")  # a Hub repo id, or this folder\'s path',
-            'print(translator.translate(["A sentence to translate."], beam_size=5)[0].text)', "```", "",
+            'print(translator.translate(["A sentence to translate."])[0].text)', "```", "",
             "or `python translate.py checkpoint=FOLDER input=FILE` and `python serve.py checkpoint=FOLDER` with the "
-            "folder downloaded (`hf download USER/REPO --local-dir FOLDER`).", "", "## Provenance", "",
+            "folder downloaded (`hf download USER/REPO --local-dir FOLDER`).", "",
+            f"All three decode with beam {search['beam_size']}, length penalty {search['length_penalty']} "
+            f"(`config.json`'s `search`) unless given other options (`beam_size=`, `length_penalty=`).", "",
+            "## Provenance", "",
             f"Exported {provenance['date']} by `{provenance['command']}` from checkpoint "
             f"sha256 `{provenance['sources'][0]['sha256']}`."]
     return f"---\n{yaml.safe_dump(header, sort_keys=False, allow_unicode=True)}---\n\n" + "\n".join(body) + "\n"

@@ -248,12 +248,15 @@ class Translator:
         checkpoints: the checkpoint files the models came from, if any.
         cuda_graphs: ``auto``, ``true`` or ``false``: greedy and beam search from CUDA graphs (``EngineSettings``).
         cuda_graphs_check: check each new bucket's first replay against the plain search (``EngineSettings``).
+        search_defaults: the search options ``translate`` starts from (a Hub folder's exported ones); None: the
+            ``SearchOptions`` defaults.
     """
 
     def __init__(self, models: Seq2Seq | Sequence[Seq2Seq], tokenizer: Tokenizer, *, precision: str = "auto",
                  max_input_words: int | None = None, configs: Sequence[dict[str, Any]] = (),
                  checkpoints: Sequence[Path] = (), cuda_graphs: str | bool = "auto",
-                 cuda_graphs_check: bool = EngineSettings.cuda_graphs_check) -> None:
+                 cuda_graphs_check: bool = EngineSettings.cuda_graphs_check,
+                 search_defaults: SearchOptions | None = None) -> None:
         self.models = [models] if isinstance(models, Seq2Seq) else list(models)
         self.device = next(self.models[0].parameters()).device
         self.precision = _checked_device(self.device, precision)[1]
@@ -279,6 +282,7 @@ class Translator:
         self.max_input_words = max_input_words
         self.configs = list(configs)
         self.checkpoints = list(checkpoints)
+        self.search_defaults = (search_defaults or SearchOptions()).checked()
         self.search_calls = 0  # one per decoded batch: lets a server show how well it batches
 
     def refresh(self) -> None:
@@ -320,7 +324,7 @@ class Translator:
         _check_members(files, tokenizers, configs)
         return cls(models, tokenizers[0], precision=precision, configs=configs, checkpoints=files,
                    max_input_words=resolve_max_input_words(max_input_words, configs), cuda_graphs=cuda_graphs,
-                   cuda_graphs_check=cuda_graphs_check)
+                   cuda_graphs_check=cuda_graphs_check, search_defaults=exported_search(files))
 
     @classmethod
     def from_pretrained(cls, name: str | Path, device: str | torch.device = "auto", precision: str = "auto",
@@ -385,13 +389,13 @@ class Translator:
             sampling: draw one sample per sentence with these options instead of searching (``n_best`` must be 1).
             rerank: rescore the n-best lists with a noisy channel (``nmt.inference.rerank.Rerank``): the search
                 keeps ``max(n_best, rerank.n_best)`` candidates and returns ``n_best``, with the combined score.
-            **options: ``SearchOptions`` fields; unset ones take their defaults.
+            **options: ``SearchOptions`` fields; unset ones take ``search_defaults``'.
 
         Raises:
             TypeError: an unknown option (Python's own keyword check, by ``SearchOptions``).
             TranslationError: an option out of its range, or attention asked of a model without it.
         """
-        search = SearchOptions(**options)  # checked with the rest on the way to the search (translate_ids)
+        search = replace(self.search_defaults, **options)  # checked on the way to the search (translate_ids)
         if attention and not self.has_attention:
             raise TranslationError(f"attention was asked for, but this model was trained with "
                                    f"attention={self.attention_name}, which has none")
@@ -415,7 +419,7 @@ class Translator:
         ``attention`` keeps each hypothesis' subword attention (validation's heatmaps read it); when ``sampling``,
         one generator, seeded once, serves the batches in their deterministic order.
         """
-        opts = (options or SearchOptions()).checked()
+        opts = (options or self.search_defaults).checked()
         generator = None
         if sampling is not None:
             if opts.n_best != 1:
@@ -558,6 +562,35 @@ def recorded_results(checkpoint: Path) -> dict[str, Any] | None:
         if isinstance(results.get("test"), dict):
             return {key: results.get(key) for key in ("test", "beam_size", "length_penalty")}
     return None
+
+
+EXPORTED_SEARCH = ("beam_size", "length_penalty", "max_len", "max_len_ratio")
+"""The search options a Hub folder carries (config.json's ``search``): how its model was chosen to decode."""
+
+
+def exported_search(checkpoints: Sequence[Path]) -> SearchOptions | None:
+    """The search options a lone Hub folder was exported with, or None (a run, an ensemble, an older folder)."""
+    if len(checkpoints) != 1 or checkpoints[0].name != WEIGHTS_FILE:
+        return None
+    config = checkpoints[0].parent / CONFIG_FILE
+    saved = json.loads(config.read_text(encoding="utf-8")).get("search")  # readable: the folder just loaded
+    if saved is None:
+        return None
+    try:
+        return SearchOptions(**{key: saved[key] for key in EXPORTED_SEARCH if key in saved}).checked()
+    except (TypeError, TranslationError) as error:
+        raise CheckpointError(f"{config}: its search options are not valid ({error}); write the folder again "
+                              "with export.py format=hub") from None
+
+
+def search_over(defaults: SearchOptions, settings: Any, typed: Sequence[str] | None) -> SearchOptions:
+    """translate.py's or serve.py's search options over a model's own ``defaults``: the options in ``typed`` (those
+    given on the command line), or, with ``typed`` None (no command line: the caller built ``settings``), those
+    whose value differs from ``SearchOptions``'s default."""
+    given = {f.name: _plain(getattr(settings, f.name)) for f in fields(SearchOptions)}
+    keep = set(typed) if typed is not None else {name for name, value in given.items()
+                                                if value != getattr(SearchOptions, name)}
+    return replace(defaults, **{name: value for name, value in given.items() if name in keep}).checked()
 
 
 USER_ERRORS: tuple[type[Exception], ...] = (TranslationError, CheckpointError, DataError)

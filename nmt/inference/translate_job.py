@@ -19,10 +19,18 @@ from omegaconf import DictConfig
 from nmt.common.disk import WriteStopped, check_writable
 from nmt.common.files import write_text_durably
 from nmt.common.metrics import corpus_scores
+from nmt.common.settings import keys_on_command_line
 from nmt.data import DataError
 from nmt.data.text import STRICT_UTF8, decode_lines
 from nmt.inference.backtranslation import iter_input_lines
-from nmt.inference.engine import EngineSettings, SearchOptions, Translation, TranslationError, Translator
+from nmt.inference.engine import (
+    EngineSettings,
+    SearchOptions,
+    Translation,
+    TranslationError,
+    Translator,
+    search_over,
+)
 from nmt.inference.plotting import save_attention_png
 from nmt.inference.rerank import Rerank, RerankSettings, check_weights, from_settings
 
@@ -141,13 +149,14 @@ def translate_main(cfg: DictConfig) -> dict[str, Any]:
         TranslationError, CheckpointError, DataError, PathNotWritable: user mistakes, reported in one line by
             ``translate.py``.
     """
-    options = SearchOptions.from_settings(cfg)
-    if cfg.rerank.checkpoint:
-        check_weights(cfg.rerank, options.beam_size)
+    options = SearchOptions.from_settings(cfg)  # checked before the model loads
     for key in ("output", "alignments", "attention_dir"):  # now, not after the whole input has been decoded
         if (str(cfg.output) != STDIO) if key == "output" else cfg[key]:
             check_writable(str(cfg[key]), key, folder=key == "attention_dir")
     translator = Translator.from_settings(cfg)
+    options = search_over(translator.search_defaults, cfg, keys_on_command_line())  # a Hub folder's own beam, α
+    if cfg.rerank.checkpoint:
+        check_weights(cfg.rerank, options.beam_size)
     rerank = from_settings(cfg.rerank, translator)
     wants_attention = bool(cfg.attention_dir or cfg.alignments)
     if wants_attention and not translator.has_attention:

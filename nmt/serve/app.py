@@ -55,7 +55,7 @@ def create_app(translator: Translator, settings: ServeSettings,
             models (``rerank.checkpoint``) that do not mirror the model's languages.
         CheckpointError: a ``rerank.checkpoint`` that cannot be read.
     """
-    defaults = check_serve_settings(settings)
+    defaults = check_serve_settings(settings, translator.search_defaults)
     batcher = MicroBatcher(translator, settings, engine_thread, load_rerank(settings.rerank, translator))
     model_info = describe_model(translator, settings, defaults)
     page = resources.files("nmt.serve").joinpath("static", "translate.html").read_text(encoding="utf-8")

@@ -12,8 +12,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 from uvicorn.config import LOG_LEVELS
 
-from nmt.common.settings import ConfigError
-from nmt.inference.engine import EngineSettings, SearchOptions
+from nmt.common.settings import ConfigError, keys_on_command_line
+from nmt.inference.engine import EngineSettings, SearchOptions, search_over
 from nmt.inference.rerank import RerankSettings, check_weights
 from nmt.serve.requests import TOO_LONG_CHOICES
 
@@ -59,14 +59,17 @@ POSITIVE = (*LIMITS, "batch_sentences", "slice_subwords", "max_queued_sentences"
 FINITE = {"batch_wait_ms": 0.0, "shutdown_timeout_s": 0.0, "request_timeout_s": 0.1, "max_queue_wait_s": 0.1}  # lowest
 
 
-def check_serve_settings(settings: Any) -> SearchOptions:
-    """Check the settings before anything loads (binds nothing); returns the search options requests start from.
+def check_serve_settings(settings: Any, model_defaults: SearchOptions | None = None) -> SearchOptions:
+    """Check the settings (binds nothing); returns the search options requests start from: ``settings``' own, or,
+    with the model's ``model_defaults`` (a Hub folder's exported beam and α), those over the options given.
 
     Raises:
         ConfigError: the first bad setting (port, host, allowed_hosts, log level, a limit, a timeout).
         TranslationError: a search option the Translator refuses.
     """
     search = SearchOptions.from_settings(settings)
+    if model_defaults is not None:
+        search = search_over(model_defaults, settings, keys_on_command_line())
     rules = [(name, int, 1, math.inf, "must be a whole number >= 1") for name in POSITIVE]  # types, range, message
     rules += [(name, (int, float), low, math.inf, f"must be a finite number >= {low:g}")
               for name, low in FINITE.items()]
