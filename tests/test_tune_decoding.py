@@ -61,6 +61,12 @@ def test_grid_choice_and_test_scores(trained_run: tuple[Path, object], tmp_path:
     assert report["run_setting"] == {"beam_size": 2, "length_penalty": 0.6}
     own = report["test"]["the run's own"]  # (2, 0.6) is not in the grid, so it is scored as well
     assert (own["beam_size"], own["length_penalty"]) == (2, 0.6)
+    # the system's output: the chosen setting's test translations, beside the report (the tgt language's suffix)
+    test = prepare_data(cfg.data).tests["test"]
+    expected = translator.translate(test.src_text, beam_size=chosen["beam_size"],
+                                    length_penalty=chosen["length_penalty"])
+    written = Path(f"{out}.test.{cfg.data.tgt_lang}").read_text(encoding="utf-8").split("\n")
+    assert written == [r.text for r in expected] + [""] and "translations" not in chosen
 
     markdown = Path(f"{out}.md").read_text()
     assert markdown.count("| 3 | 0 |") == 1 and "Scored once on `test`" in markdown

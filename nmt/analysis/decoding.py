@@ -15,6 +15,7 @@ from typing import Any
 from nmt.analysis.cli import one_line_errors, parser, write_report
 from nmt.common.device import INFERENCE_PRECISIONS, uses_bf16
 from nmt.common.entry_point import check_options_or_exit
+from nmt.common.files import write_text_durably
 from nmt.common.metrics import corpus_scores
 from nmt.common.provenance import device_name, provenance
 from nmt.data import EncodedSplit, prepare_data
@@ -61,7 +62,8 @@ def grid(beam_sizes: Sequence[int], length_penalties: Sequence[float]) -> list[t
 def score_setting(translator: Translator, split: EncodedSplit, src_ids: list[list[int]], options: SearchOptions,
                   channel: NoisyChannel | None, weights: Sequence[tuple[float, float]]) -> list[dict[str, Any]]:
     """Translate one encoded split with one setting and score it: one row; with ``channel``, one row per (λ, γ) of
-    ``weights``, its 1-best of ``options.n_best`` candidates (one search and one channel pass for all the pairs)."""
+    ``weights``, its 1-best of ``options.n_best`` candidates (one search and one channel pass for all the pairs).
+    Each row's ``translations`` holds its 1-best lines (the caller keeps or drops them; the report has none)."""
     start = time.perf_counter()
     nbest = translator.translate_ids(src_ids, options, attention=False)  # only the tokens are scored
     decode = translator.tokenizer.decode_tgt
@@ -77,8 +79,8 @@ def score_setting(translator: Translator, split: EncodedSplit, src_ids: list[lis
         reranked = {} if pair is None else {"rerank_weight": pair[0], "rerank_length_weight": pair[1],
                                             "rerank_n_best": options.n_best}
         rows.append({"beam_size": options.beam_size, "length_penalty": options.length_penalty, **reranked,
-                     **corpus_scores([decode(h.tokens) for h in best], refs), "seconds": seconds,
-                     "sentences_per_s": len(refs) / seconds})
+                     **corpus_scores(texts_of := [decode(h.tokens) for h in best], refs), "seconds": seconds,
+                     "sentences_per_s": len(refs) / seconds, "translations": texts_of})
     return rows
 
 
@@ -161,6 +163,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     channel = NoisyChannel.load(args.rerank_checkpoint, translator) if args.rerank_checkpoint else None
     pairs = [(weight, length) for weight in args.rerank_weights for length in args.rerank_length_weights]
+    outputs: dict[tuple[Any, ...], list[str]] = {}  # (split, setting): its 1-best lines
 
     def run(name: str, beam: int, alpha: float, weights: Sequence[tuple[float, float]] = ()) -> list[dict[str, Any]]:
         """The rows of one (beam, α): one plain row, or one per (λ, γ) when reranking (beam >= 2)."""
@@ -169,6 +172,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                 n_best=min(args.rerank_n_best, beam) if reranker else 1)
         found = score_setting(translator, splits[name], src_ids[name], options, reranker, weights)
         for row in found:
+            outputs[name, setting_key(row)] = row.pop("translations")
             print(f"{name}: {setting_label(row):<36} BLEU {row['bleu']:6.2f}  chrF {row['chrf']:6.2f}  "
                   f"length ratio {row['length_ratio']:.3f}  {row['sentences_per_s']:.1f} sent/s", flush=True)
         return found
@@ -192,9 +196,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "rerank_checkpoint": ", ".join(args.rerank_checkpoint) if channel else None,
         "rerank_n_best": args.rerank_n_best if channel else None, **provenance("scripts/tune_decoding.py", argv),
     }
+    out = args.out or run_dir / "decoding_grid"
+    if test:  # the chosen setting's test translations, beside the report: what the system outputs
+        lines = outputs[args.test_split, setting_key(test["chosen on " + split])]
+        write_text_durably(f"{out}.{args.test_split}.{cfg['data']['tgt_lang']}", "".join(f"{t}\n" for t in lines))
     markdown = render_markdown(report)
     print(markdown)
-    write_report(args.out or run_dir / "decoding_grid", report, markdown)
+    write_report(out, report, markdown)
     return report
 
 
