@@ -76,11 +76,17 @@ else:
         os.kill(os.getpid(), signal.SIGKILL)
     out = Path(args[args.index("--out") + 1])
     out.parent.mkdir(parents=True, exist_ok=True)
-    row = {{"beam_size": 5, "length_penalty": 1.0, "bleu": 42.5 if "kd_nobt" in " ".join(args) else 42.0,
-           "chrf": 61.25}}
-    if "--rerank-checkpoint" in args:
+    nobt = "kd_nobt" in " ".join(args)
+    row = {{"beam_size": 5, "length_penalty": 1.0, "bleu": 43.0 if nobt else 42.0, "chrf": 61.25}}
+    plain = {{**row, "bleu": 42.5 if nobt else 41.0}}
+    test = {{"chosen on valid": {{**row, "bleu": 43.0}}}}
+    if "--rerank-checkpoint" in args:  # reranking wins on val: the plain best is scored too
         row.update(rerank_weight=0.3, rerank_length_weight=0.5)
-    report = {{"best": row, "test": {{"chosen on valid": {{**row, "bleu": 43.0}}}}}}
+        test["chosen on valid without reranking"] = {{**plain, "bleu": 42.25}}
+    first = args.index("--checkpoint") + 1
+    members = args[first:next(i for i in range(first, len(args)) if args[i].startswith("--"))]
+    report = {{"best": row, "grid": [plain, row] if "rerank_weight" in row else [row], "split": "valid",
+               "test": test, "checkpoint": ", ".join(members), "test_split": args[args.index("--test-split") + 1]}}
     Path(str(out) + ".json").write_text(json.dumps(report))
 '''
 
@@ -160,6 +166,17 @@ def test_the_chain_resumes_after_a_kill_in_every_stage(fake_repo: Path, tmp_path
     assert score.endswith("--rerank-length-weights 0.5") and "--beam-sizes 5 --length-penalties 1.0" in score
     assert report["student_chosen_on_val"] == {p: f"{p} student_nobt reranked" for p in ("de-en", "en-de")}
     assert "Student chosen on val for en-de: en-de student_nobt reranked." in table
+    # the model to ship per direction: one model (no ensemble) and no reranking, chosen on val (the nobt student's
+    # 42.50 without reranking beats the single model's 42.00 and the other student's 41.00); its test score is that
+    # setting's, scored once
+    shipped = report["one_model_chosen_on_val"]["de-en"]
+    assert shipped["system"] == "de-en student_nobt reranked" and shipped["choice"] == "beam 5, α = 1"
+    assert (shipped["val_bleu"], shipped["test_bleu"]) == (42.5, 42.25)
+    assert shipped["checkpoint"] == "runs/kd_nobt_de-en/seed42"
+    assert shipped["translations"] == "runs/systems/de-en/student_nobt_reranked.without_reranking.test_2016_flickr.en"
+    assert not next(s for s in report["systems"] if s["system"] == "de-en ensemble reranked")["alone"]
+    assert ("One model to ship for en-de, chosen on val without reranking: en-de student_nobt reranked at beam 5, "
+            "α = 1 (val BLEU 42.50; test_2016_flickr BLEU 42.25, chrF2 61.25; runs/kd_nobt_en-de/seed42).") in table
     assert command.main(args, fake_repo) is not None and len(calls(workdir)) == len(names) * 2  # all skipped
 
 

@@ -123,6 +123,46 @@ def test_reranking_weights_are_tuned_on_val_and_the_choice_scored_once(trained_r
     assert report["grid"][1]["bleu"] == pytest.approx(corpus_scores([r.text for r in plain], valid.tgt_text)["bleu"])
     best, chosen = report["best"], report["test"]["chosen on valid"]
     assert best == max(report["grid"], key=lambda row: row["bleu"])
-    assert tune_decoding.setting_key(chosen) == tune_decoding.setting_key(best) and "the run's own" in report["test"]
+    assert "the run's own" in report["test"]
+    assert tune_decoding.setting_key(chosen) == tune_decoding.setting_key(best) or tune_decoding.is_plain(best)
+    written = Path(f"{tmp_path / 'grid'}.test.{cfg.data.tgt_lang}").read_text(encoding="utf-8").splitlines()
+    test = prepare_data(cfg.data).tests["test"]
+    assert len(written) == len(test.src_text)
+    plain = "chosen on valid without reranking"
+    assert (plain in report["test"]) == (not tune_decoding.is_plain(best))
+    if plain in report["test"]:  # reranking won on val: the best plain row, as one model translates it alone
+        row = max(filter(tune_decoding.is_plain, report["grid"]), key=lambda row: row["bleu"])
+        alone = translator.translate(test.src_text, beam_size=row["beam_size"], length_penalty=row["length_penalty"])
+        assert Path(f"{tmp_path / 'grid'}.without_reranking.test.{cfg.data.tgt_lang}").read_text(
+            encoding="utf-8").splitlines() == [r.text for r in alone]
     markdown = Path(f"{tmp_path / 'grid'}.md").read_text()
     assert "| beam | α | λ | γ | BLEU |" in markdown and "| 3 | 1 | 1 | 0.5 |" in markdown
+
+
+def test_when_reranking_wins_the_best_setting_without_it_is_scored_on_test_too() -> None:
+    """A reranked system needs its reverse models; the grid's best plain row (λ = γ = 0 is the search's own order)
+    is what the model gives alone, shipped in one folder, so it is scored on test as well; the run's own setting
+    only when no plain choice is it."""
+    rows = [{"beam_size": 1, "length_penalty": 0.0, "bleu": 30.0},
+            {"beam_size": 5, "length_penalty": 1.0, "rerank_weight": 0.0, "rerank_length_weight": 0.0, "bleu": 33.0},
+            {"beam_size": 5, "length_penalty": 1.0, "rerank_weight": 0.6, "rerank_length_weight": 0.5, "bleu": 34.0},
+            {"beam_size": 10, "length_penalty": 1.4, "rerank_weight": 0.0, "rerank_length_weight": 0.0, "bleu": 32.0}]
+    choices = tune_decoding.chosen_settings(rows, "val")
+    assert list(choices) == ["chosen on val", "chosen on val without reranking"]
+    assert choices["chosen on val"] is rows[2] and choices["chosen on val without reranking"] is rows[1]
+    calls = []
+
+    def run(split: str, beam: int, alpha: float, weights: list = ()) -> list[dict]:
+        calls.append((split, beam, alpha, list(weights)))
+        return [{"beam_size": beam, "length_penalty": alpha, "bleu": 0.0}]
+
+    own = {"beam_size": 5, "length_penalty": 1.0}
+    test = tune_decoding.scored_on_test(run, choices, own, "test")
+    assert calls == [("test", 5, 1.0, [(0.6, 0.5)]), ("test", 5, 1.0, [])] and list(test) == list(choices)
+    calls.clear()
+    assert list(tune_decoding.scored_on_test(run, choices, {"beam_size": 10, "length_penalty": 0.6}, "test"))[-1] \
+        == "the run's own" and calls[-1] == ("test", 10, 0.6, [])
+    plain = tune_decoding.chosen_settings(rows[:2], "val")  # a plain best: one choice, scored without reranking
+    calls.clear()
+    assert list(tune_decoding.scored_on_test(run, plain, own, "test")) == ["chosen on val"]
+    assert calls == [("test", 5, 1.0, [])]

@@ -1,6 +1,6 @@
 """Choose beam size and GNMT length penalty α on the validation split: BLEU, chrF, length ratio and speed per
-setting; with ``--test-split`` the best and the run's own setting are scored once on test
-(``scripts/tune_decoding.py``).
+setting; with ``--test-split`` the best (and, when reranking wins, the best without it), and the run's own setting,
+are scored once on test, the choices' translations kept beside the report (``scripts/tune_decoding.py``).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,34 @@ def setting_label(row: dict[str, Any]) -> str:
     return label
 
 
+def is_plain(row: dict[str, Any]) -> bool:
+    """A setting without reranking: none tuned, or λ = γ = 0 (the search's own order: what one model gives alone)."""
+    return not row.get("rerank_weight") and not row.get("rerank_length_weight")
+
+
+def chosen_settings(rows: list[dict[str, Any]], split: str) -> dict[str, dict[str, Any]]:
+    """The grid's best row on ``split``, and, when that one is reranked, its best row without reranking (what the
+    model gives shipped alone, without the reverse models)."""
+    best = max(rows, key=lambda row: row["bleu"])
+    choices = {f"chosen on {split}": best}
+    if not is_plain(best):
+        choices[f"chosen on {split} without reranking"] = max(filter(is_plain, rows), key=lambda row: row["bleu"])
+    return choices
+
+
+def scored_on_test(run: Callable[..., list[dict[str, Any]]], choices: dict[str, dict[str, Any]],
+                   own: dict[str, Any], test_split: str) -> dict[str, dict[str, Any]]:
+    """Each choice scored once on ``test_split``, then the run's own setting when no plain choice is it."""
+    test = {}
+    for name, row in choices.items():
+        weights = [] if is_plain(row) else [(row["rerank_weight"], row["rerank_length_weight"])]
+        test[name] = run(test_split, row["beam_size"], row["length_penalty"], weights)[0]
+    if not any((r["beam_size"], r["length_penalty"]) == (own["beam_size"], own["length_penalty"]) and is_plain(r)
+               for r in choices.values()):
+        test["the run's own"] = run(test_split, own["beam_size"], own["length_penalty"])[0]
+    return test
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """The grid (best in bold), the choice, and the test scores; λ and γ columns when reranking was tuned."""
     best, own = report["best"], report["run_setting"]
@@ -181,12 +209,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for row in run(split, beam, alpha, pairs)]
     best = max(rows, key=lambda row: row["bleu"])
     own = {"beam_size": t["test_beam_size"], "length_penalty": t["length_penalty"]}
-    test: dict[str, Any] = {}
-    if args.test_split:
-        chosen = [(best["rerank_weight"], best["rerank_length_weight"])] if "rerank_weight" in best else []
-        test["chosen on " + split] = run(args.test_split, best["beam_size"], best["length_penalty"], chosen)[0]
-        if chosen or (own["beam_size"], own["length_penalty"]) != (best["beam_size"], best["length_penalty"]):
-            test["the run's own"] = run(args.test_split, own["beam_size"], own["length_penalty"])[0]
+    choices = chosen_settings(rows, split)
+    test = scored_on_test(run, choices, own, args.test_split) if args.test_split else {}
     report = {
         "run_dir": str(run_dir), "checkpoint": ", ".join(map(str, checkpoints)), "attention": cfg["attention"]["name"],
         "split": split, "sentences": len(splits[split]), "grid": rows, "best": best, "run_setting": own,
@@ -197,9 +221,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "rerank_n_best": args.rerank_n_best if channel else None, **provenance("scripts/tune_decoding.py", argv),
     }
     out = args.out or run_dir / "decoding_grid"
-    if test:  # the chosen setting's test translations, beside the report: what the system outputs
-        lines = outputs[args.test_split, setting_key(test["chosen on " + split])]
-        write_text_durably(f"{out}.{args.test_split}.{cfg['data']['tgt_lang']}", "".join(f"{t}\n" for t in lines))
+    for name, suffix in zip(choices, ("", ".without_reranking")) if test else ():  # what the system outputs
+        lines = outputs[args.test_split, setting_key(test[name])]
+        path = f"{out}{suffix}.{args.test_split}.{cfg['data']['tgt_lang']}"
+        write_text_durably(path, "".join(f"{line}\n" for line in lines))
     markdown = render_markdown(report)
     print(markdown)
     write_report(out, report, markdown)

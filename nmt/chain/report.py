@@ -4,6 +4,7 @@ scores, as JSON and a markdown table."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from nmt.chain.plan import Chain, Stage
@@ -20,14 +21,7 @@ def summary(chain: Chain, stages: list[Stage]) -> dict[str, Any]:
         if stage.kind == "report":
             reports.append(chain.relative(output.with_suffix(".md")))
         elif stage.name.startswith("tune "):
-            from nmt.analysis.decoding import setting_label  # brings PyTorch: only a recipe with systems needs it
-
-            report = json.loads(output.read_text(encoding="utf-8"))
-            chosen = next(iter(report["test"].values()))
-            systems.append({"system": stage.name.removeprefix("tune "), "choice": setting_label(report["best"]),
-                            "val_bleu": report["best"]["bleu"], "test_bleu": chosen["bleu"],
-                            "test_chrf": chosen.get("chrf"),
-                            "report": chain.relative(output), "more_tests": {}})
+            systems.append(system_summary(chain, stage.name.removeprefix("tune "), output))
         elif stage.name.startswith("score "):
             system, extra_split = stage.name.removeprefix("score ").rsplit(" ", 1)
             chosen = next(iter(json.loads(output.read_text(encoding="utf-8"))["test"].values()))
@@ -42,8 +36,42 @@ def summary(chain: Chain, stages: list[Stage]) -> dict[str, Any]:
     for pair in chain.recipe.pairs:
         if mine := [s for s in systems if s["system"].startswith(f"{pair} student")]:
             students[pair] = max(mine, key=lambda s: s["val_bleu"])["system"]
+    alone = {}  # per pair, the one-model system val prefers without reranking: what a Hub folder ships
+    for pair in chain.recipe.pairs:
+        if mine := [s for s in systems if s["system"].startswith(f"{pair} ") and s["alone"]]:
+            best = max(mine, key=lambda s: s["alone"]["val_bleu"])
+            alone[pair] = {"system": best["system"], **best["alone"]}
     return {"recipe": chain.recipe_name, "test_split": split, "runs": runs, "systems": systems,
-            "student_chosen_on_val": students, "reports": reports, **provenance("reproduce.py")}
+            "student_chosen_on_val": students, "one_model_chosen_on_val": alone, "reports": reports,
+            **provenance("reproduce.py")}
+
+
+def system_summary(chain: Chain, system: str, output: Path) -> dict[str, Any]:
+    """A tune stage's system: its choice on val, that choice's test scores, and, for one model (not an ensemble),
+    ``alone``: its best setting without reranking (the reverse models stay behind), with test scores and output."""
+    from nmt.analysis.decoding import is_plain, setting_label  # brings PyTorch: only a recipe with systems needs it
+
+    report = json.loads(output.read_text(encoding="utf-8"))
+    chosen_name = next(iter(report["test"]))  # "chosen on <split>"
+    chosen = report["test"][chosen_name]
+    summary = {"system": system, "choice": setting_label(report["best"]), "val_bleu": report["best"]["bleu"],
+               "test_bleu": chosen["bleu"], "test_chrf": chosen.get("chrf"), "report": chain.relative(output),
+               "more_tests": {}, "alone": None}
+    if ", " in str(report.get("checkpoint", "")):  # an ensemble: no one folder holds it
+        return summary
+    if (plain_name := f"{chosen_name} without reranking") in report["test"]:  # reranking won on val
+        row = max(filter(is_plain, report["grid"]), key=lambda r: r["bleu"])
+        scored, suffix = report["test"][plain_name], ".without_reranking"
+    else:
+        row, scored, suffix = report["best"], chosen, ""
+    checkpoint, tgt = Path(report["checkpoint"]), system.split()[0].split("-")[1]
+    translations = output.with_name(f"{output.stem}{suffix}.{report['test_split']}.{tgt}")
+    summary["alone"] = {"choice": f"beam {row['beam_size']}, α = {row['length_penalty']:g}",
+                        "beam_size": row["beam_size"], "length_penalty": row["length_penalty"],
+                        "val_bleu": row["bleu"], "test_bleu": scored["bleu"], "test_chrf": scored.get("chrf"),
+                        "checkpoint": chain.relative(checkpoint) if checkpoint.is_absolute() else str(checkpoint),
+                        "translations": chain.relative(translations)}
+    return summary
 
 
 def render(report: dict[str, Any]) -> str:
@@ -65,6 +93,9 @@ def render(report: dict[str, Any]) -> str:
         lines += ["", "Each system's decoding is chosen on val; its test scores are that choice, scored once."]
     chosen = report["student_chosen_on_val"]
     lines += ["", *(f"Student chosen on val for {pair}: {name}." for pair, name in chosen.items())]
+    lines += [f"One model to ship for {pair}, chosen on val without reranking: {a['system']} at {a['choice']} (val "
+              f"BLEU {a['val_bleu']:.2f}; {split} BLEU {a['test_bleu']:.2f}, chrF2 {fmt(a.get('test_chrf'))}; "
+              f"{a['checkpoint']})." for pair, a in report.get("one_model_chosen_on_val", {}).items()]
     lines += [f"The study's report: {path}" for path in report.get("reports", [])]
     return "\n".join([*lines, ""])
 
