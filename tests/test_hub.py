@@ -203,7 +203,9 @@ def test_a_folder_decodes_with_the_search_it_was_exported_with(run_and_hub: tupl
                                                              format="hub", beam_size=1, length_penalty=0.6)))
     assert json.loads((folder / "config.json").read_text())["search"] == {
         "beam_size": 1, "length_penalty": 0.6, "max_len": 200, "max_len_ratio": 1.5}
-    assert "decode with beam 1, length penalty 0.6" in (folder / "README.md").read_text()
+    card = (folder / "README.md").read_text()
+    assert "decode with beam 1, length penalty 0.6" in card  # the run's scores were at beam 5: the card says so
+    assert "Decoded with beam 5, length penalty 1.0. This folder decodes with beam 1, length penalty 0.6" in card
     checkpoint = Translator.from_checkpoint(run, device="cpu")
     greedy = [r.text for r in checkpoint.translate(LINES, beam_size=1, length_penalty=0.6)]
     beam5 = [r.text for r in checkpoint.translate(LINES, beam_size=5)]

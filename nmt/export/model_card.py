@@ -24,7 +24,7 @@ def model_card(config: dict[str, Any], results: dict[str, Any] | None, license_i
     if index := _index_results(results, data, src, tgt):  # the Hub refuses a model-index without results
         header["model-index"] = [{"name": name, "results": index}]
     body = [f"# {name}", "", _description(config, attention, parameters), "", "## Results", "",
-            _results_table(results), "", "## Training config", "", "```yaml",
+            _results_table(results, search), "", "## Training config", "", "```yaml",
             yaml.safe_dump(config, sort_keys=False, allow_unicode=True).rstrip(), "```", "",
             "## How to use", "", "With the `nmt` package installed (this model's toolkit):", "", "```python",
             "from nmt import Translator", "",
@@ -70,7 +70,7 @@ def _description(config: dict[str, Any], attention: str, parameters: int) -> str
             f"Attention: `{attention}`. {formula}")
 
 
-def _results_table(results: dict[str, Any] | None) -> str:
+def _results_table(results: dict[str, Any] | None, search: dict[str, Any]) -> str:
     tests = (results or {}).get("test") or {}
     if not tests:
         return "No test scores were recorded for this checkpoint."
@@ -79,6 +79,10 @@ def _results_table(results: dict[str, Any] | None) -> str:
         signature = str(s.get("bleu_signature", "")).replace("|", "\\|")  # a "|" ends a cell, even in backticks
         rows.append(f"| {name} | {s.get('bleu', float('nan')):.2f} | {s.get('chrf', float('nan')):.2f} | "
                     f"`{signature}` |")
-    search = f"beam {results.get('beam_size')}, length penalty {results.get('length_penalty')}"
-    return "\n".join(rows) + f"\n\nDecoded with {search}."
+    recorded = (results.get("beam_size"), results.get("length_penalty"))
+    note = f"\n\nDecoded with beam {recorded[0]}, length penalty {recorded[1]}."
+    if recorded != (search["beam_size"], search["length_penalty"]):  # the folder was exported with another search
+        note += (f" This folder decodes with beam {search['beam_size']}, length penalty {search['length_penalty']} "
+                 "(below), which these scores do not measure.")
+    return "\n".join(rows) + note
 
