@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import shlex
+from pathlib import Path
 
 import sacrebleu
 import torch
@@ -32,3 +33,8 @@ def test_provenance_block_is_complete_and_true() -> None:
     assert block["versions"]["torch"] == torch.__version__ and block["versions"]["nmt"] == __version__
     assert block["versions"]["sacrebleu"] == sacrebleu.__version__
     assert block["host"]["cpu_count"] >= 1 and block["host"]["torch_threads"] == torch.get_num_threads()
+    # what a CPU run's low bits depend on: the kernels' vector instructions, and the CPU model where Linux says it
+    assert block["host"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert block["host"]["cpu_capability"] in ("DEFAULT", "VSX", "Z VECTOR", "NO AVX", "AVX2", "AVX512", "SVE256")
+    if Path("/proc/cpuinfo").is_file() and "model name" in Path("/proc/cpuinfo").read_text():
+        assert block["host"]["cpu_model"] and block["host"]["cpu_model"] in Path("/proc/cpuinfo").read_text()

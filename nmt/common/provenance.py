@@ -51,15 +51,28 @@ def library_versions() -> dict[str, Any]:
 
 
 def host() -> dict[str, Any]:
-    """The machine: CPU count, platform string, processor, and the threads torch uses on the CPU."""
+    """The machine: CPU count, platform string, processor, the CPU's model and the vector instructions torch's CPU
+    kernels use (``AVX512``, ``AVX2``: two machines that differ there round differently, so a CPU training run
+    again elsewhere drifts from the first in the low bits), and the threads torch uses on the CPU."""
     import torch
 
     return {
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch_threads": torch.get_num_threads(),
     }
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (``/proc/cpuinfo``'s first ``model name``), or None where that file does not say."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), None)
+    except OSError:  # not Linux
+        return None
 
 
 def provenance(script: str, argv: Sequence[str] | None = None) -> dict[str, Any]:
