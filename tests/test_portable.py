@@ -72,13 +72,16 @@ def test_a_chain_call_leaves_its_workdir_portable(fake_repo: Path, tmp_path: Pat
 
 
 def committed(paths: dict[Path, list[str]]) -> dict[Path, list[str]]:
-    """The files of ``paths`` that git tracks: a chain running in a checkout has files it has not made portable
-    yet (a stopped training's log), which are not kept until committed. Outside git, all of them."""
+    """The files of ``paths`` that git tracks, as staged: a chain running in a checkout has files it has not made
+    portable yet (a stopped training's log, a kept run it trains again), which are not kept until staged and
+    committed. Outside git, all of them."""
     listed = subprocess.run(["git", "ls-files", "-z", "studies"], cwd=REPO_ROOT, capture_output=True)
-    if listed.returncode != 0:
+    changed = subprocess.run(["git", "diff", "--name-only", "-z", "studies"], cwd=REPO_ROOT, capture_output=True)
+    if listed.returncode != 0 or changed.returncode != 0:
         return paths
     tracked = {REPO_ROOT / name for name in listed.stdout.decode().split("\0") if name}
-    return {path: hits for path, hits in paths.items() if path in tracked}
+    running = {REPO_ROOT / name for name in changed.stdout.decode().split("\0") if name}  # changed, not staged
+    return {path: hits for path, hits in paths.items() if path in tracked - running}
 
 
 @pytest.mark.parametrize("kept", sorted(p.name for p in (REPO_ROOT / "studies").iterdir() if p.is_dir()))
