@@ -49,7 +49,7 @@ def summary(chain: Chain, stages: list[Stage]) -> dict[str, Any]:
 def system_summary(chain: Chain, system: str, output: Path) -> dict[str, Any]:
     """A tune stage's system: its choice on val, that choice's test scores, and, for one model (not an ensemble),
     ``alone``: its best setting without reranking (the reverse models stay behind), with test scores and output."""
-    from nmt.analysis.decoding import is_plain, setting_label  # brings PyTorch: only a recipe with systems needs it
+    from nmt.analysis.decoding import chosen_settings, setting_label  # brings PyTorch: only a recipe with systems
 
     report = json.loads(output.read_text(encoding="utf-8"))
     chosen_name = next(iter(report["test"]))  # "chosen on <split>"
@@ -59,11 +59,8 @@ def system_summary(chain: Chain, system: str, output: Path) -> dict[str, Any]:
                "more_tests": {}, "alone": None}
     if ", " in str(report.get("checkpoint", "")):  # an ensemble: no one folder holds it
         return summary
-    if (plain_name := f"{chosen_name} without reranking") in report["test"]:  # reranking won on val
-        row = max(filter(is_plain, report["grid"]), key=lambda r: r["bleu"])
-        scored, suffix = report["test"][plain_name], ".without_reranking"
-    else:
-        row, scored, suffix = report["best"], chosen, ""
+    *_, (name, row) = chosen_settings(report["grid"], report["split"]).items()  # the last choice is plain
+    scored, suffix = report["test"][name], ".without_reranking" if name != chosen_name else ""
     checkpoint, tgt = Path(report["checkpoint"]), system.split()[0].split("-")[1]
     translations = output.with_name(f"{output.stem}{suffix}.{report['test_split']}.{tgt}")
     summary["alone"] = {"choice": f"beam {row['beam_size']}, α = {row['length_penalty']:g}",

@@ -51,9 +51,8 @@ def library_versions() -> dict[str, Any]:
 
 
 def host() -> dict[str, Any]:
-    """The machine: CPU count, platform string, processor, the CPU's model and the vector instructions torch's CPU
-    kernels use (``AVX512``, ``AVX2``: two machines that differ there round differently, so a CPU training run
-    again elsewhere drifts from the first in the low bits), and the threads torch uses on the CPU."""
+    """The machine: CPU count, platform, processor, CPU model, torch's CPU kernels (``AVX512``, ``AVX2``: a CPU run
+    repeated on another machine drifts in the low bits) and the threads torch uses."""
     import torch
 
     return {

@@ -587,7 +587,7 @@ def search_over(defaults: SearchOptions, settings: Any, typed: Sequence[str] | N
     """translate.py's or serve.py's search options over a model's own ``defaults``: the options in ``typed`` (those
     given on the command line), or, with ``typed`` None (no command line: the caller built ``settings``), those
     whose value differs from ``SearchOptions``'s default."""
-    given = {f.name: _plain(getattr(settings, f.name)) for f in fields(SearchOptions)}
+    given = asdict(SearchOptions.from_settings(settings))
     keep = set(typed) if typed is not None else {name for name, value in given.items()
                                                 if value != getattr(SearchOptions, name)}
     return replace(defaults, **{name: value for name, value in given.items() if name in keep}).checked()
