@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import SRC, save_tiny_checkpoint, serve_in_thread
+from conftest import SRC, TGT, save_tiny_checkpoint, serve_in_thread
 from omegaconf import OmegaConf
 from safetensors import safe_open
 from safetensors.torch import save
@@ -239,3 +239,50 @@ def test_a_folder_with_bad_search_options_is_one_checkpoint_error(run_and_hub: t
     del config["search"]  # a folder written before folders kept their search: the defaults
     (broken / "config.json").write_text(json.dumps(config))
     assert Translator.from_pretrained(broken, device="cpu").search_defaults == SearchOptions()
+
+
+def test_score_true_records_the_folder_s_own_test_scores_as_shipped(run_and_hub: tuple[Path, Path],
+                                                                   tmp_path: Path) -> None:
+    """export.py score=true: the card and config.json give the test BLEU of the folder itself (float16 weights, its
+    search), as sacreBLEU scores what translate.py makes of it; the checkpoint's scores stay in the provenance."""
+    from nmt.common.metrics import corpus_scores
+    from nmt.model.checkpoint import save_checkpoint
+
+    run, _ = run_and_hub
+    (tmp_path / "test.de").write_text("".join(f"{line}\n" for line in SRC), encoding="utf-8")
+    (tmp_path / "test.en").write_text("".join(f"{line}\n" for line in TGT), encoding="utf-8")
+    checkpoint = load_checkpoint(run)
+    checkpoint["config"]["data"].update(corpus="files", test_splits=["test"], files={
+        "test": {"src": str(tmp_path / "test.de"), "tgt": str(tmp_path / "test.en")}})
+    scored_run = save_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt", checkpoint).parent.parent
+    shutil.copy(run / "results.json", scored_run / "results.json")
+    folder = export_main(OmegaConf.structured(ExportSettings(
+        checkpoint=str(scored_run), output=str(tmp_path / "hub"), format="hub", half=True, score=True, beam_size=3,
+        length_penalty=0.6)))
+    config = json.loads((folder / "config.json").read_text())
+    source = tmp_path / "test.de"
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "translate.py"), f"checkpoint={folder}", f"input={source}"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    expected = corpus_scores(done.stdout.split("\n")[:-1], TGT)
+    results = config["results"]
+    assert (results["beam_size"], results["length_penalty"], results["scored_as_shipped"]) == (3, 0.6, "float16")
+    measured = results["test"]["test"]
+    assert (measured["bleu"], measured["chrf"]) == pytest.approx((expected["bleu"], expected["chrf"]))
+    assert expected["chrf"] > 0 and expected["bleu"] != SCORES["bleu"]
+    assert config["provenance"]["sources"][0]["results"]["test"]["test_2016_flickr"]["bleu"] == SCORES["bleu"]
+    _, header, body = (folder / "README.md").read_text().split("---\n", 2)
+    metrics = yaml.safe_load(header)["model-index"][0]["results"][0]["metrics"]
+    assert metrics[0]["value"] == round(expected["bleu"], 2)
+    assert "Measured on this folder as shipped (float16 weights" in body and "do not measure" not in body
+
+
+def test_score_true_without_a_test_split_is_one_line_and_leaves_no_folder(run_and_hub: tuple[Path, Path],
+                                                                         tmp_path: Path) -> None:
+    run, _ = run_and_hub
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "export.py"), f"checkpoint={run}", "format=hub",
+                           "score=true", f"output={tmp_path / 'hub'}"], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "names no corpus and test split to score" in done.stderr
+    assert list(tmp_path.iterdir()) == []  # neither the folder nor its partial copy

@@ -19,7 +19,7 @@ from omegaconf import MISSING, OmegaConf
 from nmt.common.batch_tokens import resolve_batch_tokens
 from nmt.common.provenance import command_line, library_versions
 from nmt.data.fetch import sha256_of
-from nmt.export.hub import write_hub_folder_of
+from nmt.export.hub import score_hub_folder, write_hub_folder_of
 from nmt.export.onnx_folder import write_onnx_folder
 from nmt.inference.engine import USER_ERRORS as ENGINE_USER_ERRORS
 from nmt.inference.engine import SearchOptions, Translator, recorded_results
@@ -47,6 +47,8 @@ class ExportSettings(SearchOptions):
         half: Hub only: the weights stored in float16 (half the size; loaded back into float32).
         max_input_words: input lines are cut to this many words; ``auto`` = the training ``data.clean.max_len``.
         license: the Hub model card's license (a Hub license id: ``mit``, ``cc-by-4.0``, ``other``, ...).
+        score: Hub only: translate the run's test splits with the written folder (its weights and search) and
+            record those scores in its ``config.json`` and card, in place of the checkpoint's.
     """
 
     checkpoint: Any = MISSING
@@ -56,6 +58,7 @@ class ExportSettings(SearchOptions):
     half: bool = False
     max_input_words: Any = "auto"
     license: str = "unknown"
+    score: bool = False
 
 
 ConfigStore.instance().store(name="export_settings", node=ExportSettings)
@@ -72,6 +75,8 @@ def export_main(cfg: Any) -> Path:
         raise ExportError("int8=true quantises ONNX graphs; use it with format=onnx")
     if cfg.half and cfg.format != "hub":
         raise ExportError("half=true stores a Hub folder's weights in float16; use it with format=hub")
+    if cfg.score and cfg.format != "hub":
+        raise ExportError("score=true scores a Hub folder as shipped; use it with format=hub")
     missing = [name for name in ("onnx", "onnxruntime") if importlib.util.find_spec(name) is None]
     if cfg.format == "onnx" and missing:
         raise ExportError(f"format=onnx needs {' and '.join(missing)}: pip install -e '.[export]'")
@@ -93,6 +98,9 @@ def export_main(cfg: Any) -> Path:
         else:
             write_hub_folder_of(translator, partial, provenance_record(translator), str(cfg.license), bool(cfg.half),
                                 search)
+            if cfg.score:
+                for split, scores in score_hub_folder(partial, str(cfg.license))["test"].items():
+                    log.info("%s as shipped: BLEU %.2f, chrF %.2f", split, scores["bleu"], scores["chrf"])
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise

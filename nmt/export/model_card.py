@@ -81,6 +81,8 @@ def _results_table(results: dict[str, Any] | None, search: dict[str, Any]) -> st
                     f"`{signature}` |")
     recorded = (results.get("beam_size"), results.get("length_penalty"))
     note = f"\n\nDecoded with beam {recorded[0]}, length penalty {recorded[1]}."
+    if results.get("scored_as_shipped"):  # export.py score=true: measured on the folder, not its checkpoint
+        note += f" Measured on this folder as shipped ({results['scored_as_shipped']} weights, its own search)."
     if recorded != (search["beam_size"], search["length_penalty"]):  # the folder was exported with another search
         note += (f" This folder decodes with beam {search['beam_size']}, length penalty {search['length_penalty']} "
                  "(below), which these scores do not measure.")
