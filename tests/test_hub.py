@@ -252,7 +252,7 @@ def test_score_true_records_the_folder_s_own_test_scores_as_shipped(run_and_hub:
     (tmp_path / "test.de").write_text("".join(f"{line}\n" for line in SRC), encoding="utf-8")
     (tmp_path / "test.en").write_text("".join(f"{line}\n" for line in TGT), encoding="utf-8")
     checkpoint = load_checkpoint(run)
-    checkpoint["config"]["data"].update(corpus="files", test_splits=["test"], files={
+    checkpoint["config"]["data"].update(corpus="files", test_splits=["test"], mirror=str(tmp_path), files={
         "test": {"src": str(tmp_path / "test.de"), "tgt": str(tmp_path / "test.en")}})
     scored_run = save_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt", checkpoint).parent.parent
     shutil.copy(run / "results.json", scored_run / "results.json")
@@ -265,6 +265,7 @@ def test_score_true_records_the_folder_s_own_test_scores_as_shipped(run_and_hub:
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     expected = corpus_scores(done.stdout.split("\n")[:-1], TGT)
+    assert config["training_config"]["data"]["mirror"] is None  # this machine's corpus folder is not published
     results = config["results"]
     assert (results["beam_size"], results["length_penalty"], results["scored_as_shipped"]) == (3, 0.6, "float16")
     measured = results["test"]["test"]

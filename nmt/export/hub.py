@@ -22,9 +22,13 @@ def write_hub_folder_of(translator: Translator, folder: Path, provenance: dict[s
                         half: bool = False, search: SearchOptions | None = None) -> Path:
     """Write ``translator``'s one model (float32, or float16 with ``half``) into ``folder``: ``model.safetensors``,
     ``config.json`` (with ``search``'s beam size, length penalty and length limits, which the folder then decodes
-    with by default), the SentencePiece model(s) and ``README.md``, the model card. Returns the card's path."""
+    with by default, and the training config less its ``data.mirror``), the SentencePiece model(s) and
+    ``README.md``, the model card. Returns the card's path."""
     config = translator.configs[0]
     data = config.get("data") or {}
+    if data.get("mirror"):  # a machine's corpus folder, not the model's (score_hub_folder reads $NMT_DATA_MIRROR)
+        data = {**data, "mirror": None}
+        config = {**config, "data": data}
     results = provenance["sources"][0]["results"]
     state = {"nmt_version": __version__, "config": config, "tokenizer": translator.tokenizer.to_state(),
              "model": translator.models[0].state_dict()}
