@@ -285,5 +285,5 @@ def test_score_true_without_a_test_split_is_one_line_and_leaves_no_folder(run_an
                            "score=true", f"output={tmp_path / 'hub'}"], capture_output=True, text=True, timeout=120,
                           cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
-    assert "names no corpus and test split to score" in done.stderr
+    assert "names no data.corpus and data.test_splits to score" in done.stderr and ".partial" not in done.stderr
     assert list(tmp_path.iterdir()) == []  # neither the folder nor its partial copy

@@ -53,8 +53,8 @@ def score_hub_folder(folder: Path, license_id: str) -> dict[str, Any]:
     config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
     data = config["training_config"].get("data") or {}
     if not data.get("test_splits") or not data.get("corpus"):
-        raise DataError(f"{folder / CONFIG_FILE}: its training config names no corpus and test split to score; "
-                        "export it without score=true")
+        raise DataError("score=true: the checkpoint's training config names no data.corpus and data.test_splits "
+                        "to score; export it without score=true")
     corpus = build_corpus(data["corpus"], cache_dir=Path(data.get("cache_dir") or "data"), mirror=data.get("mirror"),
                           files=data.get("files"), settings=data)
     tests = {}
