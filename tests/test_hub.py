@@ -17,7 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import save
 
 from nmt import Translator
-from nmt.export import ExportSettings, export_main
+from nmt.export import ExportError, ExportSettings, export_main
 from nmt.inference.engine import SearchOptions
 from nmt.model.checkpoint import CheckpointError, load_checkpoint
 from tests.test_server import call, serve_settings
@@ -189,7 +189,25 @@ def test_an_unscored_checkpoint_gets_a_card_without_a_model_index(tmp_path: Path
     _, header, body = (folder / "README.md").read_text().split("---\n", 2)
     meta = yaml.safe_load(header)
     assert "model-index" not in meta and meta["license"] == "unknown" and "attention-none" in meta["tags"]
-    assert "No test scores were recorded" in body
+    assert "No test scores were recorded" in body and "## License\n\n`unknown`." in body
+
+
+def test_license_other_names_its_terms_in_the_card_and_is_refused_without_them(run_and_hub: tuple[Path, Path],
+                                                                               tmp_path: Path) -> None:
+    """The Hub's card metadata asks for ``license_name`` and ``license_link`` with ``license: other``."""
+    run, _ = run_and_hub
+    terms = {"license_name": "multi30k-terms", "license_link": "https://github.com/multi30k/dataset"}
+    folder = export_main(OmegaConf.structured(ExportSettings(checkpoint=str(run), output=str(tmp_path / "hub"),
+                                                             format="hub", license="other", **terms)))
+    _, header, body = (folder / "README.md").read_text().split("---\n", 2)
+    assert {key: yaml.safe_load(header)[key] for key in ("license", *terms)} == {"license": "other", **terms}
+    assert "## License\n\n`other`: [multi30k-terms](https://github.com/multi30k/dataset)." in body
+    for license_id, given, words in (("other", {"license_name": "x"}, "license=other needs license_name=ID and "
+                                      "license_link=URL"), ("mit", terms, "license_name and license_link name")):
+        with pytest.raises(ExportError, match=words):
+            export_main(OmegaConf.structured(ExportSettings(checkpoint=str(run), output=str(tmp_path / "refused"),
+                                                            format="hub", license=license_id, **given)))
+        assert not (tmp_path / "refused").exists()
 
 
 def test_a_folder_decodes_with_the_search_it_was_exported_with(run_and_hub: tuple[Path, Path],

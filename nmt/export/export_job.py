@@ -47,6 +47,8 @@ class ExportSettings(SearchOptions):
         half: Hub only: the weights stored in float16 (half the size; loaded back into float32).
         max_input_words: input lines are cut to this many words; ``auto`` = the training ``data.clean.max_len``.
         license: the Hub model card's license (a Hub license id: ``mit``, ``cc-by-4.0``, ``other``, ...).
+        license_name, license_link: with ``license=other`` (and only then), the terms' short id and where to read
+            them (a URL, or a file in the folder), as the Hub's card metadata asks.
         score: Hub only: translate the run's test splits with the written folder (its weights and search) and
             record those scores in its ``config.json`` and card, in place of the checkpoint's.
     """
@@ -58,6 +60,8 @@ class ExportSettings(SearchOptions):
     half: bool = False
     max_input_words: Any = "auto"
     license: str = "unknown"
+    license_name: Any = None
+    license_link: Any = None
     score: bool = False
 
 
@@ -77,6 +81,7 @@ def export_main(cfg: Any) -> Path:
         raise ExportError("half=true stores a Hub folder's weights in float16; use it with format=hub")
     if cfg.score and cfg.format != "hub":
         raise ExportError("score=true scores a Hub folder as shipped; use it with format=hub")
+    card_license = _card_license(cfg)
     missing = [name for name in ("onnx", "onnxruntime") if importlib.util.find_spec(name) is None]
     if cfg.format == "onnx" and missing:
         raise ExportError(f"format=onnx needs {' and '.join(missing)}: pip install -e '.[export]'")
@@ -96,10 +101,10 @@ def export_main(cfg: Any) -> Path:
         if cfg.format == "onnx":
             write_onnx_folder(translator, partial, search, provenance_record(translator), bool(cfg.int8))
         else:
-            write_hub_folder_of(translator, partial, provenance_record(translator), str(cfg.license), bool(cfg.half),
+            write_hub_folder_of(translator, partial, provenance_record(translator), card_license, bool(cfg.half),
                                 search)
             if cfg.score:
-                for split, scores in score_hub_folder(partial, str(cfg.license))["test"].items():
+                for split, scores in score_hub_folder(partial, card_license)["test"].items():
                     log.info("%s as shipped: BLEU %.2f, chrF %.2f", split, scores["bleu"], scores["chrf"])
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
@@ -109,6 +114,17 @@ def export_main(cfg: Any) -> Path:
     partial.replace(output)  # the folder appears whole or not at all
     log.info("wrote %s (format=%s%s)", output, cfg.format, ", int8" if cfg.int8 else ", float16" if cfg.half else "")
     return output
+
+
+def _card_license(cfg: Any) -> dict[str, str]:
+    """The card's license metadata: ``license``, with ``license_name`` and ``license_link`` when it is ``other``."""
+    given = {key: str(cfg[key]) for key in ("license_name", "license_link") if cfg[key]}
+    if cfg.license == "other" and len(given) < 2:
+        raise ExportError("license=other needs license_name=ID and license_link=URL (the terms' id and where to "
+                          "read them), as the Hub's model card asks")
+    if cfg.license != "other" and given:
+        raise ExportError(f"{' and '.join(given)} name the terms of license=other; drop them, or pass license=other")
+    return {"license": str(cfg.license), **given}
 
 
 def provenance_record(translator: Translator) -> dict[str, Any]:

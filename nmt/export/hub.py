@@ -18,7 +18,7 @@ from nmt.inference.engine import EXPORTED_SEARCH, SearchOptions, Translator
 from nmt.model.hub_folder import CONFIG_FILE, write_hub_folder
 
 
-def write_hub_folder_of(translator: Translator, folder: Path, provenance: dict[str, Any], license_id: str,
+def write_hub_folder_of(translator: Translator, folder: Path, provenance: dict[str, Any], card_license: dict[str, str],
                         half: bool = False, search: SearchOptions | None = None) -> Path:
     """Write ``translator``'s one model (float32, or float16 with ``half``) into ``folder``: ``model.safetensors``,
     ``config.json`` (with ``search``'s beam size, length penalty and length limits, which the folder then decodes
@@ -36,11 +36,11 @@ def write_hub_folder_of(translator: Translator, folder: Path, provenance: dict[s
              "attention": translator.attention_name, "results": results, "provenance": provenance,
              "search": {key: getattr(search or SearchOptions(), key) for key in EXPORTED_SEARCH}}
     write_hub_folder(folder, state, extra, half)
-    card = model_card(config, results, license_id, translator.info()["parameters"], provenance, extra["search"])
+    card = model_card(config, results, card_license, translator.info()["parameters"], provenance, extra["search"])
     return write_text_durably(folder / "README.md", card)
 
 
-def score_hub_folder(folder: Path, license_id: str) -> dict[str, Any]:
+def score_hub_folder(folder: Path, card_license: dict[str, str]) -> dict[str, Any]:
     """Translate the training config's test splits with ``folder`` as shipped (its weights, float16 included, and
     its search), score them with sacreBLEU, and make those the folder's results: ``config.json``'s ``results`` and
     the card's table (the checkpoint's own stay in its ``provenance``). Returns them, as ``recorded_results``.
@@ -66,7 +66,7 @@ def score_hub_folder(folder: Path, license_id: str) -> dict[str, Any]:
     config["results"] = {"test": tests, "beam_size": search.beam_size, "length_penalty": search.length_penalty,
                          "scored_as_shipped": config["weights_dtype"]}  # by this folder itself, not its checkpoint
     write_json_durably(folder / CONFIG_FILE, config)
-    card = model_card(config["training_config"], config["results"], license_id, translator.info()["parameters"],
+    card = model_card(config["training_config"], config["results"], card_license, translator.info()["parameters"],
                       config["provenance"], config["search"])
     write_text_durably(folder / "README.md", card)
     return config["results"]

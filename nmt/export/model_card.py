@@ -11,14 +11,15 @@ import yaml
 from nmt.model.attention import attention_class
 
 
-def model_card(config: dict[str, Any], results: dict[str, Any] | None, license_id: str, parameters: int,
-               provenance: dict[str, Any], search: dict[str, Any]) -> str:
-    """The card's text, from the training config, the recorded test results (None: unscored), provenance and the
-    search options the folder decodes with (config.json's ``search``)."""
+def model_card(config: dict[str, Any], results: dict[str, Any] | None, card_license: dict[str, str],
+               parameters: int, provenance: dict[str, Any], search: dict[str, Any]) -> str:
+    """The card's text, from the training config, the recorded test results (None: unscored), the license metadata
+    (``license``, with ``license_name`` and ``license_link`` when it is ``other``), provenance and the search
+    options the folder decodes with (config.json's ``search``)."""
     data, attention = config.get("data") or {}, (config.get("attention") or {}).get("name", "?")
     src, tgt = data.get("src_lang", "?"), data.get("tgt_lang", "?")
     name = f"nmt-{src}-{tgt}-{attention}"
-    header = {"language": [src, tgt], "license": license_id, "library_name": "nmt", "pipeline_tag": "translation",
+    header = {"language": [src, tgt], **card_license, "library_name": "nmt", "pipeline_tag": "translation",
               "tags": ["translation", "gru", "seq2seq", f"attention-{attention}"],
               "datasets": [data["corpus"]] if data.get("corpus") else []}
     if index := _index_results(results, data, src, tgt):  # the Hub refuses a model-index without results
@@ -34,10 +35,16 @@ def model_card(config: dict[str, Any], results: dict[str, Any] | None, license_i
             "folder downloaded (`hf download USER/REPO --local-dir FOLDER`).", "",
             f"All three decode with beam {search['beam_size']}, length penalty {search['length_penalty']} "
             f"(`config.json`'s `search`) unless given other options (`beam_size=`, `length_penalty=`).", "",
-            "## Provenance", "",
+            "## License", "", _license_text(card_license), "", "## Provenance", "",
             f"Exported {provenance['date']} by `{provenance['command']}` from checkpoint "
             f"sha256 `{provenance['sources'][0]['sha256']}`."]
     return f"---\n{yaml.safe_dump(header, sort_keys=False, allow_unicode=True)}---\n\n" + "\n".join(body) + "\n"
+
+
+def _license_text(card_license: dict[str, str]) -> str:
+    if "license_link" in card_license:  # license: other, with its terms' id and link
+        return f"`other`: [{card_license['license_name']}]({card_license['license_link']})."
+    return f"`{card_license['license']}`."
 
 
 def _index_results(results: dict[str, Any] | None, data: dict[str, Any], src: str, tgt: str) -> list[dict]:
