@@ -396,6 +396,42 @@ def test_a_mixture_distils_its_own_training_sources_before_training(runs: dict[s
     assert data.stats["sources"][1]["tag"] == "<kd>" and data.stats["sources"][1]["pairs"] > 0
 
 
+def test_a_mixture_s_forward_translation_stopped_midway_resumes_where_it_stopped(
+        runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A student's training stopped while its teachers translate (the chain's SIGTERM, or a kill) goes on from the
+    last whole chunk when train.py runs again, not from line 0, and ends with the folder a whole run writes."""
+    from conftest import TGT, data_config
+
+    files = {split: {"src": str(_write_lines(tmp_path / f"{split}.de", SRC * 8)),
+                     "tgt": str(_write_lines(tmp_path / f"{split}.en", TGT * 8))}
+             for split in ("train", "valid", "test")}
+    teachers = {"checkpoint": [str(runs["de_en"]), str(runs["de_en_b"])], "max_len": 6, "chunk_lines": 8}
+
+    def data(folder: Path) -> DictConfig:
+        entry = {"synthetic": str(folder), "tag": "<kd>", "forward_translate": teachers}
+        return OmegaConf.create(data_config("files", mixture=[{"corpus": "files"}, entry], files=files))
+
+    bt.rebuild_synthetic_sources(data(tmp_path / "whole"))
+    commit, calls = bt.commit_chunk, []
+
+    def dying_commit(*args: object) -> None:
+        commit(*args)
+        calls.append(1)
+        if len(calls) == 2:
+            raise Killed
+
+    monkeypatch.setattr(bt, "commit_chunk", dying_commit)
+    with pytest.raises(Killed):
+        bt.rebuild_synthetic_sources(data(tmp_path / "cut"))
+    monkeypatch.undo()
+    [summary] = bt.rebuild_synthetic_sources(data(tmp_path / "cut"))
+    record = json.loads((tmp_path / "cut" / "provenance.json").read_text())
+    assert [run["from_line"] for run in record["runs"]] == [0, 16] and summary["status"] == "complete"
+    assert summary["translated"] == len(SRC * 8) - 16
+    for name in ("train.de", "train.en"):
+        assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
+
+
 @pytest.mark.parametrize(("entry", "message"), [
     ({"corpus": "files", "forward_translate": {"checkpoint": "r"}}, r"forward_translate goes with synthetic: FOLDER"),
     ({"synthetic": "f", "backtranslate": {"checkpoint": "r"}, "forward_translate": {"checkpoint": "t"}},
