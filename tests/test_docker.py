@@ -129,3 +129,5 @@ def test_compose_serves_a_model_folder_on_port_8000() -> None:
     assert service["command"][:2] == ["python", "serve.py"]
     assert {"checkpoint=/model", "host=0.0.0.0", "port=8000"} <= set(service["command"])
     assert [volume.rsplit(":", 2)[1:] for volume in service["volumes"]] == [["/model", "ro"]]
+    default = service["volumes"][0].rsplit(":", 2)[0].removeprefix("${MODEL:-").removesuffix("}")
+    assert (ROOT / default / "config.json").is_file()  # without MODEL, a shipped model
