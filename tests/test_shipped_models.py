@@ -65,6 +65,7 @@ def test_its_card_gives_its_own_scores_within_0_1_bleu_of_its_run_and_the_data_s
     assert "/work/" not in card + json.dumps(config["provenance"])
 
 
+@pytest.mark.slow  # the real corpus
 @pytest.mark.parametrize("name", SHIPPED)
 def test_it_translates_the_first_test_lines_as_its_kept_run_did(name: str, mirror_dir: Path) -> None:
     """float16 weights read back into float32 round a little differently from the checkpoint's: one line in a
@@ -78,6 +79,7 @@ def test_it_translates_the_first_test_lines_as_its_kept_run_did(name: str, mirro
     assert same >= FIRST_LINES - 2, f"{name}: {same} of {FIRST_LINES} lines as kept"
 
 
+@pytest.mark.slow  # a translate.py process
 def test_translate_py_and_serve_py_take_a_shipped_folder_as_it_is(tmp_path: Path) -> None:
     from nmt.serve.app import create_app
 
