@@ -155,6 +155,49 @@ def test_resume_equals_uninterrupted(tmp_path: Path, stop: str) -> None:
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+class KilledOutright(BaseException):
+    """A kill no handler sees (SIGKILL, a machine taken away): nothing is saved on the way out."""
+
+
+def test_a_run_killed_outright_resumes_from_its_timed_last_pt_as_if_uninterrupted(tmp_path: Path) -> None:
+    """``trainer.checkpoint_every_minutes`` saves ``last.pt`` between validations (at log lines), so a run killed
+    outright at step 14 resumes from step 12, not from step 8's validation, to the uninterrupted run's losses,
+    validations and weights."""
+    common = ["trainer.max_steps=24", "trainer.validate_every=8", "trainer.log_every=3", "model.dropout=0.2",
+              "data.max_tokens=300", "trainer.test_beam_size=1"]
+    cfg = tiny_config(tmp_path, [*common, "trainer.checkpoint_every_minutes=null"])
+    train(cfg, run_dir=tmp_path / "straight")
+    killed = cfg.copy()
+    killed.trainer.checkpoint_every_minutes = 1e-9  # due at every log line
+    real_step = Trainer.train_step
+
+    def step_killed_at_14(self: Trainer, batch: Any) -> Any:
+        if self.progress.step == 13:
+            raise KilledOutright
+        return real_step(self, batch)
+
+    with mock.patch.object(Trainer, "train_step", step_killed_at_14), pytest.raises(KilledOutright):
+        train(killed, run_dir=tmp_path / "killed")
+    saved = load_checkpoint(tmp_path / "killed" / "checkpoints" / "last.pt")["progress"]
+    assert saved["step"] == 12 and [v["step"] for v in saved["validations"]] == [8]
+    killed.trainer.resume = str(tmp_path / "killed")
+    train(killed)
+    straight = (tmp_path / "straight" / "train_log.jsonl").read_text().splitlines()
+    assert len(straight) == 24 and (tmp_path / "killed" / "train_log.jsonl").read_text().splitlines() == straight
+    scores = [[(v["step"], v["bleu"], v["loss"]) for v in json.loads((tmp_path / run / "results.json").read_text())
+               ["validations"]] for run in ("straight", "killed")]
+    assert scores[0] == scores[1] and [step for step, _, _ in scores[0]] == [8, 16, 24]
+    a, b = (load_checkpoint(tmp_path / run / "checkpoints" / "last.pt")["model"] for run in ("straight", "killed"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_checkpoint_every_minutes_must_be_positive_or_null(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path, ["trainer.checkpoint_every_minutes=0"])
+    with pytest.raises(ConfigError, match=r"trainer.checkpoint_every_minutes=0.0 must be positive"):
+        validate_config(cfg)
+    validate_config(tiny_config(tmp_path, ["trainer.checkpoint_every_minutes=null"]))
+
+
 # Validation BLEU by validation: new bests at steps 2, 4 and 8, then three without gain: patience 3 stops at 14.
 SCRIPTED_BLEU = [10.0, 30.0, 20.0, 40.0, 35.0, 30.0, 25.0]
 

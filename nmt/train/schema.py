@@ -16,8 +16,8 @@ from nmt.data.prepare import DataSettings, resolve_data_config
 from nmt.model.attention import attention_names, attention_options
 
 
-def _positive() -> Any:  # a field whose value must be above 0
-    return field(default=MISSING, metadata={"positive": True})
+def _positive(or_null: bool = False) -> Any:  # a field whose value must be above 0 (or, with or_null, None)
+    return field(default=MISSING, metadata={"positive": True, "or_null": or_null})
 
 
 @dataclass
@@ -58,6 +58,7 @@ class TrainerSettings:
     early_stopping_patience: int | None = MISSING
     average_last: int = MISSING
     log_every: int = _positive()
+    checkpoint_every_minutes: float | None = _positive(or_null=True)
     num_heatmaps: int = MISSING
     num_samples: int = MISSING
     max_nonfinite_steps: int = MISSING
@@ -108,7 +109,7 @@ def validate_config(cfg: DictConfig) -> None:
             key, value, rule = f"{group}.{setting.name}", typed[setting.name], setting.metadata
             if "choices" in rule and value not in rule["choices"]:
                 raise ConfigError(f"{key}={value!r} is not one of {', '.join(rule['choices'])}")
-            if rule.get("positive") and (value is None or value <= 0):
+            if rule.get("positive") and (value is None or value <= 0) and not (value is None and rule["or_null"]):
                 raise ConfigError(f"{key}={value!r} must be positive")
     _check_attention(cfg.attention)
     if len(cfg.trainer.betas) != 2:  # a list of numbers: its type is checked above

@@ -201,6 +201,7 @@ class Trainer:
         if self.use_graphs:
             self._capture_steps()
         self.clock.start()
+        self.last_saved_at = time.monotonic()  # when last.pt was last written, for checkpoint_every_minutes
         with self._signals_stop_training(), gpu:
             try:
                 stopped_early = self._loop()
@@ -249,6 +250,7 @@ class Trainer:
             if p.step % self.tcfg.log_every == 0 or p.step == self.total_steps:
                 self._read_steps()
                 self._log_line(result.lr)
+                self._save_last_when_due()
 
     def train_step(self, batch: Batch) -> StepResult:
         """One optimizer step (forward, backward, clip, AdamW, learning rate), its figures left on the device.
@@ -348,6 +350,17 @@ class Trainer:
         if self.decoding_validation:
             self.decoding_validation = False  # one raise, however many signals follow
             raise ValidationInterrupted
+
+    def _save_last_when_due(self) -> None:
+        """``last.pt`` every ``checkpoint_every_minutes`` between validations, so that a kill no handler sees (SIGKILL,
+        a machine taken away) loses minutes, not the steps since the last validation. Due when due on any rank, so
+        every rank takes part in the save (a collective); rank 0 writes it, as a signal's save does.
+        """
+        minutes = self.tcfg.checkpoint_every_minutes
+        due = minutes is not None and time.monotonic() - self.last_saved_at >= 60 * minutes
+        if distributed.any_rank(due, self.info, self.device) and self.progress.step < self.total_steps:
+            self.save("last")
+            self.last_saved_at = time.monotonic()
 
     def _save_interrupted(self) -> dict[str, Any]:
         self.save("last")
@@ -469,6 +482,7 @@ class Trainer:
         meanwhile where this validation cannot stop the run (``_records_in_background``), else it waits for them.
         """
         self.validated_at_step = self.progress.step
+        self.last_saved_at = time.monotonic()  # this validation writes last.pt
         self._take_validation_record(wait=True)  # the previous one's best and patience count hold from here
         try:
             outputs = self._validation_outputs() if self.info.is_main else None
