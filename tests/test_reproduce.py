@@ -251,6 +251,9 @@ def test_the_eta_schedules_the_rest_as_the_runner_would(tmp_path: Path) -> None:
     assert schedule.eta(stages, {"a"}, {}, clock, 2) == "1h10m"  # b, then c
     clock.record("train", 600.0)  # this workdir's own time replaces the recipe's guess
     assert schedule.eta(stages, set(), {}, clock, 2) == "20m00s"
+    for seconds in (5279.0, 1006.0, 886.0):  # the chain's back-translations: the first shared the machine
+        clock.record("backtranslate", seconds)
+    assert clock.estimate("backtranslate") == 1006.0  # the median; the mean would say 40 minutes
 
 
 @pytest.mark.parametrize(("recipe", "experiment", "runs"), [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import time
 from pathlib import Path
 
@@ -47,8 +48,10 @@ class Clock:
         return moment - self.stopped_seconds
 
     def estimate(self, kind: str) -> float:
+        """The median of this workdir's times for ``kind`` (one stage slowed by other work on the machine moves it
+        less than a mean), else the recipe's guess."""
         seen = self.times.get(kind)
-        return sum(seen) / len(seen) if seen else 60.0 * float(self.guesses.get(kind, 0))
+        return statistics.median(seen) if seen else 60.0 * float(self.guesses.get(kind, 0))
 
     def remaining(self, name: str, kind: str) -> float:
         """What stage ``name`` still needs: its kind's estimate for the part its files say is left, or, for a stage
